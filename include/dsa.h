@@ -1,0 +1,328 @@
+/*
+ * dsa.h - libdsa: DeepSeek Sparse Attention (DSA) kernels for Hopper, public C99 API.
+ *
+ * This header is the manual. Everything public starts with dsa_ / DSA_.
+ *
+ * Conventions shared by every op
+ *  - A context (one per device) comes first, the CUDA stream comes last.
+ *  - Tensors are raw device pointers (host pointers for dsa_ref_* and the planner) with sizes and
+ *    strides counted in ELEMENTS. The innermost dimension is always contiguous. A stride of 0 means
+ *    "the contiguous default" for that tensor, written next to each stride field.
+ *  - bf16 tensors are passed as uint16_t storage (the raw bf16 bit pattern).
+ *  - Ops that need scratch memory follow CUB's two-phase contract: call with workspace == NULL and
+ *    the size is written to *workspace_bytes (always >= 1) and DSA_SUCCESS is returned, nothing else
+ *    happens; call again with a workspace of at least that many bytes (any alignment is accepted).
+ *  - The hot path never allocates, synchronises, queries the device or prints. All work is enqueued
+ *    on the caller's stream. Zero-size work succeeds without a launch.
+ *  - A failed call returns a status, writes nothing to any output, and leaves a message naming the
+ *    argument and the offending value in dsa_last_error_message() (thread-local).
+ *
+ * The math of every op, with the symbols used here, is in docs/design.md.
+ */
+#ifndef DSA_H
+#define DSA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define DSA_API
+#else
+#define DSA_API __attribute__((visibility("default")))
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Version
+ * ------------------------------------------------------------------------------------------- */
+#define DSA_VERSION_MAJOR 0
+#define DSA_VERSION_MINOR 1
+#define DSA_VERSION_PATCH 0
+#define DSA_VERSION_NUMBER (DSA_VERSION_MAJOR * 10000 + DSA_VERSION_MINOR * 100 + DSA_VERSION_PATCH)
+DSA_API const char *dsa_version_string(void); /* "0.1.0" */
+DSA_API int dsa_version_number(void);         /* DSA_VERSION_NUMBER of the built library */
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes. The values are pinned: they never change between versions.
+ * One list generates both the enum and dsa_status_string().
+ * ------------------------------------------------------------------------------------------- */
+#define DSA_STATUS_MAP(X)                                                                    \
+  X(DSA_SUCCESS, 0, "success")                                                               \
+  X(DSA_ERROR_INVALID_ARGUMENT, 1, "invalid argument")                                       \
+  X(DSA_ERROR_UNSUPPORTED, 2, "unsupported device, architecture or feature")                 \
+  X(DSA_ERROR_WORKSPACE_TOO_SMALL, 3, "workspace too small")                                 \
+  X(DSA_ERROR_CUDA, 4, "CUDA runtime error")                                                 \
+  X(DSA_ERROR_CUBLAS, 5, "cuBLAS error")                                                     \
+  X(DSA_ERROR_NO_DEVICE, 6, "no CUDA device")                                                \
+  X(DSA_ERROR_OUT_OF_HOST_MEMORY, 7, "host memory allocation failed")
+
+typedef enum dsa_status {
+#define DSA_STATUS_ENUM_(name, value, text) name = value,
+  DSA_STATUS_MAP(DSA_STATUS_ENUM_)
+#undef DSA_STATUS_ENUM_
+  DSA_STATUS_COUNT_ = 8
+} dsa_status;
+
+DSA_API const char *dsa_status_string(dsa_status status);
+/* The message of the last failed call on this thread ("" if none). It names the argument and the
+ * value that was wrong, e.g. "dsa_sparse_attn_fwd: topk = 0 is outside 1..2048". */
+DSA_API const char *dsa_last_error_message(void);
+
+/* Element types where an op accepts more than one. */
+typedef enum dsa_dtype {
+  DSA_DTYPE_F32 = 0,
+  DSA_DTYPE_BF16 = 1
+} dsa_dtype;
+
+/* Fixed dimensions of the model family (semantics.md section 1). */
+#define DSA_INDEX_HEAD_DIM 128  /* indexer q / k dimension */
+#define DSA_HEAD_DIM 576        /* attention q / kv dimension: 512 latent + 64 rope */
+#define DSA_VALUE_DIM 512       /* value = the first 512 dims of each kv row */
+#define DSA_MAX_TOPK 2048       /* largest K */
+#define DSA_MAX_HEADS 128       /* largest attention head count */
+
+/* ---------------------------------------------------------------------------------------------
+ * Context: one per device. Caches device attributes; creates the cuBLAS handle when first needed.
+ * Not thread-safe: use one context per host thread (they are cheap).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct dsa_context dsa_context;
+
+/* Returns DSA_ERROR_NO_DEVICE when the machine has no CUDA device (never crashes), and
+ * DSA_ERROR_INVALID_ARGUMENT for a device ordinal out of range. Selects nothing on the caller's
+ * thread beyond what cudaSetDevice does inside each call. */
+DSA_API dsa_status dsa_context_create(dsa_context **ctx, int device);
+DSA_API void dsa_context_destroy(dsa_context *ctx); /* NULL is a no-op */
+/* Compute capability and SM count of the context's device (for callers choosing variants). */
+DSA_API dsa_status dsa_context_device_info(const dsa_context *ctx, int *cc_major, int *cc_minor,
+                                           int *sm_count);
+
+/* ---------------------------------------------------------------------------------------------
+ * Packed-sequence metadata (semantics.md section 4): planned once on the host, uploaded once,
+ * reused by every layer.
+ *
+ * Coordinates: keys are rows of the padded storage [0, T_k). Document d occupies [P[d], P[d+1])
+ * with P = cu_seqlens_padded (or cu_seqlens); its real tokens are [P[d], P[d] + R[d]),
+ * R[d] = cu_seqlens[d+1] - cu_seqlens[d]. Local query row i is global position g = query_start + i.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct dsa_plan_desc {
+  const int32_t *cu_seqlens;        /* [num_seqs + 1] host; real lengths, cu[0] = 0 */
+  const int32_t *cu_seqlens_padded; /* [num_seqs + 1] host; optional (NULL: = cu_seqlens) */
+  int64_t num_seqs;                 /* S >= 1 */
+  int64_t total_key_tokens;         /* T_k, 0 < T_k < 2^31 - 1 */
+  int64_t query_start;              /* global position of local query row 0 (context parallel) */
+  int64_t num_queries;              /* T_q; -1 means all of 0..T_k-1 (query_start must be 0) */
+  const uint8_t *padding_mask;      /* [T_q] host; optional; nonzero marks a padding query */
+  int64_t max_seqlen;               /* optional check against max(R); <= 0 means not given */
+} dsa_plan_desc;
+
+/* A view of a plan: the same struct describes the host plan and its uploaded device copy. */
+typedef struct dsa_plan_view {
+  int64_t num_queries;      /* T_q */
+  int64_t total_key_tokens; /* T_k */
+  int64_t query_start;      /* global position of local query row 0 */
+  int64_t num_segments;     /* runs of consecutive queries in one document */
+  int64_t num_valid;        /* number of valid queries */
+  int64_t num_key_sources;  /* sum(key_counts); 0 when key_source_indices is NULL (identity) */
+  int32_t max_seqlen_q;     /* max query count of a segment */
+  int32_t max_seqlen_k;     /* max key count of a segment */
+  int32_t all_rows_nonempty; /* 1 iff every query is valid */
+  int32_t reserved_;
+  const int32_t *starts;             /* [T_q] P[doc] of each query */
+  const int32_t *causal_lengths;     /* [T_q] visible keys, 0 for invalid queries */
+  const uint8_t *query_valid;        /* [T_q] 1 valid, 0 invalid */
+  const int64_t *valid_row_indices;  /* [num_valid]; NULL when all_rows_nonempty */
+  const int32_t *segment_cu_q;       /* [num_segments + 1] */
+  const int32_t *segment_cu_k;       /* [num_segments + 1] */
+  const int32_t *q_causal_offsets;   /* [num_segments] */
+  const int64_t *key_source_indices; /* [num_key_sources]; NULL in the identity case */
+} dsa_plan_view;
+
+typedef struct dsa_plan dsa_plan; /* opaque host plan, one allocation */
+
+/* Plans on the host from host arrays; every check of semantics.md section 4 is a status with a
+ * message. Allocates host memory once (this is not a hot-path call). */
+DSA_API dsa_status dsa_plan_create(const dsa_plan_desc *desc, dsa_plan **plan);
+DSA_API void dsa_plan_destroy(dsa_plan *plan); /* NULL is a no-op */
+/* The host view: pointers into the plan, valid until dsa_plan_destroy. */
+DSA_API const dsa_plan_view *dsa_plan_host_view(const dsa_plan *plan);
+/* Uploads the plan into caller device memory with one cudaMemcpyAsync on `stream`.
+ * Two-phase: device_buffer == NULL writes the size to *buffer_bytes and returns.
+ * On success *device_view points into device_buffer (valid while the buffer lives). The host plan
+ * must stay alive until the copy has completed (the copy reads it asynchronously). */
+DSA_API dsa_status dsa_plan_upload(dsa_context *ctx, const dsa_plan *plan, void *device_buffer,
+                                   size_t *buffer_bytes, dsa_plan_view *device_view,
+                                   cudaStream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Index compaction (semantics.md section 8) and head padding (section 3).
+ * ------------------------------------------------------------------------------------------- */
+/* Per row: keep entries with 0 <= idx < key_count (stable), sort them ascending, fill the rest
+ * with -1; lengths[r] = number kept. Duplicates are kept. out may equal indices (in place) when
+ * the strides are equal. lengths may be NULL. */
+typedef struct dsa_compact_params {
+  int64_t rows;
+  int32_t k;                /* row width, 1..DSA_MAX_TOPK */
+  int64_t key_count;        /* valid range is [0, key_count) */
+  const int32_t *indices;   /* [rows, k], row stride indices_stride (0: k) */
+  int64_t indices_stride;
+  int32_t *out;             /* [rows, k], row stride out_stride (0: k) */
+  int64_t out_stride;
+  int32_t *lengths;         /* [rows] optional */
+} dsa_compact_params;
+DSA_API dsa_status dsa_compact_indices(dsa_context *ctx, const dsa_compact_params *p,
+                                       cudaStream_t stream);
+
+/* Copies q [T, H, D] into q_out [T, Hp, D] (contiguous) with heads H..Hp-1 zero, and sink [H]
+ * into sink_out [Hp] with the padded heads -inf (sink NULL: all -inf; sink_out NULL: skipped).
+ * Hp >= H. The reverse (slicing back) needs no copy: use strides. */
+typedef struct dsa_pad_heads_params {
+  int64_t num_tokens;       /* T */
+  int32_t num_heads;        /* H, 1..DSA_MAX_HEADS */
+  int32_t padded_heads;     /* Hp >= H */
+  int32_t head_dim;         /* D (576 or 512, any positive value is accepted) */
+  const uint16_t *q;        /* [T, H, D] bf16; strides in elements (0: H*D and D) */
+  int64_t q_stride_token, q_stride_head;
+  uint16_t *q_out;          /* [T, Hp, D] bf16, contiguous */
+  const float *sink;        /* [H] optional */
+  float *sink_out;          /* [Hp] optional */
+} dsa_pad_heads_params;
+DSA_API dsa_status dsa_pad_heads(dsa_context *ctx, const dsa_pad_heads_params *p,
+                                 cudaStream_t stream);
+/* The head count the reference would pad to on SM90 (semantics.md section 3): H if H % 64 == 0,
+ * else 64 if 64 % H == 0; otherwise -1 (the reference rejects it). Interop helper only: libdsa
+ * runs every H natively. */
+DSA_API int dsa_padded_head_count(int num_heads);
+
+/* ---------------------------------------------------------------------------------------------
+ * Top-k (standalone radix select) and the lightning indexer with segmented causal top-k.
+ * Ties: higher score first, equal scores by the smaller column; NaN ranks below every number.
+ * Output per row: the selected columns ascending, then -1 up to K.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct dsa_topk_params {
+  int64_t rows;
+  int64_t columns;          /* allocated columns per row (upper bound of lengths) */
+  int32_t k;                /* 1..DSA_MAX_TOPK */
+  const float *scores;      /* [rows, columns], row stride scores_stride (0: columns) */
+  int64_t scores_stride;
+  const int32_t *lengths;   /* [rows] valid columns of each row (clamped to [0, columns]); NULL: all */
+  int32_t *indices;         /* [rows, k] out, row stride indices_stride (0: k) */
+  int64_t indices_stride;
+} dsa_topk_params;
+DSA_API dsa_status dsa_topk(dsa_context *ctx, const dsa_topk_params *p, void *workspace,
+                            size_t *workspace_bytes, cudaStream_t stream);
+
+typedef enum dsa_indexer_engine {
+  DSA_INDEXER_ENGINE_DEFAULT = 0, /* the faster engine on this device */
+  DSA_INDEXER_ENGINE_CUBLAS = 1,  /* cuBLAS bf16 GEMMs over query chunks + a reduction kernel */
+  DSA_INDEXER_ENGINE_FUSED = 2    /* fused tensor-core scoring, scores never leave the chip */
+} dsa_indexer_engine;
+
+/* score[t, s] = sum_h w[t, h] * ReLU(q[t, h, :] . k[s, :]) over the keys visible to query t
+ * (plan), then its K best keys in global storage coordinates. */
+typedef struct dsa_indexer_params {
+  const dsa_plan_view *plan; /* device view (dsa_plan_upload) for the GPU, host view for dsa_ref_ */
+  int32_t num_heads;         /* H_idx, 1..64 */
+  int32_t topk;              /* K, 1..DSA_MAX_TOPK */
+  const uint16_t *index_q;   /* [T_q, H_idx, 128] bf16; strides (0: H_idx*128 and 128) */
+  int64_t q_stride_token, q_stride_head;
+  const uint16_t *index_k;   /* [T_k, 128] bf16; row stride (0: 128) */
+  int64_t k_stride;
+  const void *weights;       /* [T_q, H_idx], fp32 or bf16 (weights_dtype), already scaled */
+  dsa_dtype weights_dtype;
+  int64_t weights_stride;    /* row stride (0: H_idx) */
+  int32_t *indices;          /* [T_q, K] out: ascending valid prefix, then -1; stride (0: K) */
+  int64_t indices_stride;
+  int32_t *lengths;          /* [T_q] out: min(K, causal_length), 0 for invalid queries */
+  dsa_indexer_engine engine;
+} dsa_indexer_params;
+DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *p,
+                                    void *workspace, size_t *workspace_bytes,
+                                    cudaStream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sparse MLA attention (semantics.md section 9, with this project's rules):
+ * slot j of row t counts iff (topk_length == NULL || j < topk_length[t]) && 0 <= idx < T_kv.
+ * Duplicate slots are separate softmax terms. Rows with no valid slot: out = 0, lse = +inf,
+ * max_logits = -inf, dq = 0.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct dsa_attn_fwd_params {
+  int64_t num_tokens;        /* T */
+  int32_t num_heads;         /* H, 1..128 */
+  int32_t head_dim;          /* D: 576 (or 512) */
+  int64_t num_kv;            /* T_kv */
+  int32_t topk;              /* K, 1..2048 */
+  float softmax_scale;       /* finite, > 0 */
+  const uint16_t *q;         /* [T, H, D] bf16; strides (0: H*D and D) */
+  int64_t q_stride_token, q_stride_head;
+  const uint16_t *kv;        /* [T_kv, D] bf16; value = first 512 dims; row stride (0: D) */
+  int64_t kv_stride;
+  const int32_t *indices;    /* [T, K] int32, global storage rows; row stride (0: K) */
+  int64_t indices_stride;
+  const int32_t *topk_length; /* [T] optional */
+  const float *sink;         /* [H] optional; +-inf allowed */
+  uint16_t *out;             /* [T, H, 512] bf16 out; strides (0: H*512 and 512) */
+  int64_t out_stride_token, out_stride_head;
+  float *lse;                /* [T, H] fp32 out, natural log, sink excluded; contiguous */
+  float *max_logits;         /* [T, H] fp32 out, optional; contiguous */
+} dsa_attn_fwd_params;
+DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                       cudaStream_t stream);
+
+typedef struct dsa_attn_bwd_params {
+  int64_t num_tokens;        /* T */
+  int32_t num_heads;         /* H, 1..128 */
+  int32_t head_dim;          /* D: 576 (or 512) */
+  int64_t num_kv;            /* T_kv */
+  int32_t topk;              /* K */
+  float softmax_scale;
+  int32_t deterministic;     /* 1: dkv bitwise identical run to run */
+  const uint16_t *q;         /* [T, H, D] bf16; strides (0: H*D and D) */
+  int64_t q_stride_token, q_stride_head;
+  const uint16_t *kv;        /* [T_kv, D] bf16; row stride (0: D) */
+  int64_t kv_stride;
+  const int32_t *indices;    /* [T, K]; row stride (0: K) */
+  int64_t indices_stride;
+  const int32_t *topk_length; /* [T] optional */
+  const float *sink;         /* [H] optional */
+  const uint16_t *out;       /* [T, H, 512] bf16 forward output; strides (0: H*512 and 512) */
+  int64_t out_stride_token, out_stride_head;
+  const uint16_t *dout;      /* [T, H, 512] bf16; strides (0: H*512 and 512) */
+  int64_t dout_stride_token, dout_stride_head;
+  const float *lse;          /* [T, H] fp32 from the forward; contiguous */
+  uint16_t *dq;              /* [T, H, D] bf16 out; strides (0: H*D and D) */
+  int64_t dq_stride_token, dq_stride_head;
+  uint16_t *dkv;             /* [T_kv, D] bf16 out; row stride (0: D) */
+  int64_t dkv_stride;
+  float *dsink;              /* [H] fp32 out, optional */
+} dsa_attn_bwd_params;
+DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                       void *workspace, size_t *workspace_bytes,
+                                       cudaStream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * CPU reference (the oracle): host pointers, double accumulation, exact round-to-nearest-even
+ * bf16 conversions. Same params structs as the GPU ops; the context, stream and workspace are not
+ * used. Slow by design; every GPU kernel is tested against these.
+ * ------------------------------------------------------------------------------------------- */
+DSA_API uint16_t dsa_f32_to_bf16(float x); /* round to nearest even; NaN stays NaN */
+DSA_API float dsa_bf16_to_f32(uint16_t x);
+
+DSA_API dsa_status dsa_ref_compact_indices(const dsa_compact_params *p);
+DSA_API dsa_status dsa_ref_pad_heads(const dsa_pad_heads_params *p);
+DSA_API dsa_status dsa_ref_topk(const dsa_topk_params *p);
+/* Indexer scores of one query row over its visible keys (score_out[c] for key starts[t] + c,
+ * c < causal_lengths[t]), fp64: the values dsa_ref_indexer_topk ranks. */
+DSA_API dsa_status dsa_ref_indexer_scores(const dsa_indexer_params *p, int64_t row,
+                                          double *score_out);
+DSA_API dsa_status dsa_ref_indexer_topk(const dsa_indexer_params *p);
+DSA_API dsa_status dsa_ref_sparse_attn_fwd(const dsa_attn_fwd_params *p);
+DSA_API dsa_status dsa_ref_sparse_attn_bwd(const dsa_attn_bwd_params *p);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+#endif /* DSA_H */

@@ -1,0 +1,8 @@
+/* indexer.c - public entry point dsa_indexer_topk. STUB: validates nothing yet and reports that the GPU path is
+ * not implemented; replaced by the issue that brings the kernel. */
+#include "internal.h"
+
+DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *p, void *workspace, size_t *workspace_bytes, cudaStream_t stream) {
+  DSA_TRY(dsa_context_enter(ctx, "dsa_indexer_topk"));
+  return dsa_fail(DSA_ERROR_UNSUPPORTED, "dsa_indexer_topk: no GPU implementation yet");
+}

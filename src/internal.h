@@ -1,0 +1,74 @@
+/*
+ * internal.h - what the host C files and the CUDA launchers share: the context struct, error
+ * reporting, the argument checks every public op runs (shared by the GPU op and its dsa_ref_ twin),
+ * and the launchers the .cu files export. Nothing here is public.
+ */
+#ifndef DSA_INTERNAL_H
+#define DSA_INTERNAL_H
+
+#include "dsa.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DSA_HIDDEN __attribute__((visibility("hidden")))
+
+struct dsa_context {
+  int device;
+  int cc_major, cc_minor;
+  int sm_count;
+  int max_smem_optin;  /* bytes of shared memory a block may opt into */
+  int l2_bytes;
+  void *cublas;        /* cublasHandle_t, created on first use */
+};
+
+/* Records a formatted message for dsa_last_error_message() and returns `status`. */
+DSA_HIDDEN dsa_status dsa_fail(dsa_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Maps a cudaError_t (as int) to DSA_ERROR_CUDA with the runtime's message; success passes. */
+DSA_HIDDEN dsa_status dsa_cuda_status(int cuda_error, const char *where);
+
+/* Returns DSA_ERROR_INVALID_ARGUMENT with a message unless cond holds. */
+#define DSA_REQUIRE(cond, ...)                                        \
+  do {                                                                \
+    if (!(cond)) return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, __VA_ARGS__); \
+  } while (0)
+#define DSA_TRY(expr)                         \
+  do {                                        \
+    dsa_status dsa_try_s_ = (expr);           \
+    if (dsa_try_s_ != DSA_SUCCESS) return dsa_try_s_; \
+  } while (0)
+
+/* Context checks for GPU entry points: non-NULL, and the calling thread bound to its device. */
+DSA_HIDDEN dsa_status dsa_context_enter(dsa_context *ctx, const char *fn);
+/* Lazily creates the cuBLAS handle of the context. */
+DSA_HIDDEN dsa_status dsa_context_cublas(dsa_context *ctx, void **handle);
+
+/* Argument checks, one per op, shared by the GPU op and the CPU reference (src/validate.c).
+ * `fn` is the public function's name, used in the message. They also resolve the 0 = contiguous
+ * strides: each takes the caller's struct and writes a copy with every stride filled in. */
+DSA_HIDDEN dsa_status dsa_check_compact(const dsa_compact_params *p, const char *fn,
+                                        dsa_compact_params *resolved);
+DSA_HIDDEN dsa_status dsa_check_pad_heads(const dsa_pad_heads_params *p, const char *fn,
+                                          dsa_pad_heads_params *resolved);
+DSA_HIDDEN dsa_status dsa_check_topk(const dsa_topk_params *p, const char *fn,
+                                     dsa_topk_params *resolved);
+DSA_HIDDEN dsa_status dsa_check_indexer(const dsa_indexer_params *p, const char *fn,
+                                        dsa_indexer_params *resolved);
+DSA_HIDDEN dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const char *fn,
+                                         dsa_attn_fwd_params *resolved);
+DSA_HIDDEN dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
+                                         dsa_attn_bwd_params *resolved);
+
+/* Launchers exported by the cuda/ files (C linkage). They take already-validated, stride-resolved
+ * params, enqueue on `stream`, and return the launch status. */
+DSA_HIDDEN dsa_status dsa_launch_compact(const dsa_context *ctx, const dsa_compact_params *p,
+                                         cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_launch_pad_heads(const dsa_context *ctx, const dsa_pad_heads_params *p,
+                                           cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DSA_INTERNAL_H */
