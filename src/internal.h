@@ -68,6 +68,16 @@ DSA_HIDDEN dsa_status dsa_launch_compact(const dsa_context *ctx, const dsa_compa
 DSA_HIDDEN dsa_status dsa_launch_pad_heads(const dsa_context *ctx, const dsa_pad_heads_params *p,
                                            cudaStream_t stream);
 
+/* Sparse attention forward: the portable kernel (any arch, any H, D) and the sm_90a tensor-core
+ * kernel, which returns DSA_ERROR_UNSUPPORTED for a configuration it does not handle (the public
+ * op then falls back to the portable one). dsa_attn_fwd_variant: 0 = automatic, 1 = force the
+ * portable kernel, 2 = force the sm_90a kernel (tests and benchmarks set it). */
+DSA_HIDDEN dsa_status dsa_launch_attn_fwd_simple(const dsa_context *ctx,
+                                                 const dsa_attn_fwd_params *p, cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx,
+                                               const dsa_attn_fwd_params *p, cudaStream_t stream);
+DSA_HIDDEN extern int dsa_attn_fwd_variant;
+
 #ifdef __cplusplus
 }
 #endif
