@@ -43,7 +43,7 @@ BENCH_COMMON := bench/bench_common.c
 BENCH_SRC := $(filter-out $(BENCH_COMMON),$(sort $(wildcard bench/*.c)))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test check-criterion run bench plots install uninstall clean sanitize
+.PHONY: all test check-criterion check-install run bench plots install uninstall clean sanitize
 all: $(LIB_A) $(LIB_SO)
 
 $(BUILD)/static/src/%.o: src/%.c $(HDRS)
@@ -123,6 +123,19 @@ install: all $(BUILD)/dsa.pc
 	ln -sf libdsa.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libdsa.so.$(firstword $(subst ., ,$(VERSION)))
 	ln -sf libdsa.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libdsa.so
 	install -m 644 $(BUILD)/dsa.pc $(DESTDIR)$(PKGCONFIGDIR)/dsa.pc
+
+# Installs into a scratch prefix and builds a strict C99 program against libdsa.a through
+# `pkg-config --static --libs dsa` (the shared library is removed from the scratch prefix so -ldsa
+# can only resolve to the static archive).
+CHECK_PREFIX = $(abspath $(BUILD)/install-check)
+check-install:
+	@rm -rf $(CHECK_PREFIX)
+	@$(MAKE) --no-print-directory install PREFIX=$(CHECK_PREFIX) >/dev/null
+	rm -f $(CHECK_PREFIX)/lib/libdsa.so*
+	gcc -std=c99 -Wall -Wextra -Wpedantic -Werror tests/install/example.c -o $(CHECK_PREFIX)/example \
+	  $$(PKG_CONFIG_PATH=$(CHECK_PREFIX)/lib/pkgconfig pkg-config --cflags --static --libs dsa)
+	@! ldd $(CHECK_PREFIX)/example | grep -q libdsa || { echo "example linked libdsa dynamically"; exit 1; }
+	$(CHECK_PREFIX)/example
 
 uninstall:
 	rm -f $(DESTDIR)$(INCLUDEDIR)/dsa.h $(DESTDIR)$(LIBDIR)/libdsa.a $(DESTDIR)$(LIBDIR)/libdsa.so* $(DESTDIR)$(PKGCONFIGDIR)/dsa.pc

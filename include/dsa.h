@@ -24,11 +24,15 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The CUDA stream type, declared without including the CUDA headers (which are not strict-C99
+ * clean): dsa_stream_t is the same type as cudaStream_t, so a cudaStream_t (or 0) passes as is. */
+struct CUstream_st;
+typedef struct CUstream_st *dsa_stream_t;
 
 #if defined(_WIN32)
 #define DSA_API
@@ -155,7 +159,7 @@ DSA_API const dsa_plan_view *dsa_plan_host_view(const dsa_plan *plan);
  * must stay alive until the copy has completed (the copy reads it asynchronously). */
 DSA_API dsa_status dsa_plan_upload(dsa_context *ctx, const dsa_plan *plan, void *device_buffer,
                                    size_t *buffer_bytes, dsa_plan_view *device_view,
-                                   cudaStream_t stream);
+                                   dsa_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
  * Index compaction (semantics.md section 8) and head padding (section 3).
@@ -174,7 +178,7 @@ typedef struct dsa_compact_params {
   int32_t *lengths;         /* [rows] optional */
 } dsa_compact_params;
 DSA_API dsa_status dsa_compact_indices(dsa_context *ctx, const dsa_compact_params *p,
-                                       cudaStream_t stream);
+                                       dsa_stream_t stream);
 
 /* Copies q [T, H, D] into q_out [T, Hp, D] (contiguous) with heads H..Hp-1 zero, and sink [H]
  * into sink_out [Hp] with the padded heads -inf (sink NULL: all -inf; sink_out NULL: skipped).
@@ -191,7 +195,7 @@ typedef struct dsa_pad_heads_params {
   float *sink_out;          /* [Hp] optional */
 } dsa_pad_heads_params;
 DSA_API dsa_status dsa_pad_heads(dsa_context *ctx, const dsa_pad_heads_params *p,
-                                 cudaStream_t stream);
+                                 dsa_stream_t stream);
 /* The head count the reference would pad to on SM90 (semantics.md section 3): H if H % 64 == 0,
  * else 64 if 64 % H == 0; otherwise -1 (the reference rejects it). Interop helper only: libdsa
  * runs every H natively. */
@@ -213,7 +217,7 @@ typedef struct dsa_topk_params {
   int64_t indices_stride;
 } dsa_topk_params;
 DSA_API dsa_status dsa_topk(dsa_context *ctx, const dsa_topk_params *p, void *workspace,
-                            size_t *workspace_bytes, cudaStream_t stream);
+                            size_t *workspace_bytes, dsa_stream_t stream);
 
 typedef enum dsa_indexer_engine {
   DSA_INDEXER_ENGINE_DEFAULT = 0, /* the faster engine on this device */
@@ -241,7 +245,7 @@ typedef struct dsa_indexer_params {
 } dsa_indexer_params;
 DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *p,
                                     void *workspace, size_t *workspace_bytes,
-                                    cudaStream_t stream);
+                                    dsa_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
  * Sparse MLA attention (semantics.md section 9, with this project's rules):
@@ -270,7 +274,7 @@ typedef struct dsa_attn_fwd_params {
   float *max_logits;         /* [T, H] fp32 out, optional; contiguous */
 } dsa_attn_fwd_params;
 DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_params *p,
-                                       cudaStream_t stream);
+                                       dsa_stream_t stream);
 
 typedef struct dsa_attn_bwd_params {
   int64_t num_tokens;        /* T */
@@ -301,7 +305,7 @@ typedef struct dsa_attn_bwd_params {
 } dsa_attn_bwd_params;
 DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_params *p,
                                        void *workspace, size_t *workspace_bytes,
-                                       cudaStream_t stream);
+                                       dsa_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
  * CPU reference (the oracle): host pointers, double accumulation, exact round-to-nearest-even

@@ -6,6 +6,7 @@
 #ifndef DSA_INTERNAL_H
 #define DSA_INTERNAL_H
 
+#include <cuda_runtime_api.h>
 #include "dsa.h"
 
 #ifdef __cplusplus
