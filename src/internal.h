@@ -62,6 +62,15 @@ DSA_HIDDEN dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const cha
 DSA_HIDDEN dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
                                          dsa_attn_bwd_params *resolved);
 
+/* CPU-reference internals (src/reference.c) the tests use: one rounding of a double to bf16
+ * (nearest even), and the double-precision forward on contiguous double copies of q [T, H, D],
+ * kv [T_kv, D] and sink [H] (sink NULL: the params' sink; indices, topk_length, sizes and scale come
+ * from p). out [T, H, 512], lse and max_logits [T, H] are contiguous doubles, each optional. */
+DSA_HIDDEN uint16_t dsa_ref_double_to_bf16(double x);
+DSA_HIDDEN dsa_status dsa_ref_attn_fwd_f64(const dsa_attn_fwd_params *p, const double *q,
+                                           const double *kv, const double *sink, double *out,
+                                           double *lse, double *max_logits);
+
 /* Launchers exported by the cuda/ files (C linkage). They take already-validated, stride-resolved
  * params, enqueue on `stream`, and return the launch status. */
 DSA_HIDDEN dsa_status dsa_launch_compact(const dsa_context *ctx, const dsa_compact_params *p,

@@ -1,0 +1,295 @@
+/*
+ * validate.c - the argument checks of top-k, the indexer and sparse attention forward/backward,
+ * shared by each GPU op and its dsa_ref_ twin (one contract for both). Pure host code: pointers
+ * are compared and their alignment tested, never dereferenced (except the plan view struct of the
+ * indexer, which is a host struct in both cases). Each check writes a copy of the params with
+ * every 0 (= contiguous default) stride filled in.
+ *
+ * Rules common to all four:
+ *  - Counts are >= 0, token/row counts <= INT32_MAX, key counts < 2^31 - 1, K in 1..2048.
+ *  - Zero-size work (no token / no row) is valid and then no pointer is checked (any may be NULL).
+ *  - A row stride is >= the row length. A [T, H, D] tensor with two strides may be token-major or
+ *    head-major: the smaller stride is >= D and the larger >= smaller * (extent of the smaller's
+ *    dimension), so no two rows overlap. Negative strides are rejected.
+ *  - bf16 tensors the kernels read with 16-byte vectors (q, kv, out, dout, dq, dkv, index_q,
+ *    index_k) are 16-byte aligned with strides that are multiples of 8 elements; fp32 and int32
+ *    tensors are 4-byte aligned.
+ *  - The byte extent of every tensor fits int64 (checked multiplication).
+ */
+#include <limits.h>
+#include <math.h>
+#include "internal.h"
+
+#define DSA_MAX_ROWS ((int64_t)INT32_MAX)          /* tokens / rows: int32 row ids */
+#define DSA_MAX_KEYS ((int64_t)INT32_MAX - 1)      /* keys < 2^31 - 1 */
+
+static dsa_status fail(const char *fn, const char *what) {
+  return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s", fn, what);
+}
+
+static dsa_status check_range(const char *fn, const char *name, int64_t v, int64_t lo, int64_t hi) {
+  if (v < lo || v > hi)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s = %lld is outside %lld..%lld", fn, name,
+                    (long long)v, (long long)lo, (long long)hi);
+  return DSA_SUCCESS;
+}
+
+static dsa_status check_ptr(const char *fn, const char *name, const void *ptr, size_t align) {
+  if (ptr == NULL) return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s is NULL", fn, name);
+  if ((uintptr_t)ptr % align != 0)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s is not %zu-byte aligned", fn, name, align);
+  return DSA_SUCCESS;
+}
+
+/* An optional pointer: NULL is fine, otherwise it must be aligned. */
+static dsa_status check_opt_ptr(const char *fn, const char *name, const void *ptr, size_t align) {
+  if (ptr != NULL && (uintptr_t)ptr % align != 0)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s is not %zu-byte aligned", fn, name, align);
+  return DSA_SUCCESS;
+}
+
+/* Stride of a vector-accessed bf16 tensor: a multiple of 8 elements (16 bytes). */
+static dsa_status check_vec_stride(const char *fn, const char *name, int64_t stride) {
+  if (stride % 8 != 0)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s = %lld is not a multiple of 8", fn, name,
+                    (long long)stride);
+  return DSA_SUCCESS;
+}
+
+/* Resolves a row stride (0 -> def) and checks it against the row length. */
+static dsa_status resolve_row_stride(const char *fn, const char *name, int64_t *stride,
+                                     int64_t row_len, int64_t def) {
+  if (*stride < 0)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s = %lld is negative", fn, name,
+                    (long long)*stride);
+  if (*stride == 0) *stride = def;
+  if (*stride < row_len)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s = %lld is below the row length %lld", fn,
+                    name, (long long)*stride, (long long)row_len);
+  return DSA_SUCCESS;
+}
+
+/* Resolves the two strides of a [T, H, D] tensor (0 -> H*D and D) and checks that no two rows
+ * overlap, in token-major or head-major order. */
+static dsa_status resolve_3d_strides(const char *fn, const char *st_name, const char *sh_name,
+                                     int64_t T, int64_t H, int64_t D, int64_t *st, int64_t *sh) {
+  int64_t need;
+  if (*st < 0)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s = %lld is negative", fn, st_name,
+                    (long long)*st);
+  if (*sh < 0)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s = %lld is negative", fn, sh_name,
+                    (long long)*sh);
+  if (*st == 0) *st = H * D;
+  if (*sh == 0) *sh = D;
+  if (*sh <= *st) { /* head-major inside a token: heads are the inner rows */
+    if (*sh < D)
+      return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s = %lld is below the row length %lld", fn,
+                      sh_name, (long long)*sh, (long long)D);
+    if (__builtin_mul_overflow(*sh, H, &need) || *st < need)
+      return dsa_fail(DSA_ERROR_INVALID_ARGUMENT,
+                      "%s: %s = %lld is below %s * num_heads = %lld * %lld (rows overlap)", fn,
+                      st_name, (long long)*st, sh_name, (long long)*sh, (long long)H);
+  } else { /* token-inner layout: tokens are the inner rows */
+    if (*st < D)
+      return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: %s = %lld is below the row length %lld", fn,
+                      st_name, (long long)*st, (long long)D);
+    if (__builtin_mul_overflow(*st, T, &need) || *sh < need)
+      return dsa_fail(DSA_ERROR_INVALID_ARGUMENT,
+                      "%s: %s = %lld is below %s * num_tokens = %lld * %lld (rows overlap)", fn,
+                      sh_name, (long long)*sh, st_name, (long long)*st, (long long)T);
+  }
+  return DSA_SUCCESS;
+}
+
+/* The byte extent of a tensor, ((e0-1)*s0 + (e1-1)*s1 + inner) * elem, must fit int64. */
+static dsa_status check_extent(const char *fn, const char *name, int64_t e0, int64_t s0, int64_t e1,
+                               int64_t s1, int64_t inner, int64_t elem) {
+  int64_t a = 0, b = 0, t;
+  if (e0 <= 0 || e1 <= 0 || inner <= 0) return DSA_SUCCESS;
+  if (__builtin_mul_overflow(e0 - 1, s0, &a) || __builtin_mul_overflow(e1 - 1, s1, &b) ||
+      __builtin_add_overflow(a, b, &t) || __builtin_add_overflow(t, inner, &t) ||
+      __builtin_mul_overflow(t, elem, &t))
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: the byte size of %s overflows int64", fn,
+                    name);
+  return DSA_SUCCESS;
+}
+
+static dsa_status check_scale(const char *fn, float scale) {
+  if (!isfinite(scale) || !(scale > 0.0f))
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: softmax_scale = %g is not finite and > 0", fn,
+                    (double)scale);
+  return DSA_SUCCESS;
+}
+
+static dsa_status check_head_dim(const char *fn, int32_t d) {
+  if (d != 576 && d != 512)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: head_dim = %d is not 576 or 512", fn, (int)d);
+  return DSA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * top-k
+ * ------------------------------------------------------------------------------------------- */
+dsa_status dsa_check_topk(const dsa_topk_params *p, const char *fn, dsa_topk_params *r) {
+  if (p == NULL) return fail(fn, "p is NULL");
+  dsa_topk_params c = *p;
+  DSA_TRY(check_range(fn, "rows", c.rows, 0, DSA_MAX_ROWS));
+  DSA_TRY(check_range(fn, "columns", c.columns, 0, DSA_MAX_ROWS));
+  DSA_TRY(check_range(fn, "k", c.k, 1, DSA_MAX_TOPK));
+  DSA_TRY(resolve_row_stride(fn, "scores_stride", &c.scores_stride, c.columns, c.columns));
+  DSA_TRY(resolve_row_stride(fn, "indices_stride", &c.indices_stride, c.k, c.k));
+  DSA_TRY(check_extent(fn, "scores", c.rows, c.scores_stride, 1, 0, c.columns, 4));
+  DSA_TRY(check_extent(fn, "indices", c.rows, c.indices_stride, 1, 0, c.k, 4));
+  if (c.rows > 0) {
+    if (c.columns > 0) DSA_TRY(check_ptr(fn, "scores", c.scores, 4));
+    DSA_TRY(check_opt_ptr(fn, "lengths", c.lengths, 4));
+    DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
+  }
+  *r = c;
+  return DSA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * indexer
+ * ------------------------------------------------------------------------------------------- */
+dsa_status dsa_check_indexer(const dsa_indexer_params *p, const char *fn, dsa_indexer_params *r) {
+  if (p == NULL) return fail(fn, "p is NULL");
+  dsa_indexer_params c = *p;
+  const int64_t D = DSA_INDEX_HEAD_DIM;
+  if (c.plan == NULL) return fail(fn, "plan is NULL");
+  const int64_t Tq = c.plan->num_queries, Tk = c.plan->total_key_tokens;
+  DSA_TRY(check_range(fn, "plan->num_queries", Tq, 0, DSA_MAX_ROWS));
+  DSA_TRY(check_range(fn, "plan->total_key_tokens", Tk, 0, DSA_MAX_KEYS));
+  DSA_TRY(check_range(fn, "num_heads", c.num_heads, 1, 64));
+  DSA_TRY(check_range(fn, "topk", c.topk, 1, DSA_MAX_TOPK));
+  if (c.weights_dtype != DSA_DTYPE_F32 && c.weights_dtype != DSA_DTYPE_BF16)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: weights_dtype = %d is not F32 or BF16", fn,
+                    (int)c.weights_dtype);
+  if (c.engine != DSA_INDEXER_ENGINE_DEFAULT && c.engine != DSA_INDEXER_ENGINE_CUBLAS &&
+      c.engine != DSA_INDEXER_ENGINE_FUSED)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: engine = %d is not a dsa_indexer_engine", fn,
+                    (int)c.engine);
+  const int64_t H = c.num_heads, K = c.topk;
+  const int64_t wsize = c.weights_dtype == DSA_DTYPE_F32 ? 4 : 2;
+  DSA_TRY(resolve_3d_strides(fn, "q_stride_token", "q_stride_head", Tq, H, D, &c.q_stride_token,
+                             &c.q_stride_head));
+  DSA_TRY(check_vec_stride(fn, "q_stride_token", c.q_stride_token));
+  DSA_TRY(check_vec_stride(fn, "q_stride_head", c.q_stride_head));
+  DSA_TRY(resolve_row_stride(fn, "k_stride", &c.k_stride, D, D));
+  DSA_TRY(check_vec_stride(fn, "k_stride", c.k_stride));
+  DSA_TRY(resolve_row_stride(fn, "weights_stride", &c.weights_stride, H, H));
+  DSA_TRY(resolve_row_stride(fn, "indices_stride", &c.indices_stride, K, K));
+  DSA_TRY(check_extent(fn, "index_q", Tq, c.q_stride_token, H, c.q_stride_head, D, 2));
+  DSA_TRY(check_extent(fn, "index_k", Tk, c.k_stride, 1, 0, D, 2));
+  DSA_TRY(check_extent(fn, "weights", Tq, c.weights_stride, 1, 0, H, wsize));
+  DSA_TRY(check_extent(fn, "indices", Tq, c.indices_stride, 1, 0, K, 4));
+  if (Tq > 0) {
+    if (c.plan->starts == NULL) return fail(fn, "plan->starts is NULL");
+    if (c.plan->causal_lengths == NULL) return fail(fn, "plan->causal_lengths is NULL");
+    DSA_TRY(check_ptr(fn, "index_q", c.index_q, 16));
+    if (Tk > 0) DSA_TRY(check_ptr(fn, "index_k", c.index_k, 16));
+    DSA_TRY(check_ptr(fn, "weights", c.weights, (size_t)wsize));
+    DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
+    DSA_TRY(check_ptr(fn, "lengths", c.lengths, 4));
+  }
+  *r = c;
+  return DSA_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * sparse attention
+ * ------------------------------------------------------------------------------------------- */
+/* The checks forward and backward share: sizes, scale, q / kv / indices. */
+static dsa_status check_attn_common(const char *fn, int64_t T, int32_t H, int32_t Dh, int64_t Tkv,
+                                    int32_t K, float scale, int64_t *q_st, int64_t *q_sh,
+                                    int64_t *kv_stride, int64_t *idx_stride) {
+  DSA_TRY(check_range(fn, "num_tokens", T, 0, DSA_MAX_ROWS));
+  DSA_TRY(check_range(fn, "num_heads", H, 1, DSA_MAX_HEADS));
+  DSA_TRY(check_head_dim(fn, Dh));
+  DSA_TRY(check_range(fn, "num_kv", Tkv, 0, DSA_MAX_KEYS));
+  DSA_TRY(check_range(fn, "topk", K, 1, DSA_MAX_TOPK));
+  DSA_TRY(check_scale(fn, scale));
+  DSA_TRY(resolve_3d_strides(fn, "q_stride_token", "q_stride_head", T, H, Dh, q_st, q_sh));
+  DSA_TRY(check_vec_stride(fn, "q_stride_token", *q_st));
+  DSA_TRY(check_vec_stride(fn, "q_stride_head", *q_sh));
+  DSA_TRY(resolve_row_stride(fn, "kv_stride", kv_stride, Dh, Dh));
+  DSA_TRY(check_vec_stride(fn, "kv_stride", *kv_stride));
+  DSA_TRY(resolve_row_stride(fn, "indices_stride", idx_stride, K, K));
+  DSA_TRY(check_extent(fn, "q", T, *q_st, H, *q_sh, Dh, 2));
+  DSA_TRY(check_extent(fn, "kv", Tkv, *kv_stride, 1, 0, Dh, 2));
+  DSA_TRY(check_extent(fn, "indices", T, *idx_stride, 1, 0, K, 4));
+  DSA_TRY(check_extent(fn, "lse", T, H, 1, 0, 1, 4));
+  return DSA_SUCCESS;
+}
+
+/* A [T, H, 512] bf16 tensor (out, dout): strides resolved, vector-aligned. */
+static dsa_status check_value_tensor(const char *fn, const char *name, const char *st_name,
+                                     const char *sh_name, int64_t T, int64_t H, int64_t *st,
+                                     int64_t *sh) {
+  DSA_TRY(resolve_3d_strides(fn, st_name, sh_name, T, H, DSA_VALUE_DIM, st, sh));
+  DSA_TRY(check_vec_stride(fn, st_name, *st));
+  DSA_TRY(check_vec_stride(fn, sh_name, *sh));
+  DSA_TRY(check_extent(fn, name, T, *st, H, *sh, DSA_VALUE_DIM, 2));
+  return DSA_SUCCESS;
+}
+
+dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const char *fn,
+                              dsa_attn_fwd_params *r) {
+  if (p == NULL) return fail(fn, "p is NULL");
+  dsa_attn_fwd_params c = *p;
+  DSA_TRY(check_attn_common(fn, c.num_tokens, c.num_heads, c.head_dim, c.num_kv, c.topk,
+                            c.softmax_scale, &c.q_stride_token, &c.q_stride_head, &c.kv_stride,
+                            &c.indices_stride));
+  DSA_TRY(check_value_tensor(fn, "out", "out_stride_token", "out_stride_head", c.num_tokens,
+                             c.num_heads, &c.out_stride_token, &c.out_stride_head));
+  if (c.num_tokens > 0) {
+    DSA_TRY(check_ptr(fn, "q", c.q, 16));
+    if (c.num_kv > 0) DSA_TRY(check_ptr(fn, "kv", c.kv, 16));
+    DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
+    DSA_TRY(check_opt_ptr(fn, "topk_length", c.topk_length, 4));
+    DSA_TRY(check_opt_ptr(fn, "sink", c.sink, 4));
+    DSA_TRY(check_ptr(fn, "out", c.out, 16));
+    DSA_TRY(check_ptr(fn, "lse", c.lse, 4));
+    DSA_TRY(check_opt_ptr(fn, "max_logits", c.max_logits, 4));
+  }
+  *r = c;
+  return DSA_SUCCESS;
+}
+
+dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
+                              dsa_attn_bwd_params *r) {
+  if (p == NULL) return fail(fn, "p is NULL");
+  dsa_attn_bwd_params c = *p;
+  DSA_TRY(check_attn_common(fn, c.num_tokens, c.num_heads, c.head_dim, c.num_kv, c.topk,
+                            c.softmax_scale, &c.q_stride_token, &c.q_stride_head, &c.kv_stride,
+                            &c.indices_stride));
+  DSA_TRY(check_value_tensor(fn, "out", "out_stride_token", "out_stride_head", c.num_tokens,
+                             c.num_heads, &c.out_stride_token, &c.out_stride_head));
+  DSA_TRY(check_value_tensor(fn, "dout", "dout_stride_token", "dout_stride_head", c.num_tokens,
+                             c.num_heads, &c.dout_stride_token, &c.dout_stride_head));
+  DSA_TRY(resolve_3d_strides(fn, "dq_stride_token", "dq_stride_head", c.num_tokens, c.num_heads,
+                             c.head_dim, &c.dq_stride_token, &c.dq_stride_head));
+  DSA_TRY(check_vec_stride(fn, "dq_stride_token", c.dq_stride_token));
+  DSA_TRY(check_vec_stride(fn, "dq_stride_head", c.dq_stride_head));
+  DSA_TRY(check_extent(fn, "dq", c.num_tokens, c.dq_stride_token, c.num_heads, c.dq_stride_head,
+                       c.head_dim, 2));
+  DSA_TRY(resolve_row_stride(fn, "dkv_stride", &c.dkv_stride, c.head_dim, c.head_dim));
+  DSA_TRY(check_vec_stride(fn, "dkv_stride", c.dkv_stride));
+  DSA_TRY(check_extent(fn, "dkv", c.num_kv, c.dkv_stride, 1, 0, c.head_dim, 2));
+  if (c.num_tokens > 0) {
+    DSA_TRY(check_ptr(fn, "q", c.q, 16));
+    if (c.num_kv > 0) DSA_TRY(check_ptr(fn, "kv", c.kv, 16));
+    DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
+    DSA_TRY(check_opt_ptr(fn, "topk_length", c.topk_length, 4));
+    DSA_TRY(check_opt_ptr(fn, "sink", c.sink, 4));
+    DSA_TRY(check_ptr(fn, "out", c.out, 16));
+    DSA_TRY(check_ptr(fn, "dout", c.dout, 16));
+    DSA_TRY(check_ptr(fn, "lse", c.lse, 4));
+    DSA_TRY(check_ptr(fn, "dq", c.dq, 16));
+    if (c.num_kv > 0) DSA_TRY(check_ptr(fn, "dkv", c.dkv, 16));
+    DSA_TRY(check_opt_ptr(fn, "dsink", c.dsink, 4));
+  }
+  *r = c;
+  return DSA_SUCCESS;
+}
