@@ -1,8 +1,211 @@
-/* indexer.c - public entry point dsa_indexer_topk. STUB: validates nothing yet and reports that the GPU path is
- * not implemented; replaced by the issue that brings the kernel. */
+/* indexer.c - public entry point dsa_indexer_topk: the lightning indexer with segmented causal
+ * top-k, cuBLAS engine.
+ *
+ * Only host scalars of the plan are read (the device view's pointers are never dereferenced here):
+ * a valid query at global position g sees keys [starts, starts + causal_length) with
+ * causal_length <= min(g + 1, max_seqlen_k) and starts >= g - max_seqlen_k + 1, so
+ *  - queries with min(qs + t + 1, max_seqlen_k) <= K select all their keys: one top-k launch with
+ *    no scores (the kernel's L <= K path writes starts + 0..L-1) covers them, no scoring;
+ *  - the other queries run in chunks [t0, t1) whose key window is
+ *    [max(0, g0 - max_seqlen_k + 1), min(g1, T_k)), at most t1 - t0 + max_seqlen_k - 1 keys.
+ * Per chunk: for each GEMM sub-chunk of queries and key tile, cublasGemmEx (bf16 in, fp32 out,
+ * CUBLAS_COMPUTE_32F) writes logits[(q, h), s] = q[q, h, :] . k[s, :], the reduction kernel folds
+ * the heads (weights, ReLU) into the chunk's fp32 scores [chunk, window], then the radix top-k
+ * (cuda/topk.cu) selects each row's keys from its own columns (offset starts[t] - window start)
+ * and writes global key indices and lengths.
+ *
+ * Workspace (fixed budget, independent of T_q): scores <= 128 MiB, logits <= 64 MiB, plus a packed
+ * copy of q for layouts cuBLAS cannot read directly, plus 256 bytes of alignment slack (any
+ * workspace alignment is accepted). The budget is exceeded only when a single query's visible
+ * window is so long that one scores row (window * 4 bytes) or one query's logits for one key tile
+ * (H_idx * 32768 * 4 bytes = 8 MiB at H_idx = 64) does not fit.
+ *
+ * The fused engine (scores on chip) is not implemented: DSA_INDEXER_ENGINE_FUSED returns
+ * DSA_ERROR_UNSUPPORTED and DEFAULT runs cuBLAS.
+ */
+#include <cublas_v2.h>
 #include "internal.h"
 
-DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *p, void *workspace, size_t *workspace_bytes, cudaStream_t stream) {
-  DSA_TRY(dsa_context_enter(ctx, "dsa_indexer_topk"));
-  return dsa_fail(DSA_ERROR_UNSUPPORTED, "dsa_indexer_topk: no GPU implementation yet");
+#define IDX_SCORES_BUDGET ((int64_t)128 << 20) /* fp32 scores [chunk, window] */
+#define IDX_LOGITS_BUDGET ((int64_t)64 << 20)  /* fp32 GEMM output [sub-chunk * H_idx, key tile] */
+#define IDX_KEY_TILE ((int64_t)32768)          /* keys per GEMM: bounds one query's logits */
+#define IDX_MAX_CHUNK ((int64_t)65535)         /* rows of a chunk (grid.y of the reduction) */
+#define IDX_ALIGN ((int64_t)256)
+
+typedef struct {
+  int64_t t_skip;      /* queries [0, t_skip) select all their keys (no scoring) */
+  int64_t msk;         /* bound on any query's visible key count */
+  int64_t cq;          /* queries per scored chunk */
+  int64_t scores_ld;   /* row stride of the scores buffer (>= the widest window) */
+  int64_t cg;          /* queries per GEMM */
+  int64_t key_tile;    /* keys per GEMM */
+  int64_t logits_ld;   /* row stride of the logits buffer */
+  int pack;            /* q is copied into a plain [cg * H, 128] matrix first */
+  int64_t q_ld;        /* leading dimension of q when not packed */
+  int64_t scores_off, logits_off, pack_off, total; /* byte layout (after aligning the base) */
+} idx_layout;
+
+static int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Window width bound of a chunk of c queries. */
+static int64_t window_cap(const idx_layout *l, int64_t tk, int64_t c) {
+  return min64(tk, l->msk - 1 + c);
+}
+
+static void plan_layout(const dsa_indexer_params *p, idx_layout *l) {
+  const dsa_plan_view *v = p->plan;
+  const int64_t tq = v->num_queries, tk = v->total_key_tokens, qs = v->query_start;
+  const int64_t H = p->num_heads, K = p->topk;
+  int64_t n_score, c, wcap;
+  l->msk = v->max_seqlen_k > 0 ? min64(v->max_seqlen_k, tk) : tk;
+  if (tk <= 0 || l->msk <= K) l->t_skip = tq;
+  else l->t_skip = min64(tq, max64(0, K - qs)); /* g + 1 > K  <=>  t >= K - qs */
+  n_score = tq - l->t_skip;
+  l->cq = l->cg = l->key_tile = l->scores_ld = l->logits_ld = 0;
+  l->pack = 0;
+  l->q_ld = 0;
+  l->scores_off = l->logits_off = l->pack_off = 0;
+  l->total = 1;
+  if (n_score <= 0) return;
+  /* largest chunk whose scores fit the budget (at least one row) */
+  c = min64(n_score, IDX_MAX_CHUNK);
+  while (c > 1 && c * window_cap(l, tk, c) * 4 > IDX_SCORES_BUDGET) {
+    int64_t fit = IDX_SCORES_BUDGET / 4 / window_cap(l, tk, c);
+    c = max64(1, min64(c - 1, fit));
+  }
+  l->cq = c;
+  wcap = window_cap(l, tk, c);
+  l->scores_ld = round_up(wcap, 4);
+  l->key_tile = min64(wcap, IDX_KEY_TILE);
+  l->logits_ld = round_up(l->key_tile, 4);
+  c = IDX_LOGITS_BUDGET / (H * l->logits_ld * 4);
+  l->cg = max64(1, min64(c, l->cq));
+  if (H == 1) {
+    l->q_ld = p->q_stride_token;
+  } else if (p->q_stride_head <= p->q_stride_token && p->q_stride_token == H * p->q_stride_head) {
+    l->q_ld = p->q_stride_head;
+  } else {
+    l->pack = 1;
+    l->q_ld = DSA_INDEX_HEAD_DIM;
+  }
+  l->scores_off = 0;
+  l->logits_off = round_up(l->cq * l->scores_ld * 4, IDX_ALIGN);
+  l->pack_off = l->logits_off + round_up(l->cg * H * l->logits_ld * 4, IDX_ALIGN);
+  l->total = l->pack_off + (l->pack ? l->cg * H * DSA_INDEX_HEAD_DIM * 2 : 0) + IDX_ALIGN;
+}
+
+static dsa_status cublas_status(cublasStatus_t s, const char *what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return DSA_SUCCESS;
+  return dsa_fail(DSA_ERROR_CUBLAS, "dsa_indexer_topk: %s failed (cuBLAS status %d)", what, (int)s);
+}
+
+static dsa_status run_cublas(dsa_context *ctx, const dsa_indexer_params *p, const idx_layout *l,
+                             char *ws, cudaStream_t stream) {
+  const dsa_plan_view *v = p->plan;
+  const int64_t tq = v->num_queries, tk = v->total_key_tokens, qs = v->query_start;
+  const int64_t H = p->num_heads, K = p->topk;
+  const int wbf16 = p->weights_dtype == DSA_DTYPE_BF16;
+  const int64_t welem = wbf16 ? 2 : 4;
+  dsa_topk_launch a;
+  void *hv;
+  cublasHandle_t h;
+  float *scores, *logits;
+  uint16_t *qpack;
+  const float one = 1.0f, zero = 0.0f;
+
+  if (l->t_skip < tq && (p->k_stride > 0x7fffffff || l->q_ld > 0x7fffffff))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "dsa_indexer_topk: k_stride = %lld or the q row stride %lld "
+                    "exceeds cuBLAS's int leading dimension", (long long)p->k_stride, (long long)l->q_ld);
+
+  /* queries that take all their keys: no scores read */
+  a.columns = K;
+  a.k = (int32_t)K;
+  a.scores = NULL;
+  a.scores_stride = 0;
+  a.start_base = 0;
+  a.indices_stride = p->indices_stride;
+  if (l->t_skip > 0) {
+    a.rows = l->t_skip;
+    a.lengths = v->causal_lengths;
+    a.starts = v->starts;
+    a.indices = p->indices;
+    a.out_lengths = p->lengths;
+    DSA_TRY(dsa_launch_topk(ctx, &a, stream));
+  }
+  if (l->t_skip >= tq) return DSA_SUCCESS;
+
+  DSA_TRY(dsa_context_cublas(ctx, &hv));
+  h = (cublasHandle_t)hv;
+  DSA_TRY(cublas_status(cublasSetStream(h, stream), "cublasSetStream"));
+  ws = (char *)(((uintptr_t)ws + IDX_ALIGN - 1) / IDX_ALIGN * IDX_ALIGN);
+  scores = (float *)(ws + l->scores_off);
+  logits = (float *)(ws + l->logits_off);
+  qpack = (uint16_t *)(ws + l->pack_off);
+
+  for (int64_t t0 = l->t_skip; t0 < tq; t0 += l->cq) {
+    const int64_t t1 = min64(tq, t0 + l->cq);
+    const int64_t wstart = max64(0, qs + t0 - l->msk + 1), wend = min64(qs + t1, tk);
+    for (int64_t u0 = t0; u0 < t1; u0 += l->cg) {
+      const int64_t u1 = min64(t1, u0 + l->cg), nq = u1 - u0;
+      const int64_t ks = max64(wstart, qs + u0 - l->msk + 1), ke = min64(qs + u1, tk);
+      const uint16_t *B = p->index_q + u0 * p->q_stride_token;
+      if (l->pack) {
+        DSA_TRY(dsa_launch_indexer_pack_q(B, p->q_stride_token, p->q_stride_head, nq,
+                                          (int32_t)H, qpack, stream));
+        B = qpack;
+      }
+      for (int64_t k0 = ks; k0 < ke; k0 += l->key_tile) {
+        const int64_t n = min64(ke, k0 + l->key_tile) - k0;
+        /* column-major view: C[s, (q,h)] (n x nq*H, ldc = logits_ld) = K^T Q, i.e. row (q,h) of
+         * the row-major logits holds its scores over the tile's keys */
+        DSA_TRY(cublas_status(
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)(nq * H), DSA_INDEX_HEAD_DIM,
+                         &one, p->index_k + k0 * p->k_stride, CUDA_R_16BF, (int)p->k_stride, B,
+                         CUDA_R_16BF, (int)l->q_ld, &zero, logits, CUDA_R_32F, (int)l->logits_ld,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx"));
+        DSA_TRY(dsa_launch_indexer_reduce(
+            nq, (int32_t)H, n, logits, l->logits_ld,
+            (const char *)p->weights + u0 * p->weights_stride * welem, wbf16, p->weights_stride,
+            scores + (u0 - t0) * l->scores_ld + (k0 - wstart), l->scores_ld, stream));
+      }
+    }
+    a.rows = t1 - t0;
+    a.columns = wend - wstart;
+    a.scores = scores;
+    a.scores_stride = l->scores_ld;
+    a.lengths = v->causal_lengths + t0;
+    a.starts = v->starts + t0;
+    a.start_base = wstart;
+    a.indices = p->indices + t0 * p->indices_stride;
+    a.out_lengths = p->lengths + t0;
+    DSA_TRY(dsa_launch_topk(ctx, &a, stream));
+  }
+  return DSA_SUCCESS;
+}
+
+DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *p, void *workspace,
+                                    size_t *workspace_bytes, cudaStream_t stream) {
+  const char *fn = "dsa_indexer_topk";
+  dsa_indexer_params r;
+  idx_layout l;
+  DSA_TRY(dsa_check_indexer(p, fn, &r));
+  DSA_REQUIRE(workspace_bytes != NULL, "%s: workspace_bytes is NULL", fn);
+  if (r.engine == DSA_INDEXER_ENGINE_FUSED)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: engine = DSA_INDEXER_ENGINE_FUSED is not implemented yet (use "
+                    "DSA_INDEXER_ENGINE_CUBLAS or DEFAULT)", fn);
+  DSA_TRY(dsa_context_enter(ctx, fn));
+  plan_layout(&r, &l);
+  if (workspace == NULL) {
+    *workspace_bytes = (size_t)l.total;
+    return DSA_SUCCESS;
+  }
+  if (*workspace_bytes < (size_t)l.total)
+    return dsa_fail(DSA_ERROR_WORKSPACE_TOO_SMALL, "%s: workspace_bytes = %zu is below the %lld needed",
+                    fn, *workspace_bytes, (long long)l.total);
+  if (r.plan->num_queries == 0) return DSA_SUCCESS;
+  return run_cublas(ctx, &r, &l, (char *)workspace, stream);
 }

@@ -88,6 +88,48 @@ DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx,
                                                const dsa_attn_fwd_params *p, cudaStream_t stream);
 DSA_HIDDEN extern int dsa_attn_fwd_variant;
 
+/* Sparse attention backward (cuda/attn_bwd.cu): the workspace size for validated, stride-resolved
+ * params (it depends on p->deterministic; >= 1, includes 256 bytes of alignment slack), and the
+ * launcher (workspace: at least that many bytes, any alignment). */
+DSA_HIDDEN dsa_status dsa_attn_bwd_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes);
+DSA_HIDDEN dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                          void *workspace, cudaStream_t stream);
+
+/* ---- top-k and indexer launchers (cuda/topk.cu, cuda/indexer.cu; used by src/topk.c and
+ * src/indexer.c) ---- */
+/* One launch of the radix top-k: row r reads scores[r * scores_stride + off_r + c] for
+ * c < L_r = clamp(lengths[r], 0, columns) (lengths NULL: columns) with off_r = starts[r] - start_base
+ * (starts NULL: 0), writes its selected columns c + starts[r] ascending then -1 to
+ * indices[r * indices_stride + 0..k), and min(L_r, k) to out_lengths[r] when given. scores may be
+ * NULL when every row has L_r <= k. No workspace. */
+typedef struct dsa_topk_launch {
+  int64_t rows;
+  int64_t columns;
+  int32_t k;
+  const float *scores;
+  int64_t scores_stride;
+  const int32_t *lengths;  /* [rows] or NULL */
+  const int32_t *starts;   /* [rows] or NULL */
+  int64_t start_base;
+  int32_t *indices;        /* [rows, k], row stride indices_stride */
+  int64_t indices_stride;
+  int32_t *out_lengths;    /* [rows] or NULL */
+} dsa_topk_launch;
+DSA_HIDDEN dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_launch *a,
+                                      cudaStream_t stream);
+/* Indexer helpers: copies q rows [tokens, heads, 128] (any strides) into a packed
+ * [tokens * heads, 128] bf16 matrix; and the head reduction
+ * scores[r * scores_ld + c] = sum_h w[r, h] * ReLU(logits[(r * heads + h) * logits_ld + c])
+ * for r < rows, c < cols (ReLU keeps NaN; weights fp32 or bf16). */
+DSA_HIDDEN dsa_status dsa_launch_indexer_pack_q(const uint16_t *q, int64_t stride_token,
+                                                int64_t stride_head, int64_t tokens, int32_t heads,
+                                                uint16_t *out, cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_launch_indexer_reduce(int64_t rows, int32_t heads, int64_t cols,
+                                                const float *logits, int64_t logits_ld,
+                                                const void *weights, int weights_bf16,
+                                                int64_t weights_stride, float *scores,
+                                                int64_t scores_ld, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

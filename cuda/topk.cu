@@ -1,0 +1,230 @@
+/*
+ * topk.cu - deterministic per-row top-k by radix select (dsa_topk and the indexer's selection).
+ *
+ * One kernel, one CTA (512 threads) per row, grid-stride over rows on a 1-D grid:
+ *  1. Map each fp32 score to an order-preserving uint32 key (NaN -> 0, the lowest; -0 -> +0 so the
+ *     two zeros tie; sign-flip trick for the rest).
+ *  2. Radix select the k-th largest key with three histogram passes of 11 + 11 + 10 bits
+ *     (shared-memory histogram, block scan from the top bin). This yields the threshold T,
+ *     count_gt = #keys > T and need_eq = k - count_gt (>= 1).
+ *  3. Emit: every column with key > T and the first need_eq columns (in column order) with key == T.
+ *     Each warp owns a contiguous stretch of columns; one counting sweep, a 16-entry scan over the
+ *     warps, then an emitting sweep where ballots give each selected column its output slot. The
+ *     output is therefore already in ascending column order: no sort.
+ * Rows with L <= k skip all of it (0..L-1 then -1).
+ *
+ * Rows of up to cache_cap columns keep their keys in dynamic shared memory after the first global
+ * read (cap chosen by the launcher from the device's opt-in limit, at most 48K keys = 192 KB), so
+ * the later passes never touch L2/HBM; longer rows (up to any length) re-read the row from global
+ * memory in each pass. Everything is integer counting: bitwise deterministic and independent of
+ * the other rows. No workspace.
+ *
+ * The same kernel serves the indexer: `starts` gives each row a column offset
+ * (starts[r] - start_base) into the scores row and adds starts[r] to every emitted column (global
+ * key coordinates); `scores` may be NULL when every row is known to have L <= k.
+ */
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include "internal.h"
+
+#define TK_THREADS 512                  /* 16 warps: enough loads in flight for one row per SM */
+#define TK_WARPS (TK_THREADS / 32)
+#define TK_BINS 2048                    /* 11-bit digits: three passes cover 32 bits */
+#define TK_UNROLL 16                    /* independent global loads in flight per thread */
+#define TK_MAX_CACHE_KEYS (48 * 1024)   /* 192 KB of cached keys at most (H200 opt-in: 227 KB) */
+
+static __device__ __forceinline__ uint32_t tk_key(float f) {
+  uint32_t u = __float_as_uint(f);
+  if (f != f) return 0u;            /* NaN: below -inf (whose key is 0x007FFFFF) */
+  if (u == 0x80000000u) u = 0u;     /* -0 and +0 are equal scores */
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Exclusive block-wide sum over the TK_THREADS threads (in thread order). */
+static __device__ __forceinline__ int tk_block_excl_scan(int v, int *s_scan) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) s_scan[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < TK_WARPS ? s_scan[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    if (lane < TK_WARPS) s_scan[lane] = w;
+  }
+  __syncthreads();
+  return (warp ? s_scan[warp - 1] : 0) + x - v;
+}
+
+static __global__ void __launch_bounds__(TK_THREADS)
+tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap) {
+  extern __shared__ uint32_t s_keys[]; /* [cache_cap] cached keys of the current row */
+  __shared__ int s_hist[TK_BINS];
+  __shared__ int s_scan[TK_WARPS];
+  __shared__ long long s_wgt[TK_WARPS], s_weq[TK_WARPS];
+  __shared__ uint32_t s_prefix;
+  __shared__ int s_rem;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int k = a.k;
+
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    int64_t L = a.columns;
+    if (a.lengths != NULL) {
+      int64_t l = a.lengths[row];
+      L = l < 0 ? 0 : (l > a.columns ? a.columns : l);
+    }
+    int64_t add = 0, off = 0;
+    if (a.starts != NULL) {
+      add = a.starts[row];
+      off = add - a.start_base;
+    }
+    int32_t *out = a.indices + row * a.indices_stride;
+    if (a.out_lengths != NULL && tid == 0) a.out_lengths[row] = (int32_t)(L < k ? L : k);
+    if (L <= k) {
+      for (int j = tid; j < k; j += TK_THREADS) out[j] = j < L ? (int32_t)(j + add) : -1;
+      continue; /* block-uniform */
+    }
+    const float *src = a.scores + row * a.scores_stride + off;
+    const bool cache = L <= cache_cap;
+
+    /* ---- radix select of the k-th largest key ---- */
+    uint32_t prefix = 0;
+    int rem = k;
+    for (int pass = 0; pass < 3; ++pass) {
+      const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+      const int bits = pass == 2 ? 10 : 11;
+      const int nb = 1 << bits;
+      const int hi_shift = shift + bits; /* 32 (unused), 21, 10 */
+      for (int b = tid; b < TK_BINS; b += TK_THREADS) s_hist[b] = 0;
+      __syncthreads();
+      if (pass == 0 || !cache) {
+        for (int64_t base = 0; base < L; base += (int64_t)TK_THREADS * TK_UNROLL) {
+          float v[TK_UNROLL];
+#pragma unroll
+          for (int j = 0; j < TK_UNROLL; ++j) {
+            int64_t c = base + (int64_t)j * TK_THREADS + tid;
+            v[j] = c < L ? __ldg(src + c) : 0.0f;
+          }
+#pragma unroll
+          for (int j = 0; j < TK_UNROLL; ++j) {
+            int64_t c = base + (int64_t)j * TK_THREADS + tid;
+            if (c < L) {
+              uint32_t key = tk_key(v[j]);
+              if (pass == 0) {
+                if (cache) s_keys[c] = key;
+                atomicAdd(&s_hist[key >> 21], 1);
+              } else if ((key >> hi_shift) == (prefix >> hi_shift)) {
+                atomicAdd(&s_hist[(key >> shift) & (nb - 1)], 1);
+              }
+            }
+          }
+        }
+      } else {
+        for (int64_t c = tid; c < L; c += TK_THREADS) {
+          uint32_t key = s_keys[c];
+          if ((key >> hi_shift) == (prefix >> hi_shift)) atomicAdd(&s_hist[(key >> shift) & (nb - 1)], 1);
+        }
+      }
+      __syncthreads();
+      /* Thread t owns bins [nb - (t+1)*bpt, nb - t*bpt): thread 0 the top ones, so an exclusive
+       * scan in thread order counts the matching keys in higher bins. */
+      const int bpt = nb / TK_THREADS;
+      const int hi = nb - tid * bpt;
+      int sum = 0;
+      for (int i = 0; i < bpt; ++i) sum += s_hist[hi - 1 - i];
+      int cum = tk_block_excl_scan(sum, s_scan);
+      for (int i = 0; i < bpt; ++i) {
+        const int b = hi - 1 - i;
+        const int h = s_hist[b];
+        if (cum < rem && cum + h >= rem) {
+          s_prefix = prefix | ((uint32_t)b << shift);
+          s_rem = rem - cum;
+        }
+        cum += h;
+      }
+      __syncthreads();
+      prefix = s_prefix;
+      rem = s_rem;
+    }
+    const uint32_t thr = prefix;
+    const long long need_eq = rem, count_gt = k - rem;
+
+    /* ---- emit in column order: warp w owns columns [c0, c1) ---- */
+    const int64_t per_warp = ((L + TK_WARPS * 32 - 1) / (TK_WARPS * 32)) * 32;
+    const int64_t c0 = (int64_t)warp * per_warp;
+    const int64_t c1 = c0 + per_warp < L ? c0 + per_warp : L;
+    long long n_gt = 0, n_eq = 0;
+    for (int64_t base = c0; base < c1; base += 32) {
+      const int64_t c = base + lane;
+      uint32_t key = 0;
+      if (c < c1) key = cache ? s_keys[c] : tk_key(__ldg(src + c));
+      n_gt += __popc(__ballot_sync(0xffffffffu, c < c1 && key > thr));
+      n_eq += __popc(__ballot_sync(0xffffffffu, c < c1 && key == thr));
+    }
+    if (lane == 0) {
+      s_wgt[warp] = n_gt;
+      s_weq[warp] = n_eq;
+    }
+    __syncthreads();
+    long long gt_before = 0, eq_before = 0;
+    for (int w = 0; w < warp; ++w) {
+      gt_before += s_wgt[w];
+      eq_before += s_weq[w];
+    }
+    const unsigned lt_mask = (1u << lane) - 1u;
+    for (int64_t base = c0; base < c1; base += 32) {
+      if (gt_before == count_gt && eq_before >= need_eq) break; /* warp-uniform: all emitted */
+      const int64_t c = base + lane;
+      uint32_t key = 0;
+      if (c < c1) key = cache ? s_keys[c] : tk_key(__ldg(src + c));
+      const bool is_gt = c < c1 && key > thr;
+      const bool is_eq = c < c1 && key == thr;
+      const unsigned mgt = __ballot_sync(0xffffffffu, is_gt);
+      const unsigned meq = __ballot_sync(0xffffffffu, is_eq);
+      const long long e_before = eq_before + __popc(meq & lt_mask);
+      if (is_gt || (is_eq && e_before < need_eq)) {
+        const long long pos = gt_before + __popc(mgt & lt_mask) + (e_before < need_eq ? e_before : need_eq);
+        out[pos] = (int32_t)(c + add);
+      }
+      gt_before += __popc(mgt);
+      eq_before += __popc(meq);
+    }
+    __syncthreads(); /* shared state is reused by the next row */
+  }
+}
+
+/* Keys a row may cache in shared memory on this device for this launch. */
+static int64_t tk_cache_cap(const dsa_context *ctx, const dsa_topk_launch *a) {
+  int64_t cap;
+  if (a->scores == NULL) return 0;
+  cap = ((int64_t)ctx->max_smem_optin - (int64_t)(TK_BINS * 4 + 1024)) / 4;
+  if (cap > TK_MAX_CACHE_KEYS) cap = TK_MAX_CACHE_KEYS;
+  if (cap > a->columns) cap = a->columns;
+  if (cap < 0) cap = 0;
+  return cap;
+}
+
+extern "C" dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_launch *a,
+                                      cudaStream_t stream) {
+  int64_t cap, grid;
+  size_t smem;
+  cudaError_t e;
+  if (a->rows <= 0) return DSA_SUCCESS;
+  cap = tk_cache_cap(ctx, a);
+  smem = (size_t)cap * sizeof(uint32_t);
+  if (smem > 48 * 1024) {
+    e = cudaFuncSetAttribute(tk_radix_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return dsa_cuda_status(e, "dsa_topk (cudaFuncSetAttribute)");
+  }
+  grid = a->rows < (1 << 24) ? a->rows : (1 << 24);
+  tk_radix_kernel<<<(unsigned)grid, TK_THREADS, smem, stream>>>(*a, cap);
+  return dsa_cuda_status(cudaGetLastError(), "dsa_topk (kernel launch)");
+}
