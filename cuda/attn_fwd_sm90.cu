@@ -1,16 +1,355 @@
 /*
- * attn_fwd_sm90.cu - sparse MLA attention forward on sm_90a tensor cores (wgmma).
- * Stub: returns DSA_ERROR_UNSUPPORTED so the public op falls back to the portable kernel.
+ * attn_fwd_sm90.cu - sparse MLA attention forward on sm_90a tensor cores (wgmma), the fast variant of
+ * dsa_sparse_attn_fwd. The portable kernel (attn_fwd_simple) covers every configuration this one
+ * declines with DSA_ERROR_UNSUPPORTED.
+ *
+ * One CTA = one query token x one block of 64 heads (H = 128: two CTAs per token, adjacent in the
+ * 1-D grid so they share the gathered KV rows in L2). 384 threads, three warpgroups:
+ *   WG2 (producer, setmaxnreg down): cp.async 16 B with a manual 128B swizzle (hopper-notes 5). Loads
+ *        the Q tile [64 heads x D] once, then gathers 64 KV rows per tile into a double buffer.
+ *        Invalid slots (beyond topk_length, index < 0 or >= num_kv) are zero-filled (src-size 0) and
+ *        flagged in a per-stage byte mask.
+ *   WG0, WG1 (consumers, setmaxnreg up): each computes the full S = Q K^T (64 x 64, SS wgmma, D/16
+ *        k-steps) redundantly, masks it, runs the online softmax in the log2 domain, and accumulates
+ *        its half of the 512 value dims: O[64 x 256] += P V (RS wgmma m64n256k16, P straight from the
+ *        S registers, V = the KV tile read MN-major). WG0 owns dims 0..255, WG1 dims 256..511.
+ * v1 trade-offs, the next steps in order:
+ *   - S is computed twice (once per consumer WG): ~50% more tensor work than FlashMLA's split, where
+ *     WG0/WG1 take alternate key tiles and exchange P through shared memory.
+ *   - no overlap inside a WG: S(n+1) is not issued before softmax(n) / PV(n).
+ *   - H < 64 runs with the unused Q rows zero-filled (wasted MMA rows). Next: keys on M
+ *     (S^T = K Q^T, wgmma N = H) for small H.
+ *   - out is written from registers (4-byte stores); an stmatrix + TMA store epilogue is faster.
+ *
+ * Pipeline barriers (mbarriers in shared memory), parities as in hopper-notes 4:
+ *   q_full   : 128 .noinc cp.async arrivals (producer threads) -> Q tile landed.
+ *   full[s]  : 128 .noinc cp.async arrivals + 128 plain arrivals (the plain ones release the byte
+ *              mask written with st.shared) -> KV stage s landed.
+ *   empty[s] : 256 plain arrivals (every consumer thread, after its PV wgmma completed and its mask
+ *              reads are done) -> stage s may be overwritten.
+ * cp.async writes are generic-proxy; consumers run fence.proxy.async after each full wait, before
+ * wgmma reads the tile (the ordering tested on an H200, hopper-notes 3 and test C).
  */
 #include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
 
 #include "internal.h"
+#include "sm90_common.cuh"
 
-extern "C" dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx,
-                                               const dsa_attn_fwd_params *p, cudaStream_t stream) {
-  (void)ctx;
-  (void)stream;
-  return dsa_fail(DSA_ERROR_UNSUPPORTED,
-                  "dsa_sparse_attn_fwd: the sm_90a kernel is not built yet (head_dim = %d)",
-                  (int)p->head_dim);
+namespace {
+
+/* ---- tile and launch configuration ----------------------------------------------------------- */
+constexpr int kBlockM = 64;         /* heads per CTA: the M of one wgmma (m64) */
+constexpr int kBlockN = 64;         /* keys per KV tile: S is m64n64, P is four k16 slices */
+constexpr int kStages = 2;          /* KV double buffer: Q 72 KB + 2 x 72 KB = 216 KB of the 227 KB */
+constexpr int kThreads = 384;       /* 2 consumer WGs (one per half of dv) + 1 producer WG */
+constexpr int kConsumerRegs = 232;  /* O 128 + S 32 + P 16 + addressing; 2 x 232 + 40 = 504 <= 512 */
+constexpr int kProducerRegs = 40;   /* address math for 36 cp.async per tile */
+constexpr int kDV = DSA_VALUE_DIM;  /* 512 value dims */
+constexpr int kDVPerWG = kDV / 2;   /* 256: one m64n256k16 per k16 slice per consumer WG */
+constexpr int kBlkBytes = 64 * 128; /* one 64 x 64 bf16 SW128 block: 8 atoms of 1024 B */
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+static_assert(kBlockM == 64 && kBlockN == 64, "the fragment maps below assume m64 and 64-key tiles");
+static_assert(kDVPerWG == 256, "PV uses one m64n256 wgmma per k16 slice");
+static_assert(2 * kConsumerRegs + kProducerRegs <= 512, "setmaxnreg: 128 x sum of per-WG counts <= 64K");
+static_assert(kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
+static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
+
+/* Shared-memory layout for NB 64-column blocks per row (D = 64 * NB). Every tile is 1024-B aligned
+ * (SW128 atoms, descriptor base offset 0). */
+template <int NB>
+struct Smem {
+  static constexpr int kTileBytes = NB * kBlkBytes;               /* [64 rows x D] bf16 */
+  static constexpr int kQ = 0;                                    /* Q tile */
+  static constexpr int kKV = kQ + kTileBytes;                         /* stage s at kKV + s * kTileBytes */
+  static constexpr int kValid = kKV + kStages * kTileBytes;       /* [kStages][64] bytes, 1 = valid */
+  static constexpr int kBars = kValid + kStages * kBlockN;        /* q_full, full[2], empty[2] */
+  static constexpr int kEnd = kBars + (1 + 2 * kStages) * 8;
+  static constexpr int kBytes = kEnd + 1024;                      /* + slack to align the base */
+};
+
+/* Kernel arguments: the resolved public params plus what the host precomputes. */
+struct FwdArgs {
+  dsa_attn_fwd_params p;
+  float scale_log2;  /* softmax_scale * log2(e): the softmax runs on exp2 */
+  int num_hblocks;   /* ceil(H / 64) */
+};
+
+template <int NB>
+__global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid_constant__ FwdArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  typedef Smem<NB> L;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint8_t *valid = smem + L::kValid;
+  uint64_t *bars = (uint64_t *)(smem + L::kBars);
+  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;
+
+  const dsa_attn_fwd_params &p = args.p;
+  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
+  const int64_t tok = blockIdx.x / args.num_hblocks;
+  const int h0 = (int)(blockIdx.x % args.num_hblocks) * kBlockM;
+  int klen = p.topk; /* slots [0, klen) may be valid; the rest never are */
+  if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
+  const int ntiles = (klen + kBlockN - 1) / kBlockN;
+
+  if (tid == 0) {
+    sm90_mbar_init(q_full, 128);
+    for (int s = 0; s < kStages; ++s) {
+      sm90_mbar_init(&full[s], 256);
+      sm90_mbar_init(&empty[s], 256);
+    }
+    sm90_mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    /* ================= producer ================= */
+    sm90_setmaxnreg_dec<kProducerRegs>();
+    /* Thread (g, j): 16-B chunk j of every 64-column block of rows g, g+16, g+32, g+48. Rows 16 apart
+     * share r % 8, so 8 consecutive threads fill one 128-B swizzled row piece: conflict free. */
+    const int g = t >> 3, j = t & 7;
+    const uint32_t sq = sm90_smem_addr(smem + L::kQ);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = g + 16 * i, h = h0 + r;
+      const bool ok = h < p.num_heads; /* heads past H: zero rows, never written out */
+      const uint16_t *src = p.q + tok * p.q_stride_token + (int64_t)(ok ? h : h0) * p.q_stride_head + j * 8;
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        sm90_cp_async16(sq + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+    }
+    sm90_cp_async_mbar_arrive_noinc(q_full);
+
+    const int32_t *irow = p.indices + tok * p.indices_stride;
+    for (int n = 0; n < ntiles; ++n) {
+      const int s = n & 1;
+      const uint32_t use = (uint32_t)(n >> 1);
+      sm90_mbar_wait(&empty[s], (use & 1) ^ 1); /* first use of a stage: parity 1 returns at once */
+      const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = g + 16 * i, slot = n * kBlockN + r;
+        const int32_t idx = slot < klen ? __ldg(irow + slot) : -1;
+        const bool ok = idx >= 0 && (int64_t)idx < p.num_kv;
+        const uint16_t *src = p.kv + (int64_t)(ok ? idx : 0) * p.kv_stride + j * 8;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+        if (j == 0) valid[s * kBlockN + r] = ok ? 1 : 0;
+      }
+      sm90_cp_async_mbar_arrive_noinc(&full[s]); /* fires when this thread's copies have landed */
+      sm90_mbar_arrive(&full[s]);                /* releases the mask bytes written above */
+    }
+    sm90_cp_async_wait_all();
+  } else {
+    /* ================= consumers ================= */
+    sm90_setmaxnreg_inc<kConsumerRegs>();
+    const int c = wg; /* value dims [256 c, 256 c + 256) */
+    const int warp = t >> 5, lane = t & 31;
+    const float scale_log2 = args.scale_log2;
+
+    float o[kDVPerWG / 2]; /* 64 x 256 fp32 accumulator, hopper-notes 2 map */
+    float sacc[32];        /* 64 x 64 S accumulator */
+#pragma unroll
+    for (int i = 0; i < kDVPerWG / 2; ++i) o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
+    /* Running max (log2 units) and per-thread partial row sums for rows r0 = 16 warp + lane/4 and
+     * r0 + 8 (accumulator register i belongs to row r0 + 8 * ((i >> 1) & 1)). */
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+    sm90_mbar_wait(q_full, 0);
+    sm90_fence_proxy_async();
+    const uint32_t sq = sm90_smem_addr(smem + L::kQ);
+
+    for (int n = 0; n < ntiles; ++n) {
+      const int s = n & 1;
+      sm90_mbar_wait(&full[s], (uint32_t)(n >> 1) & 1);
+      sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
+      const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
+
+      /* ---- S = Q K^T: both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16, +8 KB per block */
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sm90_fence_operand(sacc[i]);
+      sm90_wgmma_fence();
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t off = b * kBlkBytes + k * 32;
+          sm90_wgmma_ss_m64n64k16(sacc, sm90_make_desc_sw128(sq + off, 16, 1024),
+                                  sm90_make_desc_sw128(skv + off, 16, 1024), (b | k) != 0);
+        }
+      sm90_wgmma_commit();
+      sm90_wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sm90_fence_operand(sacc[i]);
+
+      /* ---- mask + online softmax (log2 domain). Column of register i: 8 (i >> 2) + 2 (lane % 4) + (i & 1).
+       * The pair (i, i+1), i even, covers two adjacent columns: one 2-byte mask read. */
+      const uint8_t *vs = valid + s * kBlockN;
+      float x[32];
+#pragma unroll
+      for (int cc = 0; cc < 8; ++cc) {
+        const uint32_t pair = *(const uint16_t *)(vs + 8 * cc + 2 * (lane & 3));
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 4 * cc + 2 * hr + e;
+            x[i] = ((pair >> (8 * e)) & 0xff) ? sacc[i] * scale_log2 : -INFINITY;
+          }
+      }
+      float alpha[2], m_use[2];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        float mx = row_max[hr];
+#pragma unroll
+        for (int cc = 0; cc < 8; ++cc) mx = fmaxf(mx, fmaxf(x[4 * cc + 2 * hr], x[4 * cc + 2 * hr + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        m_use[hr] = mx == -INFINITY ? 0.f : mx; /* no valid slot yet: avoid (-inf) - (-inf) */
+        alpha[hr] = exp2f(row_max[hr] - m_use[hr]);
+        row_max[hr] = mx;
+      }
+      float psum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        x[i] = exp2f(x[i] - m_use[(i >> 1) & 1]);
+        psum[(i >> 1) & 1] += x[i];
+      }
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) row_sum[hr] = row_sum[hr] * alpha[hr] + psum[hr];
+      /* P (bf16) as the RS A operand: k16 slice kk, register q = accumulator pair (8 kk + 2 q, +1). */
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) pa[kk][q] = sm90_pack_bf16x2(x[8 * kk + 2 * q], x[8 * kk + 2 * q + 1]);
+#pragma unroll
+      for (int i = 0; i < kDVPerWG / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+
+      /* ---- O += P V: V = the KV tile's dims [256 c, 256 c + 256) read MN-major (tB = 1):
+       * LBO 8192 between 64-dim blocks, SBO 1024 between 8-key groups, +2048 B per k16 of keys. */
+#pragma unroll
+      for (int i = 0; i < kDVPerWG / 2; ++i) sm90_fence_operand(o[i]);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) sm90_fence_operand_u32(pa[kk][q]);
+      sm90_wgmma_fence();
+      const uint32_t sv = skv + 4 * c * kBlkBytes;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        sm90_wgmma_rs_m64n256k16_tb1(o, pa[kk], sm90_make_desc_sw128(sv + kk * 2048, kBlkBytes, 1024), 1);
+      sm90_wgmma_commit();
+      sm90_wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kDVPerWG / 2; ++i) sm90_fence_operand(o[i]);
+      sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
+    }
+
+    /* ---- epilogue: normalise, sink factor, bf16 out, lse, max_logits */
+    float fac[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float l = row_sum[hr];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
+      const bool empty_row = row_max[hr] == -INFINITY; /* no valid slot */
+      const float lse = empty_row ? INFINITY : (row_max[hr] + log2f(l)) * kLn2;
+      float f = 0.f;
+      if (!empty_row && h < p.num_heads) {
+        f = 1.f / l;
+        if (p.sink) f *= 1.f / (1.f + expf(p.sink[h] - lse)); /* -inf sink: 1, +inf: 0 */
+      }
+      fac[hr] = f;
+      if (c == 0 && (lane & 3) == 0 && h < p.num_heads) {
+        const int64_t th = tok * p.num_heads + h;
+        p.lse[th] = lse;
+        if (p.max_logits) p.max_logits[th] = empty_row ? -INFINITY : row_max[hr] * kLn2;
+      }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
+      if (h >= p.num_heads) continue;
+      uint16_t *orow = p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * kDVPerWG +
+                       2 * (lane & 3);
+#pragma unroll
+      for (int cc = 0; cc < kDVPerWG / 8; ++cc) {
+        const int i = 4 * cc + 2 * hr;
+        *(uint32_t *)(orow + 8 * cc) = sm90_pack_bf16x2(o[i] * fac[hr], o[i + 1] * fac[hr]);
+      }
+    }
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap(); /* built without sm_90a machine code: never run silently (the launcher also checks cc 9.0) */
+#endif
+}
+
+/* One instantiation per supported head dim (D = 64 * NB). */
+template <int NB>
+dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int num_hblocks) {
+  const char *fn = "dsa_sparse_attn_fwd";
+  const int smem_bytes = Smem<NB>::kBytes;
+  if (smem_bytes > ctx->max_smem_optin)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d",
+                    fn, smem_bytes, ctx->max_smem_optin);
+  /* The attribute is per device; set it once for each (the launcher never runs concurrently for a
+   * context, and setting it twice is harmless). */
+  static unsigned char attr_done[64];
+  const int dev = ctx->device;
+  if (dev < 0 || dev >= 64 || !attr_done[dev]) {
+    DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_fwd_sm90_kernel<NB>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+                            fn));
+    if (dev >= 0 && dev < 64) attr_done[dev] = 1;
+  }
+  FwdArgs args;
+  args.p = *p;
+  args.scale_log2 = p->softmax_scale * kLog2e;
+  args.num_hblocks = num_hblocks;
+  const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
+  attn_fwd_sm90_kernel<NB><<<grid, kThreads, smem_bytes, stream>>>(args);
+  return dsa_cuda_status((int)cudaGetLastError(), fn);
+}
+
+}  // namespace
+
+extern "C" dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                               cudaStream_t stream) {
+  const char *fn = "dsa_sparse_attn_fwd";
+  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
+                    ctx->cc_major, ctx->cc_minor);
+  if (p->head_dim != 576 && p->head_dim != 512)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports head_dim 576 or 512, not %d", fn,
+                    (int)p->head_dim);
+  if (p->num_heads < 1 || p->num_heads > DSA_MAX_HEADS)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports num_heads 1..128, not %d", fn,
+                    (int)p->num_heads);
+  /* cp.async moves 16 B: q / kv rows must start 16-B aligned. out is written as bf16 pairs. */
+  if (((uintptr_t)p->q & 15) || ((uintptr_t)p->kv & 15) || (p->q_stride_token & 7) || (p->q_stride_head & 7) ||
+      (p->kv_stride & 7))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a kernel needs 16-byte aligned q / kv rows (q_stride_token = %lld, "
+                    "q_stride_head = %lld, kv_stride = %lld)",
+                    fn, (long long)p->q_stride_token, (long long)p->q_stride_head, (long long)p->kv_stride);
+  if (((uintptr_t)p->out & 3) || (p->out_stride_token & 1) || (p->out_stride_head & 1))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a kernel needs 4-byte aligned out rows (out_stride_token = %lld, "
+                    "out_stride_head = %lld)",
+                    fn, (long long)p->out_stride_token, (long long)p->out_stride_head);
+  if (p->num_tokens <= 0) return DSA_SUCCESS;
+  const int num_hblocks = (p->num_heads + kBlockM - 1) / kBlockM;
+  if (p->num_tokens > (int64_t)0x7fffffff / num_hblocks)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
+                    0x7fffffff / num_hblocks, (long long)p->num_tokens);
+  return p->head_dim == 576 ? launch<9>(ctx, p, stream, num_hblocks) : launch<8>(ctx, p, stream, num_hblocks);
 }

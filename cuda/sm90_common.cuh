@@ -1,0 +1,150 @@
+/*
+ * sm90_common.cuh - inline-PTX wrappers for the Hopper (sm_90a) instructions the tensor-core kernels
+ * share: shared-memory matrix descriptors, wgmma (SS and RS), wgmma fence/commit/wait, mbarrier,
+ * cp.async into 128B-swizzled tiles, proxy fences, setmaxnreg. Every field and rule is taken from
+ * /work/shared/reference/hopper-notes.md (sections cited as "notes 1".."notes 8").
+ *
+ * Only visible to the sm_90a device pass (and the host pass, which never calls them): the compute_90
+ * PTX pass rejects wgmma / setmaxnreg, so kernels guard their bodies with
+ * #if defined(__CUDA_ARCH_FEAT_SM90_ALL).
+ */
+#ifndef DSA_SM90_COMMON_CUH
+#define DSA_SM90_COMMON_CUH
+
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+
+/* Shared-window address of a generic pointer to shared memory. */
+__device__ __forceinline__ uint32_t sm90_smem_addr(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* ---- matrix descriptors (notes 1) ---------------------------------------------------------------
+ * bits 13-0 start >> 4, 29-16 LBO >> 4, 45-32 SBO >> 4, 51-49 base offset (0: tiles 1024-B aligned),
+ * 63-62 swizzle (1 = 128B). */
+__device__ __forceinline__ uint64_t sm90_desc_enc(uint32_t x) { return (uint64_t)((x & 0x3FFFF) >> 4); }
+__device__ __forceinline__ uint64_t sm90_make_desc_sw128(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+  return sm90_desc_enc(smem_addr) | (sm90_desc_enc(lbo) << 16) | (sm90_desc_enc(sbo) << 32) |
+         ((uint64_t)1 << 62);
+}
+/* Byte offset of element column c (bf16) of row r inside a 64-column SW128 K-major block. Rows are 128 B
+ * apart; the 16-B chunk index (c / 8) is XORed with r % 8. */
+__device__ __forceinline__ uint32_t sm90_sw128_chunk_off(int r, int chunk) {
+  return (uint32_t)(r * 128 + (((chunk ^ r) & 7) << 4));
+}
+
+/* ---- wgmma ordering (notes 3) -------------------------------------------------------------------- */
+__device__ __forceinline__ void sm90_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void sm90_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void sm90_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Keeps nvcc from moving ordinary uses of an accumulator / A register across the async window
+ * (CUTLASS warpgroup_fence_operand). */
+__device__ __forceinline__ void sm90_fence_operand(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void sm90_fence_operand_u32(uint32_t &x) { asm volatile("" : "+r"(x)::"memory"); }
+/* Generic-proxy writes (st.shared, non-bulk cp.async) -> visible to the async proxy (wgmma, TMA). */
+__device__ __forceinline__ void sm90_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/* ---- mbarrier (notes 4) -------------------------------------------------------------------------- */
+__device__ __forceinline__ void sm90_mbar_init(uint64_t *bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(sm90_smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void sm90_mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/* Plain arrive: release semantics at CTA scope (orders this thread's earlier shared-memory writes). */
+__device__ __forceinline__ void sm90_mbar_arrive(uint64_t *bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(sm90_smem_addr(bar)) : "memory");
+}
+/* Arrives when every cp.async this thread issued so far has landed; not pre-counted (.noinc), so the
+ * barrier's expected count includes one arrival per calling thread. */
+__device__ __forceinline__ void sm90_cp_async_mbar_arrive_noinc(uint64_t *bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(sm90_smem_addr(bar)) : "memory");
+}
+/* Spins until the phase with the given parity has completed (acquire). try_wait may time out: loop. */
+__device__ __forceinline__ void sm90_mbar_wait(uint64_t *bar, uint32_t parity) {
+  uint32_t addr = sm90_smem_addr(bar);
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+/* ---- cp.async (notes 5) -------------------------------------------------------------------------- */
+/* 16-byte global -> shared copy; src_bytes = 0 zero-fills the destination (src must still be a valid
+ * address: callers clamp it). */
+__device__ __forceinline__ void sm90_cp_async16(uint32_t dst, const void *src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void sm90_cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+/* ---- setmaxnreg (notes 6) ------------------------------------------------------------------------ */
+template <int N>
+__device__ __forceinline__ void sm90_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void sm90_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/* Two fp32 -> one bf16x2 register, round to nearest even; lo goes to the low 16 bits. */
+__device__ __forceinline__ uint32_t sm90_pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+/* ---- wgmma (notes 2), operand lists written out by a small script ------------------------------- */
+/* D(64x64, f32) (+)= A(64x16, smem K-major) * B(64x16, smem K-major)^T; scale_d = 0 overwrites D. */
+__device__ __forceinline__ void sm90_wgmma_ss_m64n64k16(float *d, uint64_t desc_a, uint64_t desc_b,
+                                                        int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+/* D(64x256, f32) (+)= A(64x16, registers, the accumulator-pair map) * B(16x256, smem MN-major, tB = 1). */
+__device__ __forceinline__ void sm90_wgmma_rs_m64n256k16_tb1(float *d, const uint32_t *a, uint64_t desc_b,
+                                                            int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL || !__CUDA_ARCH__ */
+#endif /* DSA_SM90_COMMON_CUH */
