@@ -61,6 +61,10 @@ DSA_HIDDEN dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const cha
                                          dsa_attn_fwd_params *resolved);
 DSA_HIDDEN dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
                                          dsa_attn_bwd_params *resolved);
+/* Section 5 check of a plan view an op is handed (src/plan.c): scalars and pointer presence, never
+ * dereferenced. num_queries / total_key_tokens < 0 skip the comparison with the op's sizes. */
+DSA_HIDDEN dsa_status dsa_check_plan_view(const dsa_plan_view *v, int64_t num_queries,
+                                          int64_t total_key_tokens, const char *fn);
 
 /* CPU-reference internals (src/reference.c) the tests use: one rounding of a double to bf16
  * (nearest even), and the double-precision forward on contiguous double copies of q [T, H, D],
@@ -124,6 +128,9 @@ DSA_HIDDEN dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_lau
 DSA_HIDDEN dsa_status dsa_launch_indexer_pack_q(const uint16_t *q, int64_t stride_token,
                                                 int64_t stride_head, int64_t tokens, int32_t heads,
                                                 uint16_t *out, cudaStream_t stream);
+/* Workspace budgets of the indexer's cuBLAS engine in bytes (scores, logits) and its GEMM key tile;
+ * defaults 128 MiB, 64 MiB, 32768 (src/indexer.c). Tests shrink them to force many chunks. */
+DSA_HIDDEN extern int64_t dsa_indexer_scores_budget, dsa_indexer_logits_budget, dsa_indexer_key_tile;
 DSA_HIDDEN dsa_status dsa_launch_indexer_reduce(int64_t rows, int32_t heads, int64_t cols,
                                                 const float *logits, int64_t logits_ld,
                                                 const void *weights, int weights_bf16,
