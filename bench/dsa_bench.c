@@ -1,0 +1,763 @@
+/*
+ * dsa_bench.c - `make bench`: every canonical shape of shared/reference/targets.md for every op,
+ * timed with CUDA events after an L2 flush (median of --reps, after one warm-up call), with the
+ * same-run ceilings (cuBLAS bf16 GEMM 8192^3, 1 GiB device-to-device copy) and the peers of
+ * targets.md, so every number is also a ratio. Writes a table and
+ * bench/results/YYYY-MM-DD-<card>.json (rewritten after every row, so a crash keeps what ran).
+ *
+ *   dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--list]
+ *
+ * An op that returns DSA_ERROR_UNSUPPORTED is reported as "not on the GPU yet", never a failure.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "bench_common.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Canonical shapes (names are stable: results are compared over time by name).
+ * ------------------------------------------------------------------------------------------- */
+typedef enum { OP_FWD, OP_BWD, OP_IDX, OP_TOPK } op_kind;
+static const char *const op_names[] = {"sparse fwd", "sparse bwd", "indexer+topk", "topk"};
+
+typedef struct shape {
+  const char *name;
+  op_kind op;
+  int64_t tokens;      /* T (queries / rows) */
+  int32_t heads;       /* H (attention) or H_idx (indexer) */
+  int32_t k;           /* K */
+  int64_t keys;        /* s_kv / T_k / columns */
+  int v32;             /* 1: random distinct indices over all keys + sink (DeepSeek V3.2 shapes) */
+  const char *desc;
+} shape;
+
+/* GLM shapes with keys > tokens are the last context-parallel rank: query_start = keys - tokens. */
+static const shape shapes[] = {
+    {"fwd-v32-8k", OP_FWD, 4096, 128, 2048, 8192, 1, "T=4096 H=128 K=2048 s_kv=8192, random distinct indices, sink"},
+    {"fwd-v32-32k", OP_FWD, 4096, 128, 2048, 32768, 1, "T=4096 H=128 K=2048 s_kv=32768, random distinct indices, sink"},
+    {"fwd-v32-128k", OP_FWD, 4096, 128, 2048, 131072, 1, "T=4096 H=128 K=2048 s_kv=131072, random distinct indices, sink"},
+    {"fwd-glm-4k", OP_FWD, 4096, 64, 2048, 4096, 0, "T=4096 H=64 K=2048 s_kv=4096, causal indices, topk_length"},
+    {"fwd-glm-cp8", OP_FWD, 4096, 64, 2048, 32768, 0, "T=4096 (last of 8 CP ranks) H=64 K=2048 s_kv=32768"},
+    {"fwd-tp-h8", OP_FWD, 4096, 8, 2048, 32768, 0, "T=4096 (last CP rank) H=8 K=2048 s_kv=32768"},
+    {"fwd-tp-h16", OP_FWD, 4096, 16, 2048, 32768, 0, "T=4096 (last CP rank) H=16 K=2048 s_kv=32768"},
+    {"fwd-tp-h32", OP_FWD, 4096, 32, 2048, 32768, 0, "T=4096 (last CP rank) H=32 K=2048 s_kv=32768"},
+    {"bwd-glm-4k", OP_BWD, 4096, 64, 2048, 4096, 0, "T=4096 H=64 K=2048 s_kv=4096, topk_length, det 0 and 1"},
+    {"bwd-glm-16k", OP_BWD, 4096, 64, 2048, 16384, 0, "T=4096 (last rank) H=64 K=2048 s_kv=16384"},
+    {"bwd-glm-32k", OP_BWD, 4096, 64, 2048, 32768, 0, "T=4096 (last rank) H=64 K=2048 s_kv=32768"},
+    {"bwd-tp-h16", OP_BWD, 4096, 16, 2048, 32768, 0, "T=4096 (last rank) H=16 K=2048 s_kv=32768"},
+    {"idx-glm-4k", OP_IDX, 4096, 32, 2048, 4096, 0, "one causal sequence T_q=T_k=4096, H_idx=32, engines cublas and fused"},
+    {"idx-glm-cp8", OP_IDX, 4096, 32, 2048, 32768, 0, "T_q=4096 (last of 8 ranks) of a 32768-token sequence, H_idx=32"},
+    {"idx-32k", OP_IDX, 32768, 32, 2048, 32768, 0, "one causal sequence of 32768 tokens, H_idx=32"},
+    {"idx-32k-h64", OP_IDX, 32768, 64, 2048, 32768, 0, "one causal sequence of 32768 tokens, H_idx=64"},
+    {"topk-32k", OP_TOPK, 4096, 0, 2048, 32768, 0, "4096 rows x 32768 fp32, K=2048, causal lengths and full rows"},
+    {"topk-128k", OP_TOPK, 4096, 0, 2048, 131072, 0, "4096 rows x 131072 fp32, K=2048, causal lengths and full rows"},
+};
+#define NUM_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
+
+/* ---------------------------------------------------------------------------------------------
+ * Peers, from shared/reference/targets.md ("Peers measured here", 2026-11-29 on one H200, first
+ * run where two were made; "Peers published"). peer_ms > 0: the ratio is peer_ms / ours (same
+ * work); else peer_rate > 0: ours / peer_rate.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct peer {
+  const char *shape;
+  double ms;
+  double rate; /* TFLOP/s or GB/s, in the row's unit; 0: derive from ms */
+  const char *text;
+} peer;
+static const peer peers[] = {
+    {"fwd-v32-8k", 3.53, 662, "FlashMLA SM90: 3.53 ms, 662 TFLOP/s (targets.md, measured here 2026-11-29)"},
+    {"fwd-v32-32k", 3.89, 601, "FlashMLA: 3.89 / 4.05 ms, 601 / 577 TFLOP/s (targets.md, two runs; first used)"},
+    {"fwd-v32-128k", 4.08, 572, "FlashMLA: 4.08 / 4.45 ms, 572 / 526 TFLOP/s (targets.md, two runs; first used)"},
+    {"fwd-glm-4k", 1.43, 614, "FlashMLA with topk_length: 1.43 ms, 614 TFLOP/s (targets.md)"},
+    {"fwd-glm-cp8", 2.17, 538, "FlashMLA: 2.17 ms, 538 TFLOP/s (targets.md)"},
+    {"fwd-tp-h8", 2.14, 68, "FlashMLA padded 8->64 heads: 2.14 ms, 68 useful TFLOP/s (targets.md)"},
+    {"fwd-tp-h16", 1.82, 160, "FlashMLA padded 16->64: 1.82 / 1.96 ms, 160 / 149 useful TFLOP/s (targets.md; first used)"},
+    {"fwd-tp-h32", 1.97, 296, "FlashMLA padded 32->64: 1.97 ms, 296 useful TFLOP/s (targets.md)"},
+    {"bwd-glm-4k", 7.99, 370, "cuDNN frontend DSA backward, H200, published: 7.99 ms, 370 TFLOP/s (targets.md)"},
+    {"bwd-glm-16k", 0, 338, "cuDNN frontend DSA backward, H200, published: 338 TFLOP/s (targets.md)"},
+    {"bwd-glm-32k", 0, 234, "cuDNN frontend DSA backward, H200, published: 234 TFLOP/s (targets.md)"},
+    {"idx-glm-4k", 3.43, 0, "PyTorch eager indexer + top-k: 3.43 ms (targets.md)"},
+    {"idx-32k", 131, 0, "PyTorch eager, chunked: 131-133 ms (targets.md; 131 used)"},
+    {"idx-32k-h64", 246, 0, "PyTorch eager, chunked: 246 ms (targets.md)"},
+    {"topk-32k", 2.03, 260, "torch.topk on full rows: 2.03 ms, 0.26 TB/s (targets.md)"},
+    {"topk-128k", 6.44, 330, "torch.topk on full rows: 6.44 ms, 0.33 TB/s (targets.md)"},
+};
+#define NUM_PEERS ((int)(sizeof peers / sizeof peers[0]))
+
+static const peer *find_peer(const char *shape_name) {
+  for (int i = 0; i < NUM_PEERS; ++i)
+    if (strcmp(peers[i].shape, shape_name) == 0) return &peers[i];
+  return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Results
+ * ------------------------------------------------------------------------------------------- */
+typedef struct result {
+  const char *shape;
+  const char *op;
+  char variant[32];
+  char note[160];
+  double ms;
+  double work;      /* FLOP or bytes by the counting rules */
+  int is_bytes;     /* 1: GB/s, 0: TFLOP/s */
+  double rate;      /* TFLOP/s or GB/s */
+  double ceiling_ratio;
+  const char *peer_text;
+  double peer_ms, peer_rate, peer_ratio;
+  char status[200];
+} result;
+
+typedef struct bench {
+  dsa_context *ctx;
+  bc_timer timer;
+  bc_ceilings ceil;
+  bc_rng rng;
+  int constructed_indices;
+  char card[128], card_file[128], commit[64], date[16];
+  const char *out_path;
+  result *rows;
+  int num_rows, cap_rows;
+} bench;
+
+static void status_text(char *buf, size_t n, dsa_status s) {
+  if (s == DSA_SUCCESS) snprintf(buf, n, "ok");
+  else if (s == DSA_ERROR_UNSUPPORTED) snprintf(buf, n, "not on the GPU yet (%s)", dsa_last_error_message());
+  else snprintf(buf, n, "error: %s: %s", dsa_status_string(s), dsa_last_error_message());
+}
+
+static void write_json(const bench *b) {
+  FILE *f = fopen(b->out_path, "w");
+  if (!f) {
+    fprintf(stderr, "warning: cannot write %s\n", b->out_path);
+    return;
+  }
+  fprintf(f, "[\n");
+  for (int i = 0; i < b->num_rows; ++i) {
+    const result *r = &b->rows[i];
+    fprintf(f, "  {\"shape\": ");
+    bc_json_string(f, r->shape);
+    fprintf(f, ", \"op\": ");
+    bc_json_string(f, r->op);
+    fprintf(f, ", \"variant\": ");
+    bc_json_string(f, r->variant);
+    fprintf(f, ", \"ms\": ");
+    bc_json_number(f, r->ms);
+    fprintf(f, ", \"tflops\": ");
+    bc_json_number(f, r->is_bytes ? NAN : r->rate);
+    fprintf(f, ", \"gbps\": ");
+    bc_json_number(f, r->is_bytes ? r->rate : NAN);
+    fprintf(f, ", \"unit\": ");
+    bc_json_string(f, r->is_bytes ? "GB/s" : "TFLOP/s");
+    fprintf(f, ", \"work\": ");
+    bc_json_number(f, r->work);
+    fprintf(f, ", \"ceiling_ratio\": ");
+    bc_json_number(f, r->ceiling_ratio);
+    fprintf(f, ", \"gemm_ceiling_tflops\": ");
+    bc_json_number(f, b->ceil.gemm_tflops);
+    fprintf(f, ", \"copy_ceiling_gbps\": ");
+    bc_json_number(f, b->ceil.copy_gbps);
+    fprintf(f, ", \"peer\": ");
+    if (r->peer_text) bc_json_string(f, r->peer_text);
+    else fputs("null", f);
+    fprintf(f, ", \"peer_ms\": ");
+    bc_json_number(f, r->peer_ms);
+    fprintf(f, ", \"peer_rate\": ");
+    bc_json_number(f, r->peer_rate);
+    fprintf(f, ", \"peer_ratio\": ");
+    bc_json_number(f, r->peer_ratio);
+    fprintf(f, ", \"note\": ");
+    bc_json_string(f, r->note);
+    fprintf(f, ", \"reps\": %d, \"card\": ", b->timer.reps);
+    bc_json_string(f, b->card);
+    fprintf(f, ", \"commit\": ");
+    bc_json_string(f, b->commit);
+    fprintf(f, ", \"date\": ");
+    bc_json_string(f, b->date);
+    fprintf(f, ", \"status\": ");
+    bc_json_string(f, r->status);
+    fprintf(f, "}%s\n", i + 1 < b->num_rows ? "," : "");
+  }
+  fprintf(f, "]\n");
+  fclose(f);
+}
+
+/* Records a finished (or failed) measurement, prints its line, rewrites the JSON. */
+static void add_result(bench *b, const shape *sh, const char *variant, const char *note, dsa_status s,
+                       double ms, double work, int is_bytes) {
+  if (b->num_rows == b->cap_rows) {
+    b->cap_rows = b->cap_rows ? 2 * b->cap_rows : 64;
+    b->rows = realloc(b->rows, (size_t)b->cap_rows * sizeof(result));
+    if (!b->rows) bc_die("out of host memory");
+  }
+  result *r = &b->rows[b->num_rows++];
+  memset(r, 0, sizeof *r);
+  r->shape = sh->name;
+  r->op = op_names[sh->op];
+  snprintf(r->variant, sizeof r->variant, "%s", variant);
+  snprintf(r->note, sizeof r->note, "%s", note ? note : "");
+  r->work = work;
+  r->is_bytes = is_bytes;
+  r->ms = r->rate = r->ceiling_ratio = r->peer_ms = r->peer_rate = r->peer_ratio = NAN;
+  status_text(r->status, sizeof r->status, s);
+  const peer *pe = find_peer(sh->name);
+  if (pe) {
+    r->peer_text = pe->text;
+    r->peer_ms = pe->ms > 0 ? pe->ms : NAN;
+    /* A time-only peer gets the rate of the same work in that time, for the plots. */
+    r->peer_rate = pe->rate > 0 ? pe->rate : (is_bytes ? work / (pe->ms * 1e-3) / 1e9
+                                                       : work / (pe->ms * 1e-3) / 1e12);
+  }
+  if (s == DSA_SUCCESS && isfinite(ms) && ms > 0) {
+    r->ms = ms;
+    r->rate = is_bytes ? work / (ms * 1e-3) / 1e9 : work / (ms * 1e-3) / 1e12;
+    r->ceiling_ratio = r->rate / (is_bytes ? b->ceil.copy_gbps : b->ceil.gemm_tflops);
+    if (pe) r->peer_ratio = pe->ms > 0 ? pe->ms / ms : r->rate / pe->rate;
+    printf("%.3f ms, %.1f %s (%.0f%% of %s)", r->ms, r->rate, is_bytes ? "GB/s" : "TFLOP/s",
+           100.0 * r->ceiling_ratio, is_bytes ? "copy" : "GEMM");
+    if (pe) printf(", %.2fx peer", r->peer_ratio);
+    printf("\n");
+  } else {
+    printf("%s\n", r->status);
+  }
+  fflush(stdout);
+  write_json(b);
+}
+
+static int job_index, job_count;
+static void progress(const shape *sh, const char *variant) {
+  printf("[%d/%d] %s: %s %s ... ", ++job_index, job_count, sh->name, op_names[sh->op], variant);
+  fflush(stdout);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Indexer setup (used by the idx-* rows and to make realistic indices for the GLM attention rows)
+ * ------------------------------------------------------------------------------------------- */
+typedef struct idx_setup {
+  dsa_plan *plan;
+  void *plan_buf;
+  dsa_plan_view dview;
+  uint16_t *q, *k;
+  float *w;
+  void *ws;
+  size_t ws_bytes;
+  dsa_indexer_params p;
+  dsa_context *ctx;
+} idx_setup;
+
+static void idx_setup_free(idx_setup *s) {
+  cudaFree(s->plan_buf);
+  cudaFree(s->q);
+  cudaFree(s->k);
+  cudaFree(s->w);
+  cudaFree(s->ws);
+  dsa_plan_destroy(s->plan);
+  memset(s, 0, sizeof *s);
+}
+
+/* One causal sequence of T_k tokens; queries query_start .. query_start + T_q - 1. */
+static dsa_status idx_setup_create(bench *b, idx_setup *s, int64_t T_q, int64_t T_k, int64_t query_start,
+                                   int32_t idx_heads, int32_t k, int32_t *d_idx, int32_t *d_len,
+                                   dsa_indexer_engine engine) {
+  memset(s, 0, sizeof *s);
+  s->ctx = b->ctx;
+  int32_t cu[2] = {0, (int32_t)T_k};
+  dsa_plan_desc desc;
+  memset(&desc, 0, sizeof desc);
+  desc.cu_seqlens = cu;
+  desc.num_seqs = 1;
+  desc.total_key_tokens = T_k;
+  desc.query_start = query_start;
+  desc.num_queries = T_q;
+  dsa_status st = dsa_plan_create(&desc, &s->plan);
+  if (st != DSA_SUCCESS) return st;
+  size_t plan_bytes = 0;
+  st = dsa_plan_upload(b->ctx, s->plan, NULL, &plan_bytes, &s->dview, b->timer.stream);
+  if (st != DSA_SUCCESS) return st;
+  s->plan_buf = bc_dmalloc(plan_bytes);
+  st = dsa_plan_upload(b->ctx, s->plan, s->plan_buf, &plan_bytes, &s->dview, b->timer.stream);
+  if (st != DSA_SUCCESS) return st;
+  BC_CUDA(cudaStreamSynchronize(b->timer.stream)); /* the upload reads the host plan */
+
+  size_t nq = (size_t)T_q * idx_heads * 128, nk = (size_t)T_k * 128, nw = (size_t)T_q * idx_heads;
+  s->q = bc_dmalloc(nq * 2);
+  s->k = bc_dmalloc(nk * 2);
+  s->w = bc_dmalloc(nw * 4);
+  bc_fill_bf16_device(&b->rng, s->q, nq, -1.0f, 1.0f);
+  bc_fill_bf16_device(&b->rng, s->k, nk, -1.0f, 1.0f);
+  /* Weights arrive already scaled by H_idx^-0.5 * 128^-0.5 (semantics.md 10.2). */
+  float wscale = (float)(1.0 / sqrt((double)idx_heads * 128.0));
+  bc_fill_f32_device(&b->rng, s->w, nw, -wscale, wscale);
+
+  dsa_indexer_params *p = &s->p;
+  p->plan = &s->dview;
+  p->num_heads = idx_heads;
+  p->topk = k;
+  p->index_q = s->q;
+  p->index_k = s->k;
+  p->weights = s->w;
+  p->weights_dtype = DSA_DTYPE_F32;
+  p->indices = d_idx;
+  p->lengths = d_len;
+  p->engine = engine;
+  st = dsa_indexer_topk(b->ctx, p, NULL, &s->ws_bytes, b->timer.stream);
+  if (st != DSA_SUCCESS) return st;
+  s->ws = bc_dmalloc(s->ws_bytes);
+  return DSA_SUCCESS;
+}
+
+static dsa_status idx_run(void *arg, cudaStream_t stream) {
+  idx_setup *s = arg;
+  return dsa_indexer_topk(s->ctx, &s->p, s->ws, &s->ws_bytes, stream);
+}
+
+/* Indices for a GLM attention shape (one causal sequence of s_kv tokens, the last T queries):
+ * from the indexer (DEFAULT engine, random inputs) when it runs, else constructed on the host.
+ * h_len gets the lengths; the note says which. */
+static void glm_indices(bench *b, int64_t T, int64_t s_kv, int32_t k, int32_t *d_idx, int32_t *d_len,
+                        int32_t *h_len, char *note, size_t note_n) {
+  int64_t qs = s_kv - T;
+  if (!b->constructed_indices) {
+    idx_setup s;
+    dsa_status st = idx_setup_create(b, &s, T, s_kv, qs, 32, k, d_idx, d_len, DSA_INDEXER_ENGINE_DEFAULT);
+    if (st == DSA_SUCCESS) st = idx_run(&s, b->timer.stream);
+    if (st == DSA_SUCCESS) BC_CUDA(cudaStreamSynchronize(b->timer.stream));
+    idx_setup_free(&s);
+    if (st == DSA_SUCCESS) {
+      BC_CUDA(cudaMemcpy(h_len, d_len, (size_t)T * 4, cudaMemcpyDeviceToHost));
+      snprintf(note, note_n, "indices from dsa_indexer_topk (H_idx=32, random inputs)");
+      return;
+    }
+    snprintf(note, note_n, "indices constructed (indexer: %s)",
+             st == DSA_ERROR_UNSUPPORTED ? "not on the GPU yet" : dsa_status_string(st));
+  } else {
+    snprintf(note, note_n, "indices constructed (--constructed-indices)");
+  }
+  int32_t *h_idx = bc_malloc((size_t)T * k * 4);
+  bc_causal_indices(&b->rng, h_idx, h_len, T, qs, k);
+  BC_CUDA(cudaMemcpy(d_idx, h_idx, (size_t)T * k * 4, cudaMemcpyHostToDevice));
+  BC_CUDA(cudaMemcpy(d_len, h_len, (size_t)T * 4, cudaMemcpyHostToDevice));
+  free(h_idx);
+}
+
+static double sum_i32(const int32_t *x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Sparse forward
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+  dsa_context *ctx;
+  dsa_attn_fwd_params p;
+} fwd_arg;
+static dsa_status fwd_run(void *arg, cudaStream_t stream) {
+  fwd_arg *a = arg;
+  return dsa_sparse_attn_fwd(a->ctx, &a->p, stream);
+}
+
+/* Attention inputs shared by the forward and backward rows. */
+typedef struct attn_inputs {
+  int64_t T, s_kv;
+  int32_t H, K;
+  uint16_t *q, *kv;
+  int32_t *idx, *len; /* len NULL for the V3.2 shapes */
+  int32_t *h_len;
+  float *sink;
+  double slots;       /* counted slots: T*K or sum(topk_length) */
+  float scale;
+  char note[160];
+} attn_inputs;
+
+static void attn_inputs_create(bench *b, const shape *sh, attn_inputs *in) {
+  memset(in, 0, sizeof *in);
+  in->T = sh->tokens;
+  in->s_kv = sh->keys;
+  in->H = sh->heads;
+  in->K = sh->k;
+  size_t nq = (size_t)in->T * in->H * 576, nkv = (size_t)in->s_kv * 576, ni = (size_t)in->T * in->K;
+  in->q = bc_dmalloc(nq * 2);
+  in->kv = bc_dmalloc(nkv * 2);
+  in->idx = bc_dmalloc(ni * 4);
+  bc_fill_bf16_device(&b->rng, in->q, nq, -1.0f, 1.0f);
+  bc_fill_bf16_device(&b->rng, in->kv, nkv, -1.0f, 1.0f);
+  if (sh->v32) {
+    /* DeepSeek V3.2 shapes: every slot valid, FlashMLA's test convention scale = d_qk^-0.5. */
+    int32_t *h = bc_malloc(ni * 4);
+    bc_random_distinct_indices(&b->rng, h, in->T, in->K, in->s_kv);
+    BC_CUDA(cudaMemcpy(in->idx, h, ni * 4, cudaMemcpyHostToDevice));
+    free(h);
+    in->sink = bc_dmalloc((size_t)in->H * 4);
+    bc_fill_f32_device(&b->rng, in->sink, (size_t)in->H, -1.0f, 1.0f);
+    in->slots = (double)in->T * in->K;
+    in->scale = (float)(1.0 / sqrt(576.0));
+    snprintf(in->note, sizeof in->note, "random distinct indices (unsorted), random finite sink, scale 576^-0.5");
+  } else {
+    in->len = bc_dmalloc((size_t)in->T * 4);
+    in->h_len = bc_malloc((size_t)in->T * 4);
+    glm_indices(b, in->T, in->s_kv, in->K, in->idx, in->len, in->h_len, in->note, sizeof in->note);
+    in->slots = sum_i32(in->h_len, in->T);
+    in->scale = 0.0625f;
+  }
+}
+
+static void attn_inputs_free(attn_inputs *in) {
+  cudaFree(in->q);
+  cudaFree(in->kv);
+  cudaFree(in->idx);
+  cudaFree(in->len);
+  cudaFree(in->sink);
+  free(in->h_len);
+  memset(in, 0, sizeof *in);
+}
+
+static void fill_fwd_params(const attn_inputs *in, dsa_attn_fwd_params *p, uint16_t *out, float *lse) {
+  memset(p, 0, sizeof *p);
+  p->num_tokens = in->T;
+  p->num_heads = in->H;
+  p->head_dim = 576;
+  p->num_kv = in->s_kv;
+  p->topk = in->K;
+  p->softmax_scale = in->scale;
+  p->q = in->q;
+  p->kv = in->kv;
+  p->indices = in->idx;
+  p->topk_length = in->len;
+  p->sink = in->sink;
+  p->out = out;
+  p->lse = lse;
+}
+
+static void bench_fwd(bench *b, const shape *sh) {
+  const char *variant = sh->v32 ? "sink" : "topk_length";
+  progress(sh, variant);
+  attn_inputs in;
+  attn_inputs_create(b, sh, &in);
+  uint16_t *out = bc_dmalloc((size_t)in.T * in.H * 512 * 2);
+  float *lse = bc_dmalloc((size_t)in.T * in.H * 4);
+  fwd_arg a;
+  a.ctx = b->ctx;
+  fill_fwd_params(&in, &a.p, out, lse);
+  double ms = NAN;
+  dsa_status st = bc_time_op(&b->timer, fwd_run, &a, &ms);
+  add_result(b, sh, variant, in.note, st, ms, bc_flops_fwd(in.slots, in.H), 0);
+  cudaFree(out);
+  cudaFree(lse);
+  attn_inputs_free(&in);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Sparse backward (deterministic 0 and 1)
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+  dsa_context *ctx;
+  dsa_attn_bwd_params p;
+  void *ws;
+  size_t ws_bytes;
+} bwd_arg;
+static dsa_status bwd_run(void *arg, cudaStream_t stream) {
+  bwd_arg *a = arg;
+  return dsa_sparse_attn_bwd(a->ctx, &a->p, a->ws, &a->ws_bytes, stream);
+}
+
+static void bench_bwd(bench *b, const shape *sh) {
+  attn_inputs in;
+  printf("[setup] %s: inputs and forward ... ", sh->name);
+  fflush(stdout);
+  attn_inputs_create(b, sh, &in);
+  size_t no = (size_t)in.T * in.H * 512, nl = (size_t)in.T * in.H;
+  uint16_t *out = bc_dmalloc(no * 2), *dout = bc_dmalloc(no * 2);
+  uint16_t *dq = bc_dmalloc((size_t)in.T * in.H * 576 * 2), *dkv = bc_dmalloc((size_t)in.s_kv * 576 * 2);
+  float *lse = bc_dmalloc(nl * 4);
+  bc_fill_bf16_device(&b->rng, dout, no, -1.0f, 1.0f);
+
+  /* out and lse from the forward when it runs; else consistent-looking stand-ins. */
+  fwd_arg fa;
+  fa.ctx = b->ctx;
+  fill_fwd_params(&in, &fa.p, out, lse);
+  char note[400];
+  dsa_status fst = dsa_sparse_attn_fwd(b->ctx, &fa.p, b->timer.stream);
+  if (fst == DSA_SUCCESS) {
+    BC_CUDA(cudaStreamSynchronize(b->timer.stream));
+    snprintf(note, sizeof note, "%s; out, lse from the forward", in.note);
+  } else {
+    /* lse ~ ln(n) + var(s)/2 with s ~ N(0, 0.5^2) for these inputs; out ~ a small average of kv. */
+    bc_fill_bf16_device(&b->rng, out, no, -0.05f, 0.05f);
+    float *h = bc_malloc(nl * 4);
+    for (int64_t t = 0; t < in.T; ++t)
+      for (int32_t hh = 0; hh < in.H; ++hh)
+        h[t * in.H + hh] = (float)log(in.h_len ? (in.h_len[t] > 0 ? in.h_len[t] : 1) : in.K) + 0.125f;
+    BC_CUDA(cudaMemcpy(lse, h, nl * 4, cudaMemcpyHostToDevice));
+    free(h);
+    snprintf(note, sizeof note, "%s; forward not on the GPU yet: synthetic out, lse", in.note);
+  }
+  printf("done\n");
+
+  for (int det = 0; det <= 1; ++det) {
+    const char *variant = det ? "det1" : "det0";
+    progress(sh, variant);
+    bwd_arg a;
+    memset(&a, 0, sizeof a);
+    a.ctx = b->ctx;
+    dsa_attn_bwd_params *p = &a.p;
+    p->num_tokens = in.T;
+    p->num_heads = in.H;
+    p->head_dim = 576;
+    p->num_kv = in.s_kv;
+    p->topk = in.K;
+    p->softmax_scale = in.scale;
+    p->deterministic = det;
+    p->q = in.q;
+    p->kv = in.kv;
+    p->indices = in.idx;
+    p->topk_length = in.len;
+    p->sink = in.sink;
+    p->out = out;
+    p->dout = dout;
+    p->lse = lse;
+    p->dq = dq;
+    p->dkv = dkv;
+    double ms = NAN;
+    dsa_status st = dsa_sparse_attn_bwd(b->ctx, p, NULL, &a.ws_bytes, b->timer.stream);
+    if (st == DSA_SUCCESS) {
+      a.ws = bc_dmalloc(a.ws_bytes);
+      st = bc_time_op(&b->timer, bwd_run, &a, &ms);
+      cudaFree(a.ws);
+    }
+    add_result(b, sh, variant, note, st, ms, bc_flops_bwd(in.slots, in.H), 0);
+  }
+  cudaFree(out);
+  cudaFree(dout);
+  cudaFree(dq);
+  cudaFree(dkv);
+  cudaFree(lse);
+  attn_inputs_free(&in);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Indexer + top-k (engines cuBLAS and fused)
+ * ------------------------------------------------------------------------------------------- */
+static void bench_idx(bench *b, const shape *sh) {
+  int64_t T_q = sh->tokens, T_k = sh->keys, qs = T_k - T_q;
+  int32_t *d_idx = bc_dmalloc((size_t)T_q * sh->k * 4), *d_len = bc_dmalloc((size_t)T_q * 4);
+  /* Visible (query, key) pairs of one causal sequence: query g sees g + 1 keys. */
+  double pairs = 0;
+  for (int64_t g = qs; g < T_k; ++g) pairs += (double)(g + 1);
+  static const struct {
+    dsa_indexer_engine e;
+    const char *name;
+  } engines[] = {{DSA_INDEXER_ENGINE_CUBLAS, "cublas"}, {DSA_INDEXER_ENGINE_FUSED, "fused"}};
+  for (int e = 0; e < 2; ++e) {
+    progress(sh, engines[e].name);
+    idx_setup s;
+    double ms = NAN;
+    dsa_status st = idx_setup_create(b, &s, T_q, T_k, qs, sh->heads, sh->k, d_idx, d_len, engines[e].e);
+    char note[160];
+    snprintf(note, sizeof note, "random bf16 q/k, fp32 weights; workspace %.1f MiB",
+             (double)s.ws_bytes / (1 << 20));
+    if (st == DSA_SUCCESS) st = bc_time_op(&b->timer, idx_run, &s, &ms);
+    idx_setup_free(&s);
+    add_result(b, sh, engines[e].name, note, st, ms, bc_flops_idx(pairs, sh->heads), 0);
+  }
+  cudaFree(d_idx);
+  cudaFree(d_len);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Top-k alone (causal per-row lengths, and full rows as torch.topk was measured)
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+  dsa_context *ctx;
+  dsa_topk_params p;
+  void *ws;
+  size_t ws_bytes;
+} topk_arg;
+static dsa_status topk_run(void *arg, cudaStream_t stream) {
+  topk_arg *a = arg;
+  return dsa_topk(a->ctx, &a->p, a->ws, &a->ws_bytes, stream);
+}
+
+static void bench_topk(bench *b, const shape *sh) {
+  int64_t rows = sh->tokens, cols = sh->keys;
+  printf("[setup] %s: %.2f GB of scores ... ", sh->name, (double)rows * cols * 4 / 1e9);
+  fflush(stdout);
+  float *scores = bc_dmalloc((size_t)rows * cols * 4);
+  bc_fill_f32_device(&b->rng, scores, (size_t)rows * cols, -1.0f, 1.0f);
+  int32_t *d_idx = bc_dmalloc((size_t)rows * sh->k * 4), *d_len = bc_dmalloc((size_t)rows * 4);
+  int32_t *h_len = bc_malloc((size_t)rows * 4);
+  for (int64_t r = 0; r < rows; ++r) h_len[r] = (int32_t)(cols - rows + r + 1); /* last CP rank */
+  BC_CUDA(cudaMemcpy(d_len, h_len, (size_t)rows * 4, cudaMemcpyHostToDevice));
+  free(h_len);
+  printf("done\n");
+  for (int v = 0; v < 2; ++v) {
+    const char *variant = v == 0 ? "causal" : "full";
+    progress(sh, variant);
+    topk_arg a;
+    memset(&a, 0, sizeof a);
+    a.ctx = b->ctx;
+    a.p.rows = rows;
+    a.p.columns = cols;
+    a.p.k = sh->k;
+    a.p.scores = scores;
+    a.p.lengths = v == 0 ? d_len : NULL;
+    a.p.indices = d_idx;
+    double ms = NAN;
+    dsa_status st = dsa_topk(b->ctx, &a.p, NULL, &a.ws_bytes, b->timer.stream);
+    if (st == DSA_SUCCESS) {
+      a.ws = bc_dmalloc(a.ws_bytes);
+      st = bc_time_op(&b->timer, topk_run, &a, &ms);
+      cudaFree(a.ws);
+    }
+    add_result(b, sh, variant,
+               v == 0 ? "random fp32 scores; row r has length columns - rows + r + 1; bytes = rows*columns*4"
+                      : "random fp32 scores, every column valid (as torch.topk was measured)",
+               st, ms, bc_bytes_topk((double)rows, (double)cols), 1);
+  }
+  cudaFree(scores);
+  cudaFree(d_idx);
+  cudaFree(d_len);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Driver
+ * ------------------------------------------------------------------------------------------- */
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--list]\n"
+          "  --shapes   canonical shape names (see --list), comma separated; default: all\n"
+          "  --reps     timed repetitions per row, median reported (default 20)\n"
+          "  --out      JSON output (default bench/results/YYYY-MM-DD-<card>.json)\n"
+          "  --constructed-indices  GLM rows use host-constructed causal indices, not the indexer's\n");
+}
+
+static void list_shapes(void) {
+  for (int i = 0; i < NUM_SHAPES; ++i) printf("%-14s %-13s %s\n", shapes[i].name, op_names[shapes[i].op], shapes[i].desc);
+}
+
+static void print_table(const bench *b) {
+  printf("\n%-14s %-13s %-12s %10s %10s %-7s %8s %8s  %s\n", "shape", "op", "variant", "ms", "rate",
+         "unit", "ceiling", "x peer", "status");
+  for (int i = 0; i < b->num_rows; ++i) {
+    const result *r = &b->rows[i];
+    char ms[32] = "-", rate[32] = "-", ceil[32] = "-", pr[32] = "-";
+    if (isfinite(r->ms)) snprintf(ms, sizeof ms, "%.3f", r->ms);
+    if (isfinite(r->rate)) snprintf(rate, sizeof rate, "%.1f", r->rate);
+    if (isfinite(r->ceiling_ratio)) snprintf(ceil, sizeof ceil, "%.0f%%", 100 * r->ceiling_ratio);
+    if (isfinite(r->peer_ratio)) snprintf(pr, sizeof pr, "%.2fx", r->peer_ratio);
+    printf("%-14s %-13s %-12s %10s %10s %-7s %8s %8s  %.60s\n", r->shape, r->op, r->variant, ms, rate,
+           r->is_bytes ? "GB/s" : "TFLOP/s", ceil, pr, r->status);
+  }
+  printf("ceilings (same run): cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s, D2D copy %.1f GB/s; card %s, commit %s\n",
+         b->ceil.gemm_tflops, b->ceil.copy_gbps, b->card, b->commit);
+  printf("ceiling = rate / same-run ceiling; x peer = speed relative to the peer of targets.md (>1: faster)\n");
+}
+
+int main(int argc, char **argv) {
+  const char *shape_arg = NULL, *out_arg = NULL;
+  int reps = 20;
+  bench b;
+  memset(&b, 0, sizeof b);
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--list")) {
+      list_shapes();
+      return 0;
+    } else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) {
+      shape_arg = argv[++i];
+    } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+      reps = atoi(argv[++i]);
+      if (reps < 1) {
+        fprintf(stderr, "--reps must be >= 1\n");
+        return 2;
+      }
+    } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+      out_arg = argv[++i];
+    } else if (!strcmp(argv[i], "--constructed-indices")) {
+      b.constructed_indices = 1;
+    } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(stdout);
+      return 0;
+    } else {
+      usage(stderr);
+      return 2;
+    }
+  }
+
+  /* Selection, checked before anything touches the GPU. */
+  int selected[NUM_SHAPES];
+  int num_sel = 0;
+  if (shape_arg) {
+    char *copy = bc_malloc(strlen(shape_arg) + 1);
+    strcpy(copy, shape_arg);
+    for (char *tok = strtok(copy, ","); tok; tok = strtok(NULL, ",")) {
+      int found = -1;
+      for (int i = 0; i < NUM_SHAPES; ++i)
+        if (!strcmp(tok, shapes[i].name)) found = i;
+      if (found < 0) {
+        fprintf(stderr, "unknown shape \"%s\"; the canonical shapes are:\n", tok);
+        list_shapes();
+        return 2;
+      }
+      int dup = 0;
+      for (int j = 0; j < num_sel; ++j) dup |= selected[j] == found;
+      if (!dup) selected[num_sel++] = found;
+    }
+    free(copy);
+  } else {
+    for (int i = 0; i < NUM_SHAPES; ++i) selected[num_sel++] = i;
+  }
+  job_count = 0;
+  for (int j = 0; j < num_sel; ++j) job_count += 2 - (shapes[selected[j]].op == OP_FWD);
+
+  if (!bc_have_gpu()) {
+    printf("no CUDA device: nothing to benchmark\n");
+    return 0;
+  }
+  dsa_status st = dsa_context_create(&b.ctx, 0);
+  if (st != DSA_SUCCESS) {
+    fprintf(stderr, "dsa_context_create: %s: %s\n", dsa_status_string(st), dsa_last_error_message());
+    return 1;
+  }
+  b.rng.s = 0x00d5a0be4c4ull;
+  bc_card_name(b.card, sizeof b.card, 0);
+  bc_card_name(b.card_file, sizeof b.card_file, 1);
+  bc_commit(b.commit, sizeof b.commit);
+  bc_date(b.date, sizeof b.date);
+  char out_path[512];
+  if (out_arg) {
+    snprintf(out_path, sizeof out_path, "%s", out_arg);
+  } else {
+    if (bc_mkdir_p("bench/results") != 0) fprintf(stderr, "warning: cannot create bench/results\n");
+    snprintf(out_path, sizeof out_path, "bench/results/%s-%s.json", b.date, b.card_file);
+  }
+  b.out_path = out_path;
+
+  bc_timer_init(&b.timer, reps);
+  printf("libdsa %s bench on %s, commit %s, %d reps (median), L2 flush %.0f MiB\n", dsa_version_string(),
+         b.card, b.commit, reps, (double)b.timer.flush_bytes / (1 << 20));
+  printf("ceilings: ");
+  fflush(stdout);
+  bc_measure_ceilings(&b.timer, &b.ceil);
+  printf("cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s, D2D copy (read+write) %.1f GB/s\n", b.ceil.gemm_tflops,
+         b.ceil.copy_gbps);
+
+  double t0 = bc_now_s();
+  for (int j = 0; j < num_sel; ++j) {
+    const shape *sh = &shapes[selected[j]];
+    switch (sh->op) {
+      case OP_FWD: bench_fwd(&b, sh); break;
+      case OP_BWD: bench_bwd(&b, sh); break;
+      case OP_IDX: bench_idx(&b, sh); break;
+      case OP_TOPK: bench_topk(&b, sh); break;
+    }
+  }
+  print_table(&b);
+  printf("wrote %s (%d rows) in %.1f s\n", b.out_path, b.num_rows, bc_now_s() - t0);
+  bc_timer_free(&b.timer);
+  free(b.rows);
+  dsa_context_destroy(b.ctx);
+  return 0;
+}
