@@ -1,8 +1,26 @@
-/* attn_bwd.c - public entry point dsa_sparse_attn_bwd. STUB: validates nothing yet and reports that the GPU path is
- * not implemented; replaced by the issue that brings the kernel. */
+/* attn_bwd.c - public entry point dsa_sparse_attn_bwd: validation, the two-phase workspace
+ * contract, then the launcher in cuda/attn_bwd.cu (which documents the kernels and the workspace
+ * layout). */
 #include "internal.h"
 
-DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_params *p, void *workspace, size_t *workspace_bytes, cudaStream_t stream) {
-  DSA_TRY(dsa_context_enter(ctx, "dsa_sparse_attn_bwd"));
-  return dsa_fail(DSA_ERROR_UNSUPPORTED, "dsa_sparse_attn_bwd: no GPU implementation yet");
+DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                       void *workspace, size_t *workspace_bytes,
+                                       dsa_stream_t stream) {
+  static const char fn[] = "dsa_sparse_attn_bwd";
+  dsa_attn_bwd_params r;
+  size_t need = 0;
+  DSA_TRY(dsa_check_attn_bwd(p, fn, &r));
+  DSA_REQUIRE(workspace_bytes != NULL, "%s: workspace_bytes is NULL", fn);
+  DSA_TRY(dsa_attn_bwd_workspace_size(&r, &need));
+  if (workspace == NULL) {
+    *workspace_bytes = need;
+    return DSA_SUCCESS;
+  }
+  if (*workspace_bytes < need)
+    return dsa_fail(DSA_ERROR_WORKSPACE_TOO_SMALL,
+                    "%s: workspace_bytes = %zu is below the %zu bytes this call needs (query the "
+                    "size with workspace = NULL)",
+                    fn, *workspace_bytes, need);
+  DSA_TRY(dsa_context_enter(ctx, fn));
+  return dsa_launch_attn_bwd(ctx, &r, workspace, (cudaStream_t)stream);
 }
