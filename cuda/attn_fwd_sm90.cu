@@ -135,7 +135,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
         const int r = g + 16 * i, slot = n * kBlockN + r;
         const int32_t idx = slot < klen ? __ldg(irow + slot) : -1;
         const bool ok = idx >= 0 && (int64_t)idx < p.num_kv;
-        const uint16_t *src = p.kv + (int64_t)(ok ? idx : 0) * p.kv_stride + j * 8;
+        /* an invalid slot copies 0 bytes from a harmless address (kv may be NULL when num_kv = 0) */
+        const uint16_t *src = ok ? p.kv + (int64_t)idx * p.kv_stride + j * 8 : p.q + j * 8;
 #pragma unroll
         for (int b = 0; b < NB; ++b)
           sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
