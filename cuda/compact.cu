@@ -16,8 +16,11 @@
 #include <cuda_runtime.h>
 #include "internal.h"
 
-/* CUB lives in dsa_cub::cub (-DCUB_WRAPPED_NAMESPACE); CUB_NS_QUALIFIER names it either way. */
+/* With -DCUB_WRAPPED_NAMESPACE=dsa_cub (the Makefile) CUB lives in dsa_cub::cub: alias it so the
+ * code says cub:: either way. */
+#ifdef CUB_WRAPPED_NAMESPACE
 namespace cub = CUB_NS_QUALIFIER;
+#endif
 
 namespace {
 

@@ -258,3 +258,60 @@ Test(gpu_compact, pad_heads_random_vs_reference) {
   TC_CUDA(cudaStreamDestroy(stream));
   dsa_context_destroy(ctx);
 }
+
+/* Both ops enqueue only kernels (no sync, no allocation), so they can be captured into a graph. */
+Test(gpu_compact, graph_capture) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_compact/graph_capture");
+  enum { R = 97, K = 300, T = 13, H = 8, HP = 64, D = 576 };
+  dsa_context *ctx = NULL;
+  cudaStream_t stream;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  TC_OK(dsa_context_create(&ctx, 0));
+  TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  int32_t *h_in = malloc(R * K * 4), *h_ref = malloc(R * K * 4), *h_got = malloc(R * K * 4);
+  int32_t h_len_ref[R], h_len[R];
+  uint16_t *h_q = malloc((size_t)T * H * D * 2), *h_qref = malloc((size_t)T * HP * D * 2);
+  uint16_t *h_qgot = malloc((size_t)T * HP * D * 2);
+  cr_assert(h_in && h_ref && h_got && h_q && h_qref && h_qgot);
+  for (int r = 0; r < R; ++r) fill_row(&rng, h_in + r * K, K, 777);
+  tc_fill_bf16(&rng, h_q, (size_t)T * H * D, -2.0, 2.0);
+  dsa_compact_params cp = {.rows = R, .k = K, .key_count = 777, .indices = h_in, .out = h_ref,
+                           .lengths = h_len_ref};
+  TC_OK(dsa_ref_compact_indices(&cp));
+  dsa_pad_heads_params pp = {.num_tokens = T, .num_heads = H, .padded_heads = HP, .head_dim = D,
+                             .q = h_q, .q_out = h_qref};
+  TC_OK(dsa_ref_pad_heads(&pp));
+
+  int32_t *d_in = dev_alloc(R * K * 4), *d_out = dev_alloc(R * K * 4), *d_len = dev_alloc(R * 4);
+  uint16_t *d_q = dev_alloc((size_t)T * H * D * 2), *d_qo = dev_alloc((size_t)T * HP * D * 2);
+  TC_CUDA(cudaMemcpy(d_in, h_in, R * K * 4, cudaMemcpyHostToDevice));
+  TC_CUDA(cudaMemcpy(d_q, h_q, (size_t)T * H * D * 2, cudaMemcpyHostToDevice));
+  TC_CUDA(cudaMemset(d_out, 0x5A, R * K * 4));
+  TC_CUDA(cudaMemset(d_len, 0x5A, R * 4));
+  TC_CUDA(cudaMemset(d_qo, 0x7F, (size_t)T * HP * D * 2));
+  cp.indices = d_in, cp.out = d_out, cp.lengths = d_len;
+  pp.q = d_q, pp.q_out = d_qo;
+  TC_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  dsa_status s1 = dsa_compact_indices(ctx, &cp, stream);
+  dsa_status s2 = dsa_pad_heads(ctx, &pp, stream);
+  TC_CUDA(cudaStreamEndCapture(stream, &graph));
+  TC_OK(s1);
+  TC_OK(s2);
+  TC_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  TC_CUDA(cudaGraphLaunch(exec, stream));
+  TC_CUDA(cudaStreamSynchronize(stream));
+  TC_CUDA(cudaMemcpy(h_got, d_out, R * K * 4, cudaMemcpyDeviceToHost));
+  TC_CUDA(cudaMemcpy(h_len, d_len, R * 4, cudaMemcpyDeviceToHost));
+  TC_CUDA(cudaMemcpy(h_qgot, d_qo, (size_t)T * HP * D * 2, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < R * K; ++i) cr_assert_eq(h_got[i], h_ref[i], "compact element %d", i);
+  for (int r = 0; r < R; ++r) cr_assert_eq(h_len[r], h_len_ref[r], "lengths[%d]", r);
+  cr_assert(memcmp(h_qgot, h_qref, (size_t)T * HP * D * 2) == 0, "q_out differs");
+  TC_CUDA(cudaGraphExecDestroy(exec));
+  TC_CUDA(cudaGraphDestroy(graph));
+  cudaFree(d_in), cudaFree(d_out), cudaFree(d_len), cudaFree(d_q), cudaFree(d_qo);
+  free(h_in), free(h_ref), free(h_got), free(h_q), free(h_qref), free(h_qgot);
+  TC_CUDA(cudaStreamDestroy(stream));
+  dsa_context_destroy(ctx);
+}
