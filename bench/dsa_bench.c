@@ -5,7 +5,7 @@
  * targets.md, so every number is also a ratio. Writes a table and
  * bench/results/YYYY-MM-DD-<card>.json (rewritten after every row, so a crash keeps what ran).
  *
- *   dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--list]
+ *   dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--fwd-variant N] [--list]
  *
  * An op that returns DSA_ERROR_UNSUPPORTED is reported as "not on the GPU yet", never a failure.
  */
@@ -14,6 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bench_common.h"
+
+/* The library's forward kernel switch (src/internal.h: 0 automatic, 1 portable, 2 sm_90a). Hidden
+ * in the shared library but resolvable in this static link; weak so the bench links without it. */
+extern int dsa_attn_fwd_variant __attribute__((weak));
+static int fwd_variant_forced; /* 0: automatic */
 
 /* ---------------------------------------------------------------------------------------------
  * Canonical shapes (names are stable: results are compared over time by name).
@@ -433,7 +438,9 @@ static void fill_fwd_params(const attn_inputs *in, dsa_attn_fwd_params *p, uint1
 }
 
 static void bench_fwd(bench *b, const shape *sh) {
-  const char *variant = sh->v32 ? "sink" : "topk_length";
+  char variant[32];
+  snprintf(variant, sizeof variant, "%s%s", sh->v32 ? "sink" : "topk_length",
+           fwd_variant_forced == 1 ? ",portable" : fwd_variant_forced == 2 ? ",sm90" : "");
   progress(sh, variant);
   attn_inputs in;
   attn_inputs_create(b, sh, &in);
@@ -627,11 +634,12 @@ static void bench_topk(bench *b, const shape *sh) {
  * ------------------------------------------------------------------------------------------- */
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--list]\n"
+          "usage: dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--fwd-variant N] [--list]\n"
           "  --shapes   canonical shape names (see --list), comma separated; default: all\n"
           "  --reps     timed repetitions per row, median reported (default 20)\n"
           "  --out      JSON output (default bench/results/YYYY-MM-DD-<card>.json)\n"
-          "  --constructed-indices  GLM rows use host-constructed causal indices, not the indexer's\n");
+          "  --constructed-indices  GLM rows use host-constructed causal indices, not the indexer's\n"
+          "  --fwd-variant N  force the forward kernel: 1 portable, 2 sm_90a (variant gets ,portable / ,sm90)\n");
 }
 
 static void list_shapes(void) {
@@ -677,6 +685,16 @@ int main(int argc, char **argv) {
       out_arg = argv[++i];
     } else if (!strcmp(argv[i], "--constructed-indices")) {
       b.constructed_indices = 1;
+    } else if (!strcmp(argv[i], "--fwd-variant") && i + 1 < argc) {
+      fwd_variant_forced = atoi(argv[++i]);
+      if (fwd_variant_forced < 0 || fwd_variant_forced > 2) {
+        fprintf(stderr, "--fwd-variant must be 0 (automatic), 1 (portable) or 2 (sm_90a)\n");
+        return 2;
+      }
+      if (fwd_variant_forced && !&dsa_attn_fwd_variant) {
+        fprintf(stderr, "--fwd-variant: this libdsa has no forward variant switch\n");
+        return 2;
+      }
     } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
       return 0;
@@ -735,6 +753,7 @@ int main(int argc, char **argv) {
   }
   b.out_path = out_path;
 
+  if (fwd_variant_forced) dsa_attn_fwd_variant = fwd_variant_forced;
   bc_timer_init(&b.timer, reps);
   printf("libdsa %s bench on %s, commit %s, %d reps (median), L2 flush %.0f MiB\n", dsa_version_string(),
          b.card, b.commit, reps, (double)b.timer.flush_bytes / (1 << 20));

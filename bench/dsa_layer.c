@@ -436,6 +436,9 @@ static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *cei
   }
   if (st == DSA_SUCCESS) {
     stage_line("indexer top-k", ms, bc_flops_idx(pairs, H_IDX), ceil->gemm_tflops);
+    if (hv->max_seqlen_k <= TOPK)
+      printf("  %-22s (every document fits in K = %d keys: every visible key is selected and nothing\n"
+             "  %-22s needs scoring, so this rate counts work the op may rightly skip)\n", "", TOPK, "");
     BC_CUDA(cudaMemcpy(h_idx, d_idx, n_i * 4, cudaMemcpyDeviceToHost));
     BC_CUDA(cudaMemcpy(h_len, d_len, (size_t)T * 4, cudaMemcpyDeviceToHost));
     int valid = 0, exact = 0;
