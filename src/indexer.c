@@ -26,9 +26,13 @@
 #include <cublas_v2.h>
 #include "internal.h"
 
-#define IDX_SCORES_BUDGET ((int64_t)128 << 20) /* fp32 scores [chunk, window] */
-#define IDX_LOGITS_BUDGET ((int64_t)64 << 20)  /* fp32 GEMM output [sub-chunk * H_idx, key tile] */
-#define IDX_KEY_TILE ((int64_t)32768)          /* keys per GEMM: bounds one query's logits */
+/* The budgets (bytes) and the GEMM key tile; tests shrink them to exercise the chunking. */
+int64_t dsa_indexer_scores_budget = (int64_t)128 << 20; /* fp32 scores [chunk, window] */
+int64_t dsa_indexer_logits_budget = (int64_t)64 << 20;  /* fp32 logits [sub-chunk * H_idx, key tile] */
+int64_t dsa_indexer_key_tile = 32768;                   /* keys per GEMM: bounds one query's logits */
+#define IDX_SCORES_BUDGET dsa_indexer_scores_budget
+#define IDX_LOGITS_BUDGET dsa_indexer_logits_budget
+#define IDX_KEY_TILE dsa_indexer_key_tile
 #define IDX_MAX_CHUNK ((int64_t)65535)         /* rows of a chunk (grid.y of the reduction) */
 #define IDX_ALIGN ((int64_t)256)
 
@@ -78,10 +82,15 @@ static void plan_layout(const dsa_indexer_params *p, idx_layout *l) {
   l->cq = c;
   wcap = window_cap(l, tk, c);
   l->scores_ld = round_up(wcap, 4);
-  l->key_tile = min64(wcap, IDX_KEY_TILE);
+  /* largest GEMM sub-chunk whose logits over its own (narrower) window fit the budget */
+  c = l->cq;
+  while (c > 1 && c * H * round_up(min64(IDX_KEY_TILE, window_cap(l, tk, c)), 4) * 4 > IDX_LOGITS_BUDGET) {
+    int64_t fit = IDX_LOGITS_BUDGET / (4 * H * round_up(min64(IDX_KEY_TILE, window_cap(l, tk, c)), 4));
+    c = max64(1, min64(c - 1, fit));
+  }
+  l->cg = c;
+  l->key_tile = min64(IDX_KEY_TILE, window_cap(l, tk, c));
   l->logits_ld = round_up(l->key_tile, 4);
-  c = IDX_LOGITS_BUDGET / (H * l->logits_ld * 4);
-  l->cg = max64(1, min64(c, l->cq));
   if (H == 1) {
     l->q_ld = p->q_stride_token;
   } else if (p->q_stride_head <= p->q_stride_token && p->q_stride_token == H * p->q_stride_head) {

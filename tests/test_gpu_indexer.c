@@ -1,0 +1,513 @@
+/* test_gpu_indexer.c - dsa_indexer_topk (cuBLAS engine) on the device against dsa_ref_indexer_topk,
+ * exact equality of indices and lengths. Exactness on both sides: q and k are small integers
+ * (-4..4) in bf16 and the weights multiples of 1/8 in [-1, 1] (fp32 or bf16), so every dot
+ * product, product and head sum is exact in fp32 and equals the fp64 reference; the many exact 0
+ * after ReLU (and negative weights) make ties that the deterministic rule decides.
+ *
+ * Layouts: semantics section 4 worked examples A-D, one causal sequence, several documents (one of
+ * length 1), padded storage, a context-parallel query range, a padding mask, T_q > 65535 (short
+ * documents). H_idx in {1, 32, 64}, K in {1, 7, 64, 100, 2048}, fp32 and bf16 weights, q layouts
+ * cuBLAS reads directly and ones that are packed first, the default budgets and shrunken ones (many
+ * chunks, key tiles, one-query GEMMs). The reference is slow, so rows that need scoring are sampled;
+ * rows that select all their keys are all checked. Also: bitwise reruns, a row alone (a one-query
+ * plan) equals the row inside the batch, the workspace contract (stable, >= 1, bounded at idx-32k
+ * sizes, a 1-byte offset workspace is accepted), bad arguments (status, nothing written). */
+#include "test_common.h"
+#include "internal.h" /* dsa_indexer_*_budget: shrunk to force chunking */
+
+typedef struct {
+  dsa_context *ctx;
+  cudaStream_t stream;
+} ix_env;
+
+static ix_env ix_open(void) {
+  ix_env e;
+  TC_OK(dsa_context_create(&e.ctx, 0));
+  TC_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
+  return e;
+}
+
+static void ix_close(ix_env *e) {
+  TC_CUDA(cudaStreamDestroy(e->stream));
+  dsa_context_destroy(e->ctx);
+}
+
+enum { QL_PLAIN = 0, QL_PADDED = 1, QL_HEAD_MAJOR = 2, QL_TOKEN_GAP = 3 };
+
+typedef struct {
+  /* plan */
+  const int32_t *cu, *cup;
+  int64_t S, Tk, qs, Tq; /* Tq -1: all keys are queries */
+  const uint8_t *mask;
+  /* op */
+  int32_t H, K;
+  dsa_dtype wdt;
+  int qlayout;
+  int sample;            /* scored rows checked (evenly spread, plus the last) */
+  const char *what;
+} ix_case;
+
+/* Host inputs and device copies of one case. */
+typedef struct {
+  dsa_plan *plan;
+  const dsa_plan_view *hv;
+  dsa_plan_view dv;
+  void *dplan;
+  int64_t Tq, Tk;
+  int64_t qst, qsh, kst, wst, ist;
+  uint16_t *q, *k;
+  void *w;
+  uint16_t *dq, *dk;
+  void *dw;
+  size_t qn, kn, wn; /* elements */
+} ix_data;
+
+static void plan_up(ix_env *e, const dsa_plan_desc *d, ix_data *x) {
+  size_t need = 0;
+  TC_OK(dsa_plan_create(d, &x->plan));
+  x->hv = dsa_plan_host_view(x->plan);
+  TC_OK(dsa_plan_upload(e->ctx, x->plan, NULL, &need, NULL, e->stream));
+  TC_CUDA(cudaMalloc(&x->dplan, need));
+  TC_OK(dsa_plan_upload(e->ctx, x->plan, x->dplan, &need, &x->dv, e->stream));
+  TC_CUDA(cudaStreamSynchronize(e->stream));
+}
+
+static void desc_of(const ix_case *c, dsa_plan_desc *d) {
+  memset(d, 0, sizeof *d);
+  d->cu_seqlens = c->cu;
+  d->cu_seqlens_padded = c->cup;
+  d->num_seqs = c->S;
+  d->total_key_tokens = c->Tk;
+  d->query_start = c->qs;
+  d->num_queries = c->Tq;
+  d->padding_mask = c->mask;
+}
+
+static void data_make(ix_env *e, tc_rng *r, const ix_case *c, ix_data *x) {
+  dsa_plan_desc d;
+  const int64_t H = c->H, D = 128;
+  memset(x, 0, sizeof *x);
+  desc_of(c, &d);
+  plan_up(e, &d, x);
+  x->Tq = x->hv->num_queries;
+  x->Tk = x->hv->total_key_tokens;
+  switch (c->qlayout) {
+    case QL_PLAIN: x->qst = H * D; x->qsh = D; break;
+    case QL_PADDED: x->qst = H * 136; x->qsh = 136; break;           /* plain, ld 136 */
+    case QL_HEAD_MAJOR: x->qst = D; x->qsh = x->Tq * D; break;       /* packed first */
+    default: x->qst = H * D + 64; x->qsh = D; break;                 /* packed when H > 1 */
+  }
+  x->kst = c->qlayout == QL_PLAIN ? D : 136;
+  x->wst = c->qlayout == QL_PLAIN ? H : H + 3;
+  x->ist = c->qlayout == QL_PLAIN ? c->K : c->K + 5;
+  x->qn = (size_t)((x->Tq - 1) * x->qst + (H - 1) * x->qsh + D);
+  x->kn = (size_t)(x->Tk * x->kst);
+  x->wn = (size_t)(x->Tq * x->wst);
+  x->q = (uint16_t *)calloc(x->qn, 2);
+  x->k = (uint16_t *)calloc(x->kn, 2);
+  x->w = malloc(x->wn * 4);
+  cr_assert(x->q && x->k && x->w);
+  for (int64_t t = 0; t < x->Tq; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < D; ++i)
+        x->q[t * x->qst + h * x->qsh + i] = dsa_f32_to_bf16((float)(tc_below(r, 9) - 4));
+  for (int64_t s = 0; s < x->Tk; ++s)
+    for (int64_t i = 0; i < D; ++i) x->k[s * x->kst + i] = dsa_f32_to_bf16((float)(tc_below(r, 9) - 4));
+  for (size_t i = 0; i < x->wn; ++i) {
+    float v = (float)(tc_below(r, 17) - 8) / 8.0f;
+    if (c->wdt == DSA_DTYPE_F32) ((float *)x->w)[i] = v;
+    else ((uint16_t *)x->w)[i] = dsa_f32_to_bf16(v);
+  }
+  TC_CUDA(cudaMalloc((void **)&x->dq, x->qn * 2));
+  TC_CUDA(cudaMalloc((void **)&x->dk, x->kn * 2 + 16));
+  TC_CUDA(cudaMalloc(&x->dw, x->wn * 4));
+  TC_CUDA(cudaMemcpy(x->dq, x->q, x->qn * 2, cudaMemcpyHostToDevice));
+  TC_CUDA(cudaMemcpy(x->dk, x->k, x->kn * 2, cudaMemcpyHostToDevice));
+  TC_CUDA(cudaMemcpy(x->dw, x->w, x->wn * 4, cudaMemcpyHostToDevice));
+}
+
+static void data_free(ix_data *x) {
+  cudaFree(x->dq);
+  cudaFree(x->dk);
+  cudaFree(x->dw);
+  cudaFree(x->dplan);
+  free(x->q);
+  free(x->k);
+  free(x->w);
+  dsa_plan_destroy(x->plan);
+}
+
+/* Params for the device (dev = 1) or host pointers. */
+static dsa_indexer_params params_of(const ix_case *c, const ix_data *x, int dev) {
+  dsa_indexer_params p;
+  memset(&p, 0, sizeof p);
+  p.plan = dev ? &x->dv : x->hv;
+  p.num_heads = c->H;
+  p.topk = c->K;
+  p.index_q = dev ? x->dq : x->q;
+  p.q_stride_token = x->qst;
+  p.q_stride_head = x->qsh;
+  p.index_k = dev ? x->dk : x->k;
+  p.k_stride = x->kst;
+  p.weights = dev ? x->dw : x->w;
+  p.weights_dtype = c->wdt;
+  p.weights_stride = x->wst;
+  p.indices_stride = x->ist;
+  p.engine = DSA_INDEXER_ENGINE_CUBLAS;
+  return p;
+}
+
+/* Runs the GPU op; returns host copies of indices [Tq, ist] and lengths [Tq] (caller frees).
+ * ws_offset: byte offset of the workspace inside its allocation (1 tests any alignment). */
+static void gpu_run(ix_env *e, const ix_case *c, const ix_data *x, dsa_indexer_engine engine,
+                    size_t ws_offset, int32_t **idx_out, int32_t **len_out) {
+  dsa_indexer_params p = params_of(c, x, 1);
+  size_t in = (size_t)(x->Tq * x->ist), need = 0, need2 = 0;
+  int32_t *di = NULL, *dl = NULL;
+  unsigned char *ws = NULL;
+  p.engine = engine;
+  TC_CUDA(cudaMalloc((void **)&di, in * 4));
+  TC_CUDA(cudaMalloc((void **)&dl, (size_t)x->Tq * 4));
+  TC_CUDA(cudaMemset(di, 0x5A, in * 4));
+  TC_CUDA(cudaMemset(dl, 0x5A, (size_t)x->Tq * 4));
+  p.indices = di;
+  p.lengths = dl;
+  TC_OK(dsa_indexer_topk(e->ctx, &p, NULL, &need, e->stream));
+  TC_OK(dsa_indexer_topk(e->ctx, &p, NULL, &need2, e->stream));
+  cr_assert(need >= 1 && need == need2, "workspace size %zu then %zu", need, need2);
+  TC_CUDA(cudaMalloc((void **)&ws, need + ws_offset));
+  TC_OK(dsa_indexer_topk(e->ctx, &p, ws + ws_offset, &need, e->stream));
+  TC_CUDA(cudaStreamSynchronize(e->stream));
+  *idx_out = (int32_t *)malloc(in * 4);
+  *len_out = (int32_t *)malloc((size_t)x->Tq * 4);
+  TC_CUDA(cudaMemcpy(*idx_out, di, in * 4, cudaMemcpyDeviceToHost));
+  TC_CUDA(cudaMemcpy(*len_out, dl, (size_t)x->Tq * 4, cudaMemcpyDeviceToHost));
+  cudaFree(ws);
+  cudaFree(di);
+  cudaFree(dl);
+}
+
+/* Reference of one local row t through a one-query view of the host plan. */
+static void ref_row(const ix_case *c, const ix_data *x, int64_t t, int32_t *want, int32_t *wlen) {
+  dsa_indexer_params p = params_of(c, x, 0);
+  dsa_plan_view v = *x->hv;
+  const size_t welem = c->wdt == DSA_DTYPE_F32 ? 4 : 2;
+  v.num_queries = 1;
+  v.starts = x->hv->starts + t;
+  v.causal_lengths = x->hv->causal_lengths + t;
+  v.query_valid = x->hv->query_valid + t;
+  p.plan = &v;
+  p.index_q = x->q + t * x->qst;
+  p.weights = (const char *)x->w + (size_t)(t * x->wst) * welem;
+  p.indices = want;
+  p.indices_stride = c->K;
+  p.lengths = wlen;
+  TC_OK(dsa_ref_indexer_topk(&p));
+}
+
+static void check_row(const ix_case *c, const ix_data *x, int64_t t, const int32_t *got,
+                      const int32_t *glen, int32_t *want) {
+  int32_t wlen = -7;
+  ref_row(c, x, t, want, &wlen);
+  cr_assert_eq(glen[t], wlen, "%s: lengths[%lld] = %d, want %d", c->what, (long long)t, glen[t], wlen);
+  for (int64_t j = 0; j < c->K; ++j)
+    cr_assert_eq(got[t * x->ist + j], want[j], "%s (H %d K %d): row %lld slot %lld is %d, want %d",
+                 c->what, c->H, c->K, (long long)t, (long long)j, got[t * x->ist + j], want[j]);
+  for (int64_t j = c->K; j < x->ist; ++j)
+    cr_assert_eq(got[t * x->ist + j], TC_POISON_I32, "%s: row %lld gap slot %lld written", c->what,
+                 (long long)t, (long long)j);
+}
+
+/* Runs case c and compares: every row that selects all its keys, and c->sample scored rows. */
+static void run_case(ix_env *e, tc_rng *r, const ix_case *c) {
+  ix_data x;
+  int32_t *got, *glen, *want;
+  int64_t scored = 0, every;
+  data_make(e, r, c, &x);
+  gpu_run(e, c, &x, DSA_INDEXER_ENGINE_CUBLAS, 0, &got, &glen);
+  want = (int32_t *)malloc((size_t)c->K * 4);
+  for (int64_t t = 0; t < x.Tq; ++t) scored += x.hv->causal_lengths[t] > c->K;
+  every = c->sample > 0 && scored > c->sample ? scored / c->sample : 1;
+  for (int64_t t = 0, s = 0; t < x.Tq; ++t) {
+    if (x.hv->causal_lengths[t] <= c->K) {
+      check_row(c, &x, t, got, glen, want);
+    } else {
+      if (s % every == 0 || s == scored - 1) check_row(c, &x, t, got, glen, want);
+      ++s;
+    }
+  }
+  free(want);
+  free(got);
+  free(glen);
+  data_free(&x);
+}
+
+static void set_budgets(int64_t scores, int64_t logits, int64_t tile) {
+  dsa_indexer_scores_budget = scores;
+  dsa_indexer_logits_budget = logits;
+  dsa_indexer_key_tile = tile;
+}
+static void default_budgets(void) { set_budgets((int64_t)128 << 20, (int64_t)64 << 20, 32768); }
+
+/* ---- section 4 worked examples A-D, every row ---- */
+Test(gpu_indexer, worked_examples) {
+  TC_REQUIRE_GPU();
+  ix_env e = ix_open();
+  tc_rng r = tc_seed("gpu_indexer.worked_examples");
+  static const int32_t cuA[] = {0, 3, 7, 9}, PA[] = {0, 4, 9, 12};
+  static const int32_t cuB[] = {0, 3, 8}, cuC[] = {0, 2, 5}, cuD[] = {0, 64, 128};
+  static const uint8_t maskB[] = {0, 0, 0, 0, 0, 1, 1, 1};
+  for (int k = 1; k <= 2; ++k) {
+    ix_case a = {cuA, PA, 3, 12, 2, 8, NULL, 32, k, DSA_DTYPE_F32, QL_PLAIN, 0, "example A"};
+    ix_case b = {cuB, NULL, 2, 8, 0, -1, maskB, 1, k, DSA_DTYPE_BF16, QL_PADDED, 0, "example B"};
+    ix_case c = {cuC, NULL, 2, 5, 0, -1, NULL, 64, k, DSA_DTYPE_F32, QL_HEAD_MAJOR, 0, "example C"};
+    ix_case d = {cuD, NULL, 2, 128, 96, 32, NULL, 32, k * 7, DSA_DTYPE_BF16, QL_TOKEN_GAP, 0, "example D"};
+    run_case(&e, &r, &a);
+    run_case(&e, &r, &b);
+    run_case(&e, &r, &c);
+    run_case(&e, &r, &d);
+  }
+  ix_close(&e);
+}
+
+/* ---- one causal sequence, every K, default and shrunken budgets ---- */
+Test(gpu_indexer, single_sequence_all_k) {
+  TC_REQUIRE_GPU();
+  ix_env e = ix_open();
+  tc_rng r = tc_seed("gpu_indexer.single_sequence_all_k");
+  static const int32_t cu[] = {0, 2600};
+  static const int32_t ks[] = {1, 7, 64, 100, 2048};
+  for (int i = 0; i < 5; ++i) {
+    ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 32, ks[i], i & 1 ? DSA_DTYPE_BF16 : DSA_DTYPE_F32,
+                 QL_PLAIN, 12, "single sequence"};
+    run_case(&e, &r, &c);
+  }
+  /* many chunks, key tiles and one-query GEMMs */
+  set_budgets(300 << 10, 200 << 10, 700);
+  {
+    ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 32, 100, DSA_DTYPE_F32, QL_PADDED, 12, "small budgets"};
+    run_case(&e, &r, &c);
+    c.K = 2048;
+    c.qlayout = QL_HEAD_MAJOR;
+    run_case(&e, &r, &c);
+  }
+  set_budgets(1 << 20, 1 << 20, 1000);
+  {
+    ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 1, 7, DSA_DTYPE_BF16, QL_TOKEN_GAP, 12, "H 1, small budgets"};
+    run_case(&e, &r, &c);
+  }
+  default_budgets();
+  ix_close(&e);
+}
+
+/* ---- several documents (one of length 1), padded storage, CP range, padding mask ---- */
+Test(gpu_indexer, documents_padding_cp_mask) {
+  TC_REQUIRE_GPU();
+  ix_env e = ix_open();
+  tc_rng r = tc_seed("gpu_indexer.documents_padding_cp_mask");
+  static const int32_t cu[] = {0, 1200, 1201, 3100, 3400};
+  static const int32_t cuP[] = {0, 1000, 2500, 2600}, P[] = {0, 1100, 2608, 2800};
+  uint8_t *mask = (uint8_t *)malloc(3400);
+  for (int i = 0; i < 3400; ++i) mask[i] = tc_below(&r, 5) == 0;
+  {
+    ix_case c = {cu, NULL, 4, 3400, 0, -1, NULL, 64, 100, DSA_DTYPE_F32, QL_PLAIN, 10, "documents"};
+    run_case(&e, &r, &c);
+    c.K = 1;
+    c.wdt = DSA_DTYPE_BF16;
+    run_case(&e, &r, &c);
+    c.mask = mask;
+    c.K = 64;
+    c.what = "documents, padding mask";
+    run_case(&e, &r, &c);
+  }
+  {
+    ix_case c = {cuP, P, 3, 2800, 0, -1, NULL, 32, 64, DSA_DTYPE_F32, QL_TOKEN_GAP, 10, "padded storage"};
+    run_case(&e, &r, &c);
+    c.qs = 700; /* context-parallel range: queries 700..2199 */
+    c.Tq = 1500;
+    c.what = "padded storage, CP range";
+    c.wdt = DSA_DTYPE_BF16;
+    run_case(&e, &r, &c);
+    set_budgets(256 << 10, 128 << 10, 300);
+    c.what = "padded storage, CP range, small budgets";
+    c.K = 7;
+    run_case(&e, &r, &c);
+    default_budgets();
+  }
+  {
+    /* CP range on one long sequence: the first local query already sees more than K keys */
+    static const int32_t one[] = {0, 6000};
+    ix_case c = {one, NULL, 1, 6000, 4000, 1000, NULL, 64, 2048, DSA_DTYPE_F32, QL_HEAD_MAJOR, 8,
+                 "CP range, long sequence"};
+    run_case(&e, &r, &c);
+  }
+  free(mask);
+  ix_close(&e);
+}
+
+/* ---- T_q above 65535 with short documents: cheap, every row checked ---- */
+Test(gpu_indexer, many_queries) {
+  TC_REQUIRE_GPU();
+  ix_env e = ix_open();
+  tc_rng r = tc_seed("gpu_indexer.many_queries");
+  const int64_t docs = 1751, len = 40, T = docs * len;
+  int32_t *cu = (int32_t *)malloc((size_t)(docs + 1) * 4);
+  for (int64_t d = 0; d <= docs; ++d) cu[d] = (int32_t)(d * len - (d > 0 && d < docs ? d % 7 : 0));
+  cu[docs] = (int32_t)T;
+  {
+    ix_case c = {cu, NULL, docs, T, 0, -1, NULL, 1, 7, DSA_DTYPE_F32, QL_PLAIN, 0, "T_q > 65535, K 7"};
+    run_case(&e, &r, &c);
+    c.K = 64; /* every row selects all its keys: no scoring */
+    c.what = "T_q > 65535, K 64";
+    run_case(&e, &r, &c);
+  }
+  free(cu);
+  ix_close(&e);
+}
+
+/* ---- bitwise reruns; a row alone equals the row in the batch ---- */
+Test(gpu_indexer, deterministic_and_batch_independent) {
+  TC_REQUIRE_GPU();
+  ix_env e = ix_open();
+  tc_rng r = tc_seed("gpu_indexer.deterministic_and_batch_independent");
+  static const int32_t cu[] = {0, 1500, 3000};
+  ix_case c = {cu, NULL, 2, 3000, 0, -1, NULL, 32, 100, DSA_DTYPE_F32, QL_PLAIN, 0, "rerun"};
+  ix_data x;
+  int32_t *a, *al, *b, *bl;
+  data_make(&e, &r, &c, &x);
+  gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_CUBLAS, 0, &a, &al);
+  gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_DEFAULT, 1, &b, &bl); /* workspace at a 1-byte offset */
+  cr_assert(memcmp(a, b, (size_t)(x.Tq * x.ist) * 4) == 0, "two runs differ");
+  cr_assert(memcmp(al, bl, (size_t)x.Tq * 4) == 0, "two runs differ in lengths");
+  static const int64_t rows[] = {0, 99, 100, 777, 1499, 1500, 1600, 2999};
+  for (int i = 0; i < 8; ++i) {
+    /* the same query as a one-query plan (query_start = its position), its own q and weights rows */
+    ix_case c1 = c;
+    ix_data y = x;
+    dsa_plan_desc d;
+    int32_t *oi, *ol;
+    const int64_t t = rows[i];
+    c1.qs = t;
+    c1.Tq = 1;
+    desc_of(&c1, &d);
+    y.plan = NULL;
+    y.dplan = NULL;
+    plan_up(&e, &d, &y);
+    y.Tq = 1;
+    y.dq = x.dq + t * x.qst;
+    y.dw = (char *)x.dw + (size_t)(t * x.wst) * 4;
+    gpu_run(&e, &c1, &y, DSA_INDEXER_ENGINE_CUBLAS, 0, &oi, &ol);
+    cr_assert_eq(ol[0], al[t], "row %lld alone: length %d, in batch %d", (long long)t, ol[0], al[t]);
+    cr_assert(memcmp(oi, a + t * x.ist, (size_t)c.K * 4) == 0, "row %lld alone differs from the batch",
+              (long long)t);
+    free(oi);
+    free(ol);
+    cudaFree(y.dplan);
+    dsa_plan_destroy(y.plan);
+  }
+  free(a);
+  free(al);
+  free(b);
+  free(bl);
+  data_free(&x);
+  ix_close(&e);
+}
+
+/* ---- workspace: >= 1, stable, bounded at the canonical sizes (no device memory needed) ---- */
+Test(gpu_indexer, workspace_bounded) {
+  TC_REQUIRE_GPU();
+  ix_env e = ix_open();
+  static const int64_t lens[] = {4096, 32768, 131072};
+  for (int i = 0; i < 3; ++i)
+    for (int h = 32; h <= 64; h += 32) {
+      int32_t cu[2] = {0, (int32_t)lens[i]};
+      dsa_plan_desc d;
+      dsa_plan *plan = NULL;
+      dsa_indexer_params p;
+      size_t b1 = 0, b2 = 0;
+      memset(&d, 0, sizeof d);
+      d.cu_seqlens = cu;
+      d.num_seqs = 1;
+      d.total_key_tokens = lens[i];
+      d.num_queries = -1;
+      TC_OK(dsa_plan_create(&d, &plan));
+      memset(&p, 0, sizeof p);
+      p.plan = dsa_plan_host_view(plan); /* only its scalars are read by the size query */
+      p.num_heads = h;
+      p.topk = 2048;
+      p.index_q = p.index_k = (const uint16_t *)(uintptr_t)0x10000;
+      p.weights = (const void *)(uintptr_t)0x10000;
+      p.weights_dtype = DSA_DTYPE_F32;
+      p.indices = p.lengths = (int32_t *)(uintptr_t)0x10000;
+      TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b1, e.stream));
+      TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b2, e.stream));
+      cr_assert(b1 >= 1 && b1 == b2, "size %zu then %zu", b1, b2);
+      cr_assert(b1 <= ((size_t)256 << 20), "T %lld H %d: workspace %zu above 256 MiB", (long long)lens[i],
+                h, b1);
+      dsa_plan_destroy(plan);
+    }
+  ix_close(&e);
+}
+
+/* ---- bad arguments: a status, a message naming the argument, outputs untouched ---- */
+Test(gpu_indexer, bad_arguments_write_nothing) {
+  TC_REQUIRE_GPU();
+  ix_env e = ix_open();
+  tc_rng r = tc_seed("gpu_indexer.bad_arguments_write_nothing");
+  static const int32_t cu[] = {0, 300};
+  ix_case c = {cu, NULL, 1, 300, 0, -1, NULL, 32, 64, DSA_DTYPE_F32, QL_PLAIN, 0, "bad"};
+  ix_data x;
+  int32_t *di, *dl, host[300];
+  size_t need = 0, small;
+  unsigned char *ws;
+  data_make(&e, &r, &c, &x);
+  dsa_indexer_params p = params_of(&c, &x, 1);
+  TC_CUDA(cudaMalloc((void **)&di, 300 * 64 * 4));
+  TC_CUDA(cudaMalloc((void **)&dl, 300 * 4));
+  TC_CUDA(cudaMemset(di, 0x5A, 300 * 64 * 4));
+  TC_CUDA(cudaMemset(dl, 0x5A, 300 * 4));
+  p.indices = di;
+  p.lengths = dl;
+  TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &need, e.stream));
+  TC_CUDA(cudaMalloc((void **)&ws, need));
+  p.topk = 0;
+  TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream), DSA_ERROR_INVALID_ARGUMENT, "topk");
+  p.topk = 2049;
+  TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream), DSA_ERROR_INVALID_ARGUMENT, "topk");
+  p.topk = 64;
+  p.num_heads = 65;
+  TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream), DSA_ERROR_INVALID_ARGUMENT, "num_heads");
+  p.num_heads = 0;
+  TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream), DSA_ERROR_INVALID_ARGUMENT, "num_heads");
+  p.num_heads = 32;
+  p.plan = NULL;
+  TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream), DSA_ERROR_INVALID_ARGUMENT, "plan");
+  p.plan = &x.dv;
+  p.index_q = NULL;
+  TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream), DSA_ERROR_INVALID_ARGUMENT, "index_q");
+  p.index_q = x.dq;
+  p.weights_dtype = (dsa_dtype)7;
+  TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream), DSA_ERROR_INVALID_ARGUMENT, "weights_dtype");
+  p.weights_dtype = DSA_DTYPE_F32;
+  TC_FAILS(dsa_indexer_topk(NULL, &p, ws, &need, e.stream), DSA_ERROR_INVALID_ARGUMENT, "ctx");
+  TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, NULL, e.stream), DSA_ERROR_INVALID_ARGUMENT, "workspace_bytes");
+  p.engine = DSA_INDEXER_ENGINE_FUSED; /* not implemented yet */
+  TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream), DSA_ERROR_UNSUPPORTED, "FUSED");
+  p.engine = DSA_INDEXER_ENGINE_CUBLAS;
+  small = need - 1;
+  if (need > 1)
+    TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, &small, e.stream), DSA_ERROR_WORKSPACE_TOO_SMALL, "workspace");
+  TC_CUDA(cudaDeviceSynchronize());
+  TC_CUDA(cudaMemcpy(host, dl, sizeof host, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 300; ++i) cr_assert_eq(host[i], TC_POISON_I32, "a failed call wrote lengths[%d]", i);
+  for (int t = 0; t < 300; ++t) {
+    int32_t row[64];
+    TC_CUDA(cudaMemcpy(row, di + t * 64, sizeof row, cudaMemcpyDeviceToHost));
+    for (int j = 0; j < 64; ++j) cr_assert_eq(row[j], TC_POISON_I32, "a failed call wrote indices[%d][%d]", t, j);
+  }
+  cudaFree(ws);
+  cudaFree(di);
+  cudaFree(dl);
+  data_free(&x);
+  ix_close(&e);
+}

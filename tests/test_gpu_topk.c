@@ -1,0 +1,319 @@
+/* test_gpu_topk.c - dsa_topk on the device against dsa_ref_topk, exact equality of every index:
+ * random, heavily tied (small value sets with NaN, +-inf, +-0) and constant rows; K in
+ * {1, 7, 64, 100, 2048}; rows shorter and longer than K (lengths clamped from outside [0, columns]);
+ * lengths NULL; one row of 2^20 columns (the uncached global-memory path); rows above the cached
+ * limit; more than 65535 rows; strided scores and indices (gaps stay untouched); bitwise reruns;
+ * a row alone equals the same row inside a batch; the workspace contract; bad arguments. */
+#include "test_common.h"
+
+typedef struct {
+  dsa_context *ctx;
+  cudaStream_t stream;
+} tk_env;
+
+static tk_env tk_open(void) {
+  tk_env e;
+  TC_OK(dsa_context_create(&e.ctx, 0));
+  TC_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
+  return e;
+}
+
+static void tk_close(tk_env *e) {
+  TC_CUDA(cudaStreamDestroy(e->stream));
+  dsa_context_destroy(e->ctx);
+}
+
+enum { FILL_RANDOM = 0, FILL_TIES = 1, FILL_CONST = 2, FILL_MIXED = 3 };
+
+static float tied_value(tc_rng *r) {
+  static const float set[] = {-2.0f, -1.0f, -0.0f, 0.0f, 0.5f, 1.0f, 3.0f};
+  int64_t u = tc_below(r, 100);
+  if (u < 4) return nanf("");
+  if (u < 7) return INFINITY;
+  if (u < 10) return -INFINITY;
+  return set[tc_below(r, 7)];
+}
+
+/* Fills row r of scores per mode (FILL_MIXED picks a mode per row). */
+static void fill_rows(tc_rng *r, float *s, int64_t rows, int64_t cols, int64_t stride, int mode) {
+  for (int64_t i = 0; i < rows; ++i) {
+    int m = mode == FILL_MIXED ? (int)tc_below(r, 3) : mode;
+    float cst = m == FILL_CONST ? tied_value(r) : 0.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      float v;
+      if (m == FILL_RANDOM) v = (float)tc_range(r, -100.0, 100.0);
+      else if (m == FILL_TIES) v = tied_value(r);
+      else v = cst;
+      s[i * stride + c] = v;
+    }
+    for (int64_t c = cols; c < stride; ++c) s[i * stride + c] = INFINITY; /* gap: must be ignored */
+  }
+}
+
+/* Runs dsa_topk on the device for host params p (host pointers; strides resolved by the caller),
+ * writes the result into got[rows * indices_stride] (gaps included, poisoned beforehand). */
+static void gpu_topk(tk_env *e, const dsa_topk_params *p, int32_t *got) {
+  const int64_t sst = p->scores_stride ? p->scores_stride : p->columns;
+  const int64_t ist = p->indices_stride ? p->indices_stride : p->k;
+  size_t sbytes = (size_t)(p->rows * sst) * 4, ibytes = (size_t)(p->rows * ist) * 4;
+  float *ds = NULL;
+  int32_t *dl = NULL, *di = NULL;
+  size_t ws_bytes = 0;
+  unsigned char *ws = NULL;
+  dsa_topk_params d = *p;
+  TC_CUDA(cudaMalloc((void **)&ds, sbytes ? sbytes : 4));
+  TC_CUDA(cudaMalloc((void **)&di, ibytes ? ibytes : 4));
+  if (sbytes) TC_CUDA(cudaMemcpy(ds, p->scores, sbytes, cudaMemcpyHostToDevice));
+  if (p->lengths) {
+    TC_CUDA(cudaMalloc((void **)&dl, (size_t)p->rows * 4));
+    TC_CUDA(cudaMemcpy(dl, p->lengths, (size_t)p->rows * 4, cudaMemcpyHostToDevice));
+  }
+  TC_CUDA(cudaMemset(di, 0x5A, ibytes ? ibytes : 4)); /* TC_POISON_I32 */
+  d.scores = ds;
+  d.lengths = dl;
+  d.indices = di;
+  TC_OK(dsa_topk(e->ctx, &d, NULL, &ws_bytes, e->stream));
+  cr_assert(ws_bytes >= 1);
+  TC_CUDA(cudaMalloc((void **)&ws, ws_bytes + 1));
+  /* a workspace at a 1-byte offset is accepted (documented: any alignment) */
+  TC_OK(dsa_topk(e->ctx, &d, ws + 1, &ws_bytes, e->stream));
+  TC_CUDA(cudaStreamSynchronize(e->stream));
+  TC_CUDA(cudaMemcpy(got, di, ibytes, cudaMemcpyDeviceToHost));
+  cudaFree(ws);
+  cudaFree(ds);
+  cudaFree(dl);
+  cudaFree(di);
+}
+
+/* Compares the GPU result with the reference for every row (gaps of a strided output must keep
+ * the poison). */
+static void check_topk(tk_env *e, const dsa_topk_params *p, const char *what) {
+  const int64_t ist = p->indices_stride ? p->indices_stride : p->k;
+  size_t n = (size_t)(p->rows * ist);
+  int32_t *got = (int32_t *)malloc(n * 4 + 4), *want = (int32_t *)malloc(n * 4 + 4);
+  dsa_topk_params h = *p;
+  cr_assert(got && want);
+  for (size_t i = 0; i < n; ++i) want[i] = TC_POISON_I32;
+  h.indices = want;
+  TC_OK(dsa_ref_topk(&h));
+  gpu_topk(e, p, got);
+  for (int64_t r = 0; r < p->rows; ++r)
+    for (int64_t j = 0; j < ist; ++j) {
+      int64_t i = r * ist + j;
+      cr_assert_eq(got[i], want[i], "%s: rows %lld cols %lld k %d: row %lld slot %lld is %d, want %d",
+                   what, (long long)p->rows, (long long)p->columns, p->k, (long long)r, (long long)j,
+                   got[i], want[i]);
+    }
+  free(got);
+  free(want);
+}
+
+/* A case: rows x cols scores (mode), lengths random in [-3, cols + 3] (or NULL), optional
+ * extra stride padding. */
+static void run_case(tk_env *e, tc_rng *r, int64_t rows, int64_t cols, int32_t k, int mode,
+                     int with_lengths, int64_t spad, int64_t ipad, const char *what) {
+  dsa_topk_params p;
+  memset(&p, 0, sizeof p);
+  p.rows = rows;
+  p.columns = cols;
+  p.k = k;
+  p.scores_stride = spad ? cols + spad : 0;
+  p.indices_stride = ipad ? k + ipad : 0;
+  int64_t sst = cols + spad;
+  float *s = (float *)malloc((size_t)(rows * sst) * 4 + 4);
+  int32_t *len = NULL;
+  cr_assert_not_null(s);
+  fill_rows(r, s, rows, cols, sst, mode);
+  if (with_lengths) {
+    len = (int32_t *)malloc((size_t)rows * 4);
+    for (int64_t i = 0; i < rows; ++i) {
+      int64_t u = tc_below(r, 10);
+      if (u == 0) len[i] = (int32_t)(cols + 1 + tc_below(r, 3)); /* clamped to cols */
+      else if (u == 1) len[i] = -(int32_t)tc_below(r, 3);       /* clamped to 0 */
+      else if (u < 5) len[i] = (int32_t)tc_below(r, k + 2 < cols + 1 ? k + 2 : cols + 1); /* <= K-ish */
+      else len[i] = (int32_t)tc_below(r, cols + 1);
+    }
+  }
+  p.scores = s;
+  p.lengths = len;
+  check_topk(e, &p, what);
+  free(s);
+  free(len);
+}
+
+Test(gpu_topk, k_values_modes_and_lengths) {
+  TC_REQUIRE_GPU();
+  tk_env e = tk_open();
+  tc_rng r = tc_seed("gpu_topk.k_values_modes_and_lengths");
+  static const int32_t ks[] = {1, 7, 64, 100, 2048};
+  for (int ki = 0; ki < 5; ++ki) {
+    run_case(&e, &r, 37, 5003, ks[ki], FILL_RANDOM, 1, 0, 0, "random");
+    run_case(&e, &r, 37, 5003, ks[ki], FILL_TIES, 1, 0, 0, "ties");
+    run_case(&e, &r, 23, 3001, ks[ki], FILL_MIXED, 0, 0, 0, "mixed, lengths NULL");
+    run_case(&e, &r, 11, ks[ki] + 1, ks[ki], FILL_TIES, 0, 0, 0, "columns = k + 1");
+    run_case(&e, &r, 5, ks[ki], ks[ki], FILL_TIES, 0, 0, 0, "columns = k");
+  }
+  tk_close(&e);
+}
+
+Test(gpu_topk, constant_and_nan_rows) {
+  TC_REQUIRE_GPU();
+  tk_env e = tk_open();
+  tc_rng r = tc_seed("gpu_topk.constant_and_nan_rows");
+  run_case(&e, &r, 16, 4099, 100, FILL_CONST, 1, 0, 0, "constant rows");
+  run_case(&e, &r, 16, 4099, 2048, FILL_CONST, 0, 0, 0, "constant rows, k 2048");
+  /* all-NaN and all -inf rows, and a row with exactly one number among NaNs */
+  {
+    dsa_topk_params p;
+    int64_t cols = 3000;
+    float *s = (float *)malloc((size_t)(3 * cols) * 4);
+    for (int64_t c = 0; c < cols; ++c) {
+      s[c] = nanf("");
+      s[cols + c] = -INFINITY;
+      s[2 * cols + c] = c == 1777 ? -1e30f : nanf("");
+    }
+    memset(&p, 0, sizeof p);
+    p.rows = 3;
+    p.columns = cols;
+    p.k = 7;
+    p.scores = s;
+    check_topk(&e, &p, "NaN / -inf rows");
+    free(s);
+  }
+  tk_close(&e);
+}
+
+Test(gpu_topk, long_rows_uncached_and_2pow20) {
+  TC_REQUIRE_GPU();
+  tk_env e = tk_open();
+  tc_rng r = tc_seed("gpu_topk.long_rows_uncached_and_2pow20");
+  run_case(&e, &r, 1, (int64_t)1 << 20, 2048, FILL_RANDOM, 0, 0, 0, "2^20 columns, random");
+  run_case(&e, &r, 1, (int64_t)1 << 20, 100, FILL_TIES, 0, 0, 0, "2^20 columns, ties");
+  run_case(&e, &r, 6, 70001, 2048, FILL_MIXED, 1, 0, 0, "rows above the cache limit");
+  run_case(&e, &r, 6, 49153, 64, FILL_TIES, 0, 0, 0, "just above the cache limit");
+  run_case(&e, &r, 6, 32768, 2048, FILL_RANDOM, 1, 0, 0, "32k columns (cached)");
+  tk_close(&e);
+}
+
+Test(gpu_topk, many_rows_and_strides) {
+  TC_REQUIRE_GPU();
+  tk_env e = tk_open();
+  tc_rng r = tc_seed("gpu_topk.many_rows_and_strides");
+  run_case(&e, &r, 70001, 40, 7, FILL_MIXED, 1, 0, 0, "70001 rows");
+  run_case(&e, &r, 70001, 9, 64, FILL_TIES, 0, 0, 0, "70001 rows, all shorter than k");
+  run_case(&e, &r, 29, 2500, 100, FILL_TIES, 1, 13, 5, "strided scores and indices");
+  run_case(&e, &r, 29, 2500, 2048, FILL_RANDOM, 0, 1, 3, "strided, k 2048");
+  tk_close(&e);
+}
+
+/* Bitwise reruns, and a row alone gives what it gives inside a batch. */
+Test(gpu_topk, deterministic_and_batch_independent) {
+  TC_REQUIRE_GPU();
+  tk_env e = tk_open();
+  tc_rng r = tc_seed("gpu_topk.deterministic_and_batch_independent");
+  const int64_t rows = 64, cols = 9000;
+  const int32_t k = 2048;
+  float *s = (float *)malloc((size_t)(rows * cols) * 4);
+  int32_t *len = (int32_t *)malloc(rows * 4);
+  int32_t *a = (int32_t *)malloc((size_t)(rows * k) * 4), *b = (int32_t *)malloc((size_t)(rows * k) * 4);
+  int32_t one[2048];
+  dsa_topk_params p;
+  fill_rows(&r, s, rows, cols, cols, FILL_MIXED);
+  for (int64_t i = 0; i < rows; ++i) len[i] = (int32_t)tc_below(&r, cols + 1);
+  memset(&p, 0, sizeof p);
+  p.rows = rows;
+  p.columns = cols;
+  p.k = k;
+  p.scores = s;
+  p.lengths = len;
+  gpu_topk(&e, &p, a);
+  gpu_topk(&e, &p, b);
+  cr_assert(memcmp(a, b, (size_t)(rows * k) * 4) == 0, "two runs differ");
+  for (int64_t i = 0; i < rows; i += 9) {
+    dsa_topk_params q = p;
+    q.rows = 1;
+    q.scores = s + i * cols;
+    q.lengths = len + i;
+    gpu_topk(&e, &q, one);
+    cr_assert(memcmp(one, a + i * k, (size_t)k * 4) == 0, "row %lld alone differs from the batch",
+              (long long)i);
+  }
+  free(s);
+  free(len);
+  free(a);
+  free(b);
+  tk_close(&e);
+}
+
+Test(gpu_topk, workspace_contract) {
+  TC_REQUIRE_GPU();
+  tk_env e = tk_open();
+  dsa_topk_params p;
+  size_t b1 = 0, b2 = 0;
+  memset(&p, 0, sizeof p);
+  p.rows = 100;
+  p.columns = 50000;
+  p.k = 2048;
+  p.scores = (const float *)(uintptr_t)0x1000; /* not dereferenced by the size query */
+  p.indices = (int32_t *)(uintptr_t)0x1000;
+  TC_OK(dsa_topk(e.ctx, &p, NULL, &b1, e.stream));
+  TC_OK(dsa_topk(e.ctx, &p, NULL, &b2, e.stream));
+  cr_assert(b1 >= 1 && b1 == b2, "workspace size %zu then %zu", b1, b2);
+  p.rows = 1 << 20;
+  TC_OK(dsa_topk(e.ctx, &p, NULL, &b2, e.stream));
+  cr_assert(b2 >= 1 && b2 <= ((size_t)256 << 20), "workspace not bounded: %zu", b2);
+  /* zero rows: success, no launch */
+  p.rows = 0;
+  b1 = 1;
+  TC_OK(dsa_topk(e.ctx, &p, (void *)(uintptr_t)0x1000, &b1, e.stream));
+  tk_close(&e);
+}
+
+Test(gpu_topk, bad_arguments_write_nothing) {
+  TC_REQUIRE_GPU();
+  tk_env e = tk_open();
+  const int64_t rows = 4, cols = 100;
+  float *ds = NULL;
+  int32_t *di = NULL, host[4 * 64];
+  size_t wsb = 1;
+  unsigned char *ws = NULL;
+  dsa_topk_params p;
+  TC_CUDA(cudaMalloc((void **)&ds, rows * cols * 4));
+  TC_CUDA(cudaMalloc((void **)&di, rows * 64 * 4));
+  TC_CUDA(cudaMalloc((void **)&ws, 16));
+  TC_CUDA(cudaMemset(ds, 0, rows * cols * 4));
+  TC_CUDA(cudaMemset(di, 0x5A, rows * 64 * 4));
+  memset(&p, 0, sizeof p);
+  p.rows = rows;
+  p.columns = cols;
+  p.k = 64;
+  p.scores = ds;
+  p.indices = di;
+  p.k = 0;
+  TC_FAILS(dsa_topk(e.ctx, &p, ws, &wsb, e.stream), DSA_ERROR_INVALID_ARGUMENT, "k");
+  p.k = 2049;
+  TC_FAILS(dsa_topk(e.ctx, &p, ws, &wsb, e.stream), DSA_ERROR_INVALID_ARGUMENT, "k");
+  p.k = 64;
+  p.scores = NULL;
+  TC_FAILS(dsa_topk(e.ctx, &p, ws, &wsb, e.stream), DSA_ERROR_INVALID_ARGUMENT, "scores");
+  p.scores = ds;
+  p.rows = -1;
+  TC_FAILS(dsa_topk(e.ctx, &p, ws, &wsb, e.stream), DSA_ERROR_INVALID_ARGUMENT, "rows");
+  p.rows = rows;
+  p.scores_stride = cols - 1;
+  TC_FAILS(dsa_topk(e.ctx, &p, ws, &wsb, e.stream), DSA_ERROR_INVALID_ARGUMENT, "scores_stride");
+  p.scores_stride = 0;
+  TC_FAILS(dsa_topk(e.ctx, &p, ws, NULL, e.stream), DSA_ERROR_INVALID_ARGUMENT, "workspace_bytes");
+  TC_FAILS(dsa_topk(NULL, &p, ws, &wsb, e.stream), DSA_ERROR_INVALID_ARGUMENT, "ctx");
+  TC_FAILS(dsa_topk(e.ctx, NULL, ws, &wsb, e.stream), DSA_ERROR_INVALID_ARGUMENT, "p");
+  wsb = 0;
+  TC_FAILS(dsa_topk(e.ctx, &p, ws, &wsb, e.stream), DSA_ERROR_WORKSPACE_TOO_SMALL, "workspace");
+  TC_CUDA(cudaDeviceSynchronize());
+  TC_CUDA(cudaMemcpy(host, di, sizeof host, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < rows * 64; ++i)
+    cr_assert_eq(host[i], TC_POISON_I32, "a failed call wrote indices[%d] = %d", i, host[i]);
+  cudaFree(ds);
+  cudaFree(di);
+  cudaFree(ws);
+  tk_close(&e);
+}
