@@ -1,8 +1,31 @@
-/* attn_fwd.c - public entry point dsa_sparse_attn_fwd. STUB: validates nothing yet and reports that the GPU path is
- * not implemented; replaced by the issue that brings the kernel. */
+/* attn_fwd.c - public entry point dsa_sparse_attn_fwd: validation, then dispatch between the
+ * sm_90a tensor-core kernel (cuda/attn_fwd_sm90.cu) and the portable kernel (cuda/attn_fwd.cu). */
+#include <string.h>
 #include "internal.h"
 
-DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream) {
+/* 0 = automatic, 1 = portable kernel only, 2 = sm_90a kernel only (tests and benchmarks). */
+int dsa_attn_fwd_variant = 0;
+
+DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                       dsa_stream_t stream) {
+  dsa_attn_fwd_params r;
+  DSA_TRY(dsa_check_attn_fwd(p, "dsa_sparse_attn_fwd", &r));
   DSA_TRY(dsa_context_enter(ctx, "dsa_sparse_attn_fwd"));
-  return dsa_fail(DSA_ERROR_UNSUPPORTED, "dsa_sparse_attn_fwd: no GPU implementation yet");
+  if (r.num_tokens == 0) return DSA_SUCCESS;
+
+  if (dsa_attn_fwd_variant == 1) return dsa_launch_attn_fwd_simple(ctx, &r, stream);
+  if (dsa_attn_fwd_variant == 2) return dsa_launch_attn_fwd_sm90(ctx, &r, stream);
+  if (ctx->cc_major == 9 && ctx->cc_minor == 0) {
+    /* The sm_90a kernel declines configurations it does not run with DSA_ERROR_UNSUPPORTED; the
+     * call then succeeds on the portable kernel, so its message must not outlive it: keep the
+     * thread's previous message and put it back. */
+    char saved[512];
+    dsa_status s;
+    strncpy(saved, dsa_last_error_message(), sizeof saved - 1);
+    saved[sizeof saved - 1] = '\0';
+    s = dsa_launch_attn_fwd_sm90(ctx, &r, stream);
+    if (s != DSA_ERROR_UNSUPPORTED) return s;
+    (void)dsa_fail(DSA_SUCCESS, "%s", saved);
+  }
+  return dsa_launch_attn_fwd_simple(ctx, &r, stream);
 }
