@@ -13,6 +13,13 @@
  *        k-steps) redundantly, masks it, runs the online softmax in the log2 domain, and accumulates
  *        its half of the 512 value dims: O[64 x 256] += P V (RS wgmma m64n256k16, P straight from the
  *        S registers, V = the KV tile read MN-major). WG0 owns dims 0..255, WG1 dims 256..511.
+ * Head dims: D = 576 (nine 64-column SW128 blocks, 222376 B of shared memory) and D = 512 (eight,
+ * 197800 B), one template instantiation each. Declined with DSA_ERROR_UNSUPPORTED: a device other
+ * than cc 9.0, any other D, q / kv rows not 16-B aligned, out rows not 4-B aligned, T * ceil(H / 64)
+ * above 2^31 - 1 CTAs, shared memory above the device's opt-in limit.
+ * ptxas (nvcc 13): 168 registers at entry (the __launch_bounds__(384, 1) cap), consumers raised to
+ * 232 and the producer lowered to 40 by setmaxnreg; no spills. Per 64-key tile each consumer WG
+ * issues 36 (D = 576) HGMMA.64x64x16 and 4 HGMMA.64x256x16.
  * v1 trade-offs, the next steps in order:
  *   - S is computed twice (once per consumer WG): ~50% more tensor work than FlashMLA's split, where
  *     WG0/WG1 take alternate key tiles and exchange P through shared memory.
