@@ -1,0 +1,443 @@
+/* test_gpu_attn_bwd.c - GPU suite gpu_attn_bwd: dsa_sparse_attn_bwd against the CPU reference
+ * dsa_ref_sparse_attn_bwd on fresh random inputs (out and lse from dsa_ref_sparse_attn_fwd on the
+ * same inputs, dout random), in both modes:
+ *  - non-deterministic (fp32 atomics) and deterministic (key-major, run 3 times: dq, dkv and dsink
+ *    must be bitwise identical across the runs);
+ *  - dq and dkv within 1e-2 relative error (tc_rel_err_bf16 over all elements), dsink within 1e-3
+ *    (exactly 0 where the reference is 0: sink NULL or +-inf); the two modes within 1e-2 of each
+ *    other.
+ * Outputs are poisoned over their whole allocation, gaps of strided layouts included: every element
+ * must be written and every gap must stay untouched. The workspace is handed over 1 byte off a
+ * 256-byte boundary (the op aligns up inside). */
+#include <limits.h>
+#include "test_common.h"
+
+typedef enum { LEN_NULL, LEN_ZERO, LEN_FULL, LEN_RANDOM } len_mode;
+typedef enum { SINK_NULL, SINK_FINITE, SINK_POS_INF, SINK_NEG_INF, SINK_MIX } sink_mode;
+
+typedef struct bwd_case {
+  int64_t T;
+  int H, D;
+  int64_t Tkv;
+  int K;
+  len_mode len;
+  sink_mode sink;
+  double p_invalid; /* a slot holds -1, INT_MIN, T_kv, > T_kv or INT_MAX */
+  double p_dup;     /* a slot repeats an earlier slot of its row */
+  double p_empty;   /* a row has only invalid slots */
+  int strided;      /* padded token strides for q/out/dout/dq, head-major dout, padded kv/dkv/idx */
+  int no_dsink;     /* pass dsink = NULL */
+} bwd_case;
+
+static int32_t invalid_index(tc_rng *r, int64_t Tkv) {
+  switch (tc_below(r, 5)) {
+    case 0: return -1;
+    case 1: return INT_MIN;
+    case 2: return (int32_t)Tkv;
+    case 3: return (int32_t)(Tkv + 1 + tc_below(r, 1000));
+    default: return INT_MAX;
+  }
+}
+
+static size_t ext3(int64_t T, int64_t st, int64_t H, int64_t sh, int64_t inner) {
+  if (T == 0) return 1;
+  return (size_t)((T - 1) * st + (H - 1) * sh + inner);
+}
+
+static size_t nz(int64_t n) { return n > 0 ? (size_t)n : 1; }
+
+static void *dev_copy(const void *h, size_t bytes) {
+  void *d = NULL;
+  TC_CUDA(cudaMalloc(&d, bytes ? bytes : 1));
+  if (bytes) TC_CUDA(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+  return d;
+}
+
+/* Gathers a strided [n0, n1, inner] bf16 tensor into a contiguous array. */
+static void gather3(uint16_t *dst, const uint16_t *src, int64_t n0, int64_t s0, int64_t n1,
+                    int64_t s1, int64_t inner) {
+  for (int64_t a = 0; a < n0; ++a)
+    for (int64_t b = 0; b < n1; ++b)
+      memcpy(dst + (a * n1 + b) * inner, src + a * s0 + b * s1, (size_t)inner * 2);
+}
+
+/* Every element outside the logical [n0, n1, inner] region must still hold the poison. */
+static void check_gaps(const char *what, const uint16_t *buf, size_t n, int64_t n0, int64_t s0,
+                       int64_t n1, int64_t s1, int64_t inner) {
+  uint8_t *mark = calloc(n ? n : 1, 1);
+  cr_assert(mark);
+  for (int64_t a = 0; a < n0; ++a)
+    for (int64_t b = 0; b < n1; ++b) memset(mark + a * s0 + b * s1, 1, (size_t)inner);
+  for (size_t i = 0; i < n; ++i)
+    if (!mark[i])
+      cr_assert(buf[i] == TC_POISON_BF16, "%s: gap element %zu was written (0x%04x)", what, i,
+                (unsigned)buf[i]);
+  free(mark);
+}
+
+static double rel_err_f32(const float *g, const float *r, int n) {
+  double num = 0, den = 0;
+  for (int i = 0; i < n; ++i) {
+    if (isnan(g[i]) != isnan(r[i])) return INFINITY;
+    num += ((double)g[i] - r[i]) * ((double)g[i] - r[i]);
+    den += (double)r[i] * r[i];
+  }
+  return sqrt(num) / (den > 1e-300 ? sqrt(den) : 1.0);
+}
+
+typedef struct gpu_result {
+  uint16_t *dq, *dkv; /* host copies of the whole allocations */
+  float dsink[DSA_MAX_HEADS];
+} gpu_result;
+
+static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
+  const int64_t T = c->T, H = c->H, D = c->D, Tkv = c->Tkv, K = c->K, V = DSA_VALUE_DIM;
+  const float scale = 1.0f / sqrtf(576.0f);
+  /* strides */
+  const int64_t q_sh = D, q_st = H * D + (c->strided ? 24 : 0);
+  const int64_t o_sh = V, o_st = H * V + (c->strided ? 8 : 0);
+  const int64_t g_st = c->strided ? V + 16 : H * V, g_sh = c->strided ? T * g_st + 32 : V; /* head-major */
+  const int64_t dq_sh = c->strided ? D + 8 : D, dq_st = H * dq_sh + (c->strided ? 16 : 0);
+  const int64_t kv_st = D + (c->strided ? 64 : 0), dkv_st = D + (c->strided ? 40 : 0);
+  const int64_t idx_st = K + (c->strided ? 5 : 0);
+  cr_log_info("%s: T=%lld H=%lld D=%lld T_kv=%lld K=%lld len=%d sink=%d invalid=%.2f dup=%.2f "
+              "empty=%.2f strided=%d",
+              name, (long long)T, (long long)H, (long long)D, (long long)Tkv, (long long)K,
+              (int)c->len, (int)c->sink, c->p_invalid, c->p_dup, c->p_empty, c->strided);
+
+  /* ---- host inputs ---- */
+  const size_t nq = ext3(T, q_st, H, q_sh, D), nout = ext3(T, o_st, H, o_sh, V);
+  const size_t ng = ext3(T, g_st, H, g_sh, V), ndq = ext3(T, dq_st, H, dq_sh, D);
+  const size_t nkv = Tkv ? (size_t)((Tkv - 1) * kv_st + D) : 1;
+  const size_t ndkv = Tkv ? (size_t)((Tkv - 1) * dkv_st + D) : 1;
+  const size_t nidx = T ? (size_t)(T * idx_st) : 1;
+  uint16_t *q = malloc(nq * 2), *kv = malloc(nkv * 2), *out = malloc(nout * 2), *dout = malloc(ng * 2);
+  int32_t *idx = malloc(nidx * 4), *len = malloc((size_t)(T ? T : 1) * 4);
+  float *lse = malloc(nz(T * H) * 4), sink[DSA_MAX_HEADS];
+  cr_assert(q && kv && out && dout && idx && len && lse);
+  tc_fill_bf16(rng, q, nq, -1.0, 1.0);
+  tc_fill_bf16(rng, kv, nkv, -1.0, 1.0);
+  tc_fill_bf16(rng, dout, ng, -1.0, 1.0);
+  for (size_t i = 0; i < nout; ++i) out[i] = TC_POISON_BF16; /* gaps: never read */
+  for (int64_t t = 0; t < T; ++t) {
+    int32_t *row = idx + t * idx_st;
+    const int empty = tc_uniform(rng) < c->p_empty;
+    for (int64_t j = 0; j < K; ++j) {
+      const double u = tc_uniform(rng);
+      if (empty || Tkv == 0 || u < c->p_invalid)
+        row[j] = invalid_index(rng, Tkv);
+      else if (j > 0 && u < c->p_invalid + c->p_dup)
+        row[j] = row[tc_below(rng, j)];
+      else
+        row[j] = (int32_t)tc_below(rng, Tkv);
+    }
+    for (int64_t j = K; j < idx_st; ++j) row[j] = Tkv ? (int32_t)tc_below(rng, Tkv) : 0;
+    switch (c->len) {
+      case LEN_ZERO: len[t] = 0; break;
+      case LEN_FULL: len[t] = (int32_t)K; break;
+      default: len[t] = (int32_t)(tc_below(rng, K + 7) - 3); break; /* -3 .. K+3: clamped */
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const float finite = (float)tc_range(rng, -2.0, 4.0);
+    switch (c->sink) {
+      case SINK_POS_INF: sink[h] = INFINITY; break;
+      case SINK_NEG_INF: sink[h] = -INFINITY; break;
+      case SINK_MIX: sink[h] = h % 4 == 0 ? INFINITY : h % 4 == 1 ? -INFINITY : finite; break;
+      default: sink[h] = finite; break;
+    }
+  }
+  const int has_len = c->len != LEN_NULL, has_sink = c->sink != SINK_NULL;
+
+  /* ---- reference: forward for out and lse, then backward ---- */
+  dsa_attn_fwd_params fp = {
+      .num_tokens = T, .num_heads = (int32_t)H, .head_dim = (int32_t)D, .num_kv = Tkv,
+      .topk = (int32_t)K, .softmax_scale = scale, .q = q, .q_stride_token = q_st,
+      .q_stride_head = q_sh, .kv = kv, .kv_stride = kv_st, .indices = idx, .indices_stride = idx_st,
+      .topk_length = has_len ? len : NULL, .sink = has_sink ? sink : NULL, .out = out,
+      .out_stride_token = o_st, .out_stride_head = o_sh, .lse = lse};
+  TC_OK(dsa_ref_sparse_attn_fwd(&fp));
+  uint16_t *dq_ref = malloc(nz(T * H * D) * 2);
+  uint16_t *dkv_ref = malloc(nz(Tkv * D) * 2);
+  float dsink_ref[DSA_MAX_HEADS];
+  cr_assert(dq_ref && dkv_ref);
+  for (int64_t i = 0; i < Tkv * D; ++i) dkv_ref[i] = 0; /* T = 0: the op defines dkv = 0 */
+  for (int h = 0; h < H; ++h) dsink_ref[h] = 0.f;
+  dsa_attn_bwd_params rp = {
+      .num_tokens = T, .num_heads = (int32_t)H, .head_dim = (int32_t)D, .num_kv = Tkv,
+      .topk = (int32_t)K, .softmax_scale = scale, .q = q, .q_stride_token = q_st,
+      .q_stride_head = q_sh, .kv = kv, .kv_stride = kv_st, .indices = idx, .indices_stride = idx_st,
+      .topk_length = has_len ? len : NULL, .sink = has_sink ? sink : NULL, .out = out,
+      .out_stride_token = o_st, .out_stride_head = o_sh, .dout = dout, .dout_stride_token = g_st,
+      .dout_stride_head = g_sh, .lse = lse, .dq = dq_ref, .dkv = dkv_ref, .dsink = dsink_ref};
+  TC_OK(dsa_ref_sparse_attn_bwd(&rp));
+  if (!has_sink)
+    for (int h = 0; h < H; ++h) dsink_ref[h] = 0.f;
+
+  /* ---- device ---- */
+  dsa_context *ctx = NULL;
+  TC_OK(dsa_context_create(&ctx, 0));
+  cudaStream_t stream;
+  TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  uint16_t *d_q = dev_copy(q, nq * 2), *d_kv = dev_copy(kv, nkv * 2);
+  uint16_t *d_out = dev_copy(out, nout * 2), *d_dout = dev_copy(dout, ng * 2);
+  int32_t *d_idx = dev_copy(idx, nidx * 4), *d_len = dev_copy(len, (size_t)T * 4);
+  float *d_lse = dev_copy(lse, (size_t)(T * H) * 4), *d_sink = dev_copy(sink, sizeof sink);
+  uint16_t *d_dq, *d_dkv;
+  float *d_dsink;
+  TC_CUDA(cudaMalloc((void **)&d_dq, ndq * 2));
+  TC_CUDA(cudaMalloc((void **)&d_dkv, ndkv * 2));
+  TC_CUDA(cudaMalloc((void **)&d_dsink, DSA_MAX_HEADS * 4));
+  uint16_t *poison16 = malloc((ndq > ndkv ? ndq : ndkv) * 2);
+  float poison32[DSA_MAX_HEADS];
+  cr_assert(poison16);
+  for (size_t i = 0; i < (ndq > ndkv ? ndq : ndkv); ++i) poison16[i] = TC_POISON_BF16;
+  tc_poison_f32(poison32, DSA_MAX_HEADS);
+
+  dsa_attn_bwd_params p = rp;
+  p.q = d_q; p.kv = d_kv; p.indices = d_idx; p.topk_length = has_len ? d_len : NULL;
+  p.sink = has_sink ? d_sink : NULL; p.out = d_out; p.dout = d_dout; p.lse = d_lse;
+  p.dq = d_dq; p.dq_stride_token = dq_st; p.dq_stride_head = dq_sh;
+  p.dkv = d_dkv; p.dkv_stride = dkv_st;
+  p.dsink = c->no_dsink ? NULL : d_dsink;
+
+  uint16_t *dq_host = malloc(ndq * 2), *dkv_host = malloc(ndkv * 2);
+  uint16_t *dq_c = malloc(nz(T * H * D) * 2);
+  uint16_t *dkv_c = malloc(nz(Tkv * D) * 2);
+  gpu_result res[2] = {{0}};
+  cr_assert(dq_host && dkv_host && dq_c && dkv_c);
+
+  for (int mode = 0; mode < 2; ++mode) {
+    p.deterministic = mode;
+    size_t ws_bytes = 0, ws_again = 0;
+    TC_OK(dsa_sparse_attn_bwd(ctx, &p, NULL, &ws_bytes, stream));
+    TC_OK(dsa_sparse_attn_bwd(ctx, &p, NULL, &ws_again, stream));
+    cr_assert(ws_bytes >= 1 && ws_bytes == ws_again, "workspace size %zu / %zu", ws_bytes, ws_again);
+    unsigned char *ws;
+    TC_CUDA(cudaMalloc((void **)&ws, ws_bytes + 256));
+    const int runs = mode ? 3 : 1;
+    for (int run = 0; run < runs; ++run) {
+      TC_CUDA(cudaMemcpy(d_dq, poison16, ndq * 2, cudaMemcpyHostToDevice));
+      TC_CUDA(cudaMemcpy(d_dkv, poison16, ndkv * 2, cudaMemcpyHostToDevice));
+      TC_CUDA(cudaMemcpy(d_dsink, poison32, sizeof poison32, cudaMemcpyHostToDevice));
+      size_t b = ws_bytes;
+      TC_OK(dsa_sparse_attn_bwd(ctx, &p, ws + 1, &b, stream));
+      TC_CUDA(cudaStreamSynchronize(stream));
+      TC_CUDA(cudaGetLastError());
+      TC_CUDA(cudaMemcpy(dq_host, d_dq, ndq * 2, cudaMemcpyDeviceToHost));
+      TC_CUDA(cudaMemcpy(dkv_host, d_dkv, ndkv * 2, cudaMemcpyDeviceToHost));
+      float dsink_got[DSA_MAX_HEADS];
+      TC_CUDA(cudaMemcpy(dsink_got, d_dsink, sizeof dsink_got, cudaMemcpyDeviceToHost));
+      if (T > 0) check_gaps("dq", dq_host, ndq, T, dq_st, H, dq_sh, D);
+      if (Tkv > 0) check_gaps("dkv", dkv_host, ndkv, Tkv, dkv_st, 1, 0, D);
+      gather3(dq_c, dq_host, T, dq_st, H, dq_sh, D);
+      gather3(dkv_c, dkv_host, Tkv, dkv_st, 1, 0, D);
+      if (run == 0) {
+        const double e_dq = tc_rel_err_bf16(dq_c, dq_ref, (size_t)(T * H * D));
+        const double e_dkv = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
+        cr_log_info("%s mode %d: dq rel err %.3g, dkv rel err %.3g", name, mode, e_dq, e_dkv);
+        cr_assert(e_dq <= 1e-2, "%s mode %d: dq rel err %g", name, mode, e_dq);
+        cr_assert(e_dkv <= 1e-2, "%s mode %d: dkv rel err %g", name, mode, e_dkv);
+        if (!c->no_dsink) {
+          for (int h = 0; h < H; ++h) {
+            if (dsink_ref[h] == 0.f)
+              cr_assert(dsink_got[h] == 0.f, "%s mode %d: dsink[%d] = %g, reference 0", name, mode,
+                        h, (double)dsink_got[h]);
+          }
+          const double e_ds = rel_err_f32(dsink_got, dsink_ref, (int)H);
+          cr_assert(e_ds <= 1e-3, "%s mode %d: dsink rel err %g (h0: %g vs %g)", name, mode, e_ds,
+                    (double)dsink_got[0], (double)dsink_ref[0]);
+        } else {
+          for (int h = 0; h < DSA_MAX_HEADS; ++h)
+            cr_assert(isnan(dsink_got[h]), "dsink = NULL but the buffer was written");
+        }
+        res[mode].dq = malloc(ndq * 2);
+        res[mode].dkv = malloc(ndkv * 2);
+        cr_assert(res[mode].dq && res[mode].dkv);
+        memcpy(res[mode].dq, dq_host, ndq * 2);
+        memcpy(res[mode].dkv, dkv_host, ndkv * 2);
+        memcpy(res[mode].dsink, dsink_got, sizeof dsink_got);
+      } else {
+        cr_assert(memcmp(res[mode].dkv, dkv_host, ndkv * 2) == 0,
+                  "%s: deterministic dkv differs between run 0 and run %d", name, run);
+        cr_assert(memcmp(res[mode].dq, dq_host, ndq * 2) == 0,
+                  "%s: deterministic dq differs between run 0 and run %d", name, run);
+        cr_assert(memcmp(res[mode].dsink, dsink_got, sizeof dsink_got) == 0,
+                  "%s: deterministic dsink differs between run 0 and run %d", name, run);
+      }
+    }
+    TC_CUDA(cudaFree(ws));
+  }
+  /* the two modes agree within tolerance */
+  gather3(dkv_c, res[0].dkv, Tkv, dkv_st, 1, 0, D);
+  gather3(dkv_ref, res[1].dkv, Tkv, dkv_st, 1, 0, D);
+  const double e_modes = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
+  cr_assert(e_modes <= 1e-2, "%s: dkv of the two modes differ by %g", name, e_modes);
+
+  for (int m = 0; m < 2; ++m) {
+    free(res[m].dq);
+    free(res[m].dkv);
+  }
+  free(q); free(kv); free(out); free(dout); free(idx); free(len); free(lse);
+  free(dq_ref); free(dkv_ref); free(poison16); free(dq_host); free(dkv_host); free(dq_c); free(dkv_c);
+  cudaFree(d_q); cudaFree(d_kv); cudaFree(d_out); cudaFree(d_dout); cudaFree(d_idx); cudaFree(d_len);
+  cudaFree(d_lse); cudaFree(d_sink); cudaFree(d_dq); cudaFree(d_dkv); cudaFree(d_dsink);
+  TC_CUDA(cudaStreamDestroy(stream));
+  dsa_context_destroy(ctx);
+}
+
+/* T so that T*H*K stays near 2^17 (the CPU reference's cost), at least 2, at most 37. */
+static int64_t pick_T(int H, int K) {
+  int64_t T = (int64_t)(1 << 17) / ((int64_t)H * K);
+  return T < 2 ? 2 : T > 37 ? 37 : T;
+}
+
+static void shapes_for_heads(int H) {
+  static const int Ks[] = {1, 63, 64, 100, 2048};
+  tc_rng rng = tc_seed("gpu_attn_bwd/heads");
+  for (size_t i = 0; i < sizeof Ks / sizeof Ks[0]; ++i) {
+    const int K = Ks[i];
+    bwd_case c = {.T = pick_T(H, K), .H = H, .D = 576, .Tkv = 61 + K / 3, .K = K,
+                  .len = (i % 2) ? LEN_RANDOM : LEN_NULL, .sink = (i % 3 == 0) ? SINK_NULL : SINK_FINITE,
+                  .p_invalid = 0.1, .p_dup = 0.1, .p_empty = 0.1};
+    char name[64];
+    snprintf(name, sizeof name, "H=%d K=%d", H, K);
+    run_case(&c, &rng, name);
+  }
+}
+
+Test(gpu_attn_bwd, heads_1) { TC_REQUIRE_GPU(); shapes_for_heads(1); }
+Test(gpu_attn_bwd, heads_3) { TC_REQUIRE_GPU(); shapes_for_heads(3); }
+Test(gpu_attn_bwd, heads_8) { TC_REQUIRE_GPU(); shapes_for_heads(8); }
+Test(gpu_attn_bwd, heads_16) { TC_REQUIRE_GPU(); shapes_for_heads(16); }
+Test(gpu_attn_bwd, heads_64) { TC_REQUIRE_GPU(); shapes_for_heads(64); }
+Test(gpu_attn_bwd, heads_128) { TC_REQUIRE_GPU(); shapes_for_heads(128); }
+
+Test(gpu_attn_bwd, invalid_duplicate_and_empty_slots) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_attn_bwd/invalid");
+  bwd_case a = {.T = 29, .H = 5, .D = 576, .Tkv = 40, .K = 77, .len = LEN_RANDOM,
+                .sink = SINK_FINITE, .p_invalid = 0.3, .p_dup = 0.3, .p_empty = 0.25};
+  run_case(&a, &rng, "invalid/dup/empty, len random");
+  bwd_case b = a;
+  b.len = LEN_NULL;
+  run_case(&b, &rng, "invalid/dup/empty, len NULL");
+  /* heavy duplicates: 3 kv rows for every slot of every row (long key-major lists) */
+  bwd_case d = {.T = 33, .H = 7, .D = 576, .Tkv = 3, .K = 130, .len = LEN_FULL,
+                .sink = SINK_FINITE, .p_dup = 0.5};
+  run_case(&d, &rng, "3 kv rows");
+  /* every row empty */
+  bwd_case e = {.T = 9, .H = 4, .D = 576, .Tkv = 20, .K = 16, .len = LEN_FULL,
+                .sink = SINK_FINITE, .p_empty = 1.0};
+  run_case(&e, &rng, "all rows empty");
+}
+
+Test(gpu_attn_bwd, topk_length_and_sink_modes) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_attn_bwd/len_sink");
+  static const len_mode lens[] = {LEN_NULL, LEN_ZERO, LEN_FULL, LEN_RANDOM};
+  static const sink_mode sinks[] = {SINK_NULL, SINK_FINITE, SINK_POS_INF, SINK_NEG_INF, SINK_MIX};
+  for (int l = 0; l < 4; ++l)
+    for (int s = 0; s < 5; ++s) {
+      bwd_case c = {.T = 13, .H = 6, .D = 576, .Tkv = 50, .K = 45, .len = lens[l],
+                    .sink = sinks[s], .p_invalid = 0.1, .p_dup = 0.1, .p_empty = 0.1};
+      char name[64];
+      snprintf(name, sizeof name, "len %d sink %d", l, s);
+      run_case(&c, &rng, name);
+    }
+}
+
+Test(gpu_attn_bwd, strided_and_d512) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_attn_bwd/strided");
+  bwd_case a = {.T = 17, .H = 19, .D = 576, .Tkv = 70, .K = 90, .len = LEN_RANDOM,
+                .sink = SINK_MIX, .p_invalid = 0.1, .p_dup = 0.2, .p_empty = 0.1, .strided = 1};
+  run_case(&a, &rng, "strided D=576");
+  bwd_case b = a;
+  b.D = 512;
+  run_case(&b, &rng, "strided D=512");
+  bwd_case c = {.T = 11, .H = 64, .D = 512, .Tkv = 100, .K = 64, .len = LEN_NULL,
+                .sink = SINK_FINITE, .p_dup = 0.1};
+  run_case(&c, &rng, "D=512 H=64");
+  bwd_case d = a;
+  d.no_dsink = 1;
+  run_case(&d, &rng, "dsink NULL");
+}
+
+Test(gpu_attn_bwd, many_tokens) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_attn_bwd/many_tokens");
+  bwd_case a = {.T = 70001, .H = 1, .D = 576, .Tkv = 1000, .K = 1, .len = LEN_RANDOM,
+                .sink = SINK_FINITE, .p_invalid = 0.1};
+  run_case(&a, &rng, "T=70001 H=1 K=1");
+  bwd_case b = {.T = 66000, .H = 2, .D = 576, .Tkv = 333, .K = 2, .len = LEN_NULL,
+                .sink = SINK_NULL, .p_invalid = 0.1, .p_dup = 0.2};
+  run_case(&b, &rng, "T=66000 H=2 K=2");
+}
+
+Test(gpu_attn_bwd, zero_sizes) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_attn_bwd/zero");
+  bwd_case a = {.T = 0, .H = 4, .D = 576, .Tkv = 37, .K = 8, .len = LEN_FULL, .sink = SINK_FINITE};
+  run_case(&a, &rng, "T=0: dkv = 0, dsink = 0");
+  bwd_case b = {.T = 5, .H = 4, .D = 576, .Tkv = 0, .K = 8, .len = LEN_FULL, .sink = SINK_FINITE};
+  run_case(&b, &rng, "T_kv=0: every slot invalid");
+}
+
+Test(gpu_attn_bwd, workspace_contract) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_attn_bwd/workspace");
+  const int64_t T = 7, H = 3, D = 576, Tkv = 20, K = 10, V = DSA_VALUE_DIM;
+  dsa_context *ctx = NULL;
+  TC_OK(dsa_context_create(&ctx, 0));
+  uint16_t *hq = malloc((size_t)(T * H * D) * 2), *hkv = malloc((size_t)(Tkv * D) * 2);
+  uint16_t *hg = malloc((size_t)(T * H * V) * 2);
+  int32_t hidx[T * K];
+  float hlse[T * H];
+  cr_assert(hq && hkv && hg);
+  tc_fill_bf16(&rng, hq, (size_t)(T * H * D), -1, 1);
+  tc_fill_bf16(&rng, hkv, (size_t)(Tkv * D), -1, 1);
+  tc_fill_bf16(&rng, hg, (size_t)(T * H * V), -1, 1);
+  for (int i = 0; i < T * K; ++i) hidx[i] = (int32_t)tc_below(&rng, Tkv);
+  tc_fill_f32(&rng, hlse, (size_t)(T * H), 1, 3);
+  uint16_t *q = dev_copy(hq, (size_t)(T * H * D) * 2), *kv = dev_copy(hkv, (size_t)(Tkv * D) * 2);
+  uint16_t *g = dev_copy(hg, (size_t)(T * H * V) * 2);
+  int32_t *idx = dev_copy(hidx, sizeof hidx);
+  float *lse = dev_copy(hlse, sizeof hlse), *dsink;
+  uint16_t *dq, *dkv;
+  TC_CUDA(cudaMalloc((void **)&dq, (size_t)(T * H * D) * 2));
+  TC_CUDA(cudaMalloc((void **)&dkv, (size_t)(Tkv * D) * 2));
+  TC_CUDA(cudaMalloc((void **)&dsink, (size_t)H * 4));
+  TC_CUDA(cudaMemset(dkv, 0xFF, (size_t)(Tkv * D) * 2));
+  dsa_attn_bwd_params p = {.num_tokens = T, .num_heads = (int32_t)H, .head_dim = (int32_t)D,
+                           .num_kv = Tkv, .topk = (int32_t)K, .softmax_scale = 0.05f, .q = q,
+                           .kv = kv, .indices = idx, .out = g, .dout = g, .lse = lse, .dq = dq,
+                           .dkv = dkv, .dsink = dsink};
+  for (int mode = 0; mode < 2; ++mode) {
+    p.deterministic = mode;
+    size_t need = 0, again = 0;
+    TC_FAILS(dsa_sparse_attn_bwd(ctx, &p, NULL, NULL, 0), DSA_ERROR_INVALID_ARGUMENT,
+             "workspace_bytes");
+    TC_OK(dsa_sparse_attn_bwd(ctx, &p, NULL, &need, 0));
+    TC_OK(dsa_sparse_attn_bwd(ctx, &p, NULL, &again, 0));
+    cr_assert(need >= 1 && need == again);
+    void *ws;
+    TC_CUDA(cudaMalloc(&ws, need));
+    size_t small = need - 1;
+    TC_FAILS(dsa_sparse_attn_bwd(ctx, &p, ws, &small, 0), DSA_ERROR_WORKSPACE_TOO_SMALL,
+             "workspace_bytes");
+    TC_CUDA(cudaDeviceSynchronize());
+    uint16_t probe[64];
+    TC_CUDA(cudaMemcpy(probe, dkv, sizeof probe, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; ++i) cr_assert(probe[i] == 0xFFFF, "a failed call wrote dkv");
+    TC_FAILS(dsa_sparse_attn_bwd(NULL, &p, ws, &need, 0), DSA_ERROR_INVALID_ARGUMENT, "ctx");
+    TC_OK(dsa_sparse_attn_bwd(ctx, &p, ws, &need, 0));
+    TC_CUDA(cudaDeviceSynchronize());
+    TC_CUDA(cudaFree(ws));
+    TC_CUDA(cudaMemset(dkv, 0xFF, (size_t)(Tkv * D) * 2));
+  }
+  free(hq); free(hkv); free(hg);
+  cudaFree(q); cudaFree(kv); cudaFree(g); cudaFree(idx); cudaFree(lse);
+  cudaFree(dq); cudaFree(dkv); cudaFree(dsink);
+  dsa_context_destroy(ctx);
+}
