@@ -100,7 +100,9 @@ static dsa_status validate_desc(const dsa_plan_desc *d, int64_t *tq_out, const i
   DSA_REQUIRE(cu[0] == 0, "%s: cu_seqlens[0] = %d is not 0", FN, (int)cu[0]);
   for (int64_t s = 0; s < S; ++s) {
     int64_t r = (int64_t)cu[s + 1] - (int64_t)cu[s];
-    DSA_REQUIRE(r > 0, "%s: cu_seqlens[%lld] = %d is %s cu_seqlens[%lld] = %d (empty or negative sequence %lld)",
+    DSA_REQUIRE(r > 0,
+                "%s: cu_seqlens[%lld] = %d is %s cu_seqlens[%lld] = %d "
+                "(empty or negative sequence %lld)",
                 FN, (long long)(s + 1), (int)cu[s + 1], r == 0 ? "equal to" : "below", (long long)s,
                 (int)cu[s], (long long)s);
     if (r > max_r) max_r = r;
@@ -112,31 +114,38 @@ static dsa_status validate_desc(const dsa_plan_desc *d, int64_t *tq_out, const i
       int64_t pl = (int64_t)P[s + 1] - (int64_t)P[s];
       int64_t r = (int64_t)cu[s + 1] - (int64_t)cu[s];
       DSA_REQUIRE(pl > 0,
-                  "%s: cu_seqlens_padded[%lld] = %d is %s cu_seqlens_padded[%lld] = %d (empty or negative padded sequence %lld)",
+                  "%s: cu_seqlens_padded[%lld] = %d is %s cu_seqlens_padded[%lld] = %d "
+                  "(empty or negative padded sequence %lld)",
                   FN, (long long)(s + 1), (int)P[s + 1], pl == 0 ? "equal to" : "below",
                   (long long)s, (int)P[s], (long long)s);
       DSA_REQUIRE(pl >= r,
-                  "%s: cu_seqlens_padded gives sequence %lld a padded length of %lld (cu_seqlens_padded[%lld] - cu_seqlens_padded[%lld]), below its real length %lld from cu_seqlens",
+                  "%s: cu_seqlens_padded gives sequence %lld a padded length of %lld "
+                  "(cu_seqlens_padded[%lld] - cu_seqlens_padded[%lld]), "
+                  "below its real length %lld from cu_seqlens",
                   FN, (long long)s, (long long)pl, (long long)(s + 1), (long long)s, (long long)r);
     }
-    DSA_REQUIRE((int64_t)P[S] == tk, "%s: cu_seqlens_padded[%lld] = %d differs from total_key_tokens = %lld",
+    DSA_REQUIRE((int64_t)P[S] == tk,
+                "%s: cu_seqlens_padded[%lld] = %d differs from total_key_tokens = %lld",
                 FN, (long long)S, (int)P[S], (long long)tk);
   } else {
     DSA_REQUIRE((int64_t)cu[S] == tk,
-                "%s: cu_seqlens[%lld] = %d differs from total_key_tokens = %lld (cu_seqlens_padded is NULL, so cu_seqlens must cover every key)",
+                "%s: cu_seqlens[%lld] = %d differs from total_key_tokens = %lld "
+                "(cu_seqlens_padded is NULL, so cu_seqlens must cover every key)",
                 FN, (long long)S, (int)cu[S], (long long)tk);
   }
   DSA_REQUIRE(nq != 0, "%s: num_queries = 0: the query set must be non-empty", FN);
   DSA_REQUIRE(nq >= -1, "%s: num_queries = %lld is below -1", FN, (long long)nq);
   if (nq == -1) {
-    DSA_REQUIRE(qs == 0, "%s: query_start = %lld with num_queries = -1 (all of 0..T_k-1); it must be 0",
-                FN, (long long)qs);
+    DSA_REQUIRE(qs == 0,
+                "%s: query_start = %lld with num_queries = -1 (all of 0..T_k-1); it must be 0", FN,
+                (long long)qs);
     nq = tk;
   }
   /* [qs, qs + nq) inside [0, T_k), written so that nothing overflows */
   DSA_REQUIRE(qs >= 0 && qs < tk && nq <= tk - qs,
-              "%s: query range [query_start, query_start + num_queries) = [%lld, %lld + %lld) is outside [0, total_key_tokens = %lld)",
-              FN, (long long)qs, (long long)qs, (long long)nq, (long long)tk);
+              "%s: query_start = %lld, num_queries = %lld: the query range "
+              "[query_start, query_start + num_queries) is outside [0, total_key_tokens = %lld)",
+              FN, (long long)qs, (long long)nq, (long long)tk);
   DSA_REQUIRE(d->max_seqlen <= 0 || d->max_seqlen == max_r,
               "%s: max_seqlen = %lld differs from the longest real sequence %lld in cu_seqlens", FN,
               (long long)d->max_seqlen, (long long)max_r);
