@@ -7,7 +7,9 @@
  * of strided layouts included: every (t, h) must be written, every gap must stay untouched. out is
  * checked per (t, h) to 1e-2 relative error, lse and max_logits to 1e-3 * max(1, |ref|) with +inf
  * and -inf matched exactly. Large batches compare a random sample of rows: rows are independent,
- * so the reference runs on a gathered sub-batch of just those rows (it is slow by design). */
+ * so the reference runs on a gathered sub-batch of just those rows (it is slow by design).
+ * DSA_TEST_REQUIRE_SM90=1 turns "the sm_90a kernel declined H = 64 or 128, D = 576, dense layouts"
+ * from a warning into a failure. */
 #include <limits.h>
 #include "test_common.h"
 #include <criterion/parameterized.h>
@@ -229,7 +231,10 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
       const dsa_status st = dsa_sparse_attn_fwd(ctx, &p, stream);
       dsa_attn_fwd_variant = 0;
       if (variant == 2 && st == DSA_ERROR_UNSUPPORTED) {
-        if (required_sm90(c))
+        if (required_sm90(c) && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
+          cr_assert_fail("%s: the sm_90a kernel declined H=%lld, D=576, dense (it must run it): %s",
+                         name, (long long)H, dsa_last_error_message());
+        else if (required_sm90(c))
           cr_log_warn("%s: the sm_90a kernel declined a configuration it should run (H=%lld, "
                       "D=576, dense): %s", name, (long long)H, dsa_last_error_message());
         else
