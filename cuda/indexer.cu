@@ -9,8 +9,20 @@
  *    output. One thread per (row, column), heads summed in order h = 0..H-1 (deterministic); reads
  *    are coalesced along the columns. ReLU keeps NaN (as the reference does).
  *
- * The scoring GEMM itself is cuBLAS (bf16 in, fp32 accumulate) and the selection is the radix
- * top-k of cuda/topk.cu. The fused engine (scores computed on chip) is not written yet.
+ *  - idx_fused (DSA_INDEXER_ENGINE_FUSED): the head-summed scores computed on chip, so the
+ *    [queries * H_idx, keys] logits never exist in memory. Tensor cores through mma.sync
+ *    m16n8k16 bf16 -> fp32 (sm_80+ PTX, so the compute_90 build has it too). Operand map as in
+ *    hopper-notes section 8: keys on M (A = a 16-key x 128-dim slice of the key tile, held in
+ *    registers for the whole CTA), (query, head) on N (B = q rows, 8 heads per n-tile). ReLU and
+ *    the weight are applied to the accumulator in place, the head sum is an in-thread sum over the
+ *    thread's two columns of every n-tile plus shfl_xor 1, 2 across the quad. A CTA (4 warps)
+ *    holds 128 (query, head) rows of q in shared memory (128 / H_pad queries, H_pad = H rounded up
+ *    to 8) and streams 4 tiles of 64 keys; tiles outside every query's visible window, and queries
+ *    that select all their keys (causal_length <= K), are skipped. Summation order is fixed:
+ *    deterministic.
+ *
+ * The cuBLAS engine's GEMM is cublasGemmEx (bf16 in, fp32 accumulate); both engines select with the
+ * radix top-k of cuda/topk.cu.
  */
 #include <stdint.h>
 #include <cuda_runtime.h>
@@ -90,4 +102,158 @@ extern "C" dsa_status dsa_launch_indexer_reduce(int64_t rows, int32_t heads, int
     idx_reduce<false><<<grid, IDX_REDUCE_THREADS, 0, stream>>>(heads, cols, logits, logits_ld, weights,
                                                               weights_stride, scores, scores_ld);
   return dsa_cuda_status(cudaGetLastError(), "dsa_indexer_topk (reduce kernel launch)");
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * fused scoring
+ * ------------------------------------------------------------------------------------------- */
+#define FX_THREADS 128 /* 4 warps x 16 keys = one 64-key tile */
+#define FX_TILE 64     /* keys per tile */
+#define FX_TILES 4     /* tiles per CTA: q is loaded once for 256 keys */
+#define FX_QROWS 128   /* (query, head) rows of q per CTA: 32 KB + padding */
+#define FX_LD 136      /* smem row pitch in bf16: 272 B, so 8 ldmatrix rows hit 8 distinct bank quads */
+#define FX_MAXQ 16     /* queries per CTA at most (H_pad = 8) */
+
+static __device__ __forceinline__ uint32_t fx_smem(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void fx_ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1,
+                                                  uint32_t &r2, uint32_t &r3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+#endif
+}
+
+static __device__ __forceinline__ void fx_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+static __global__ void __launch_bounds__(FX_THREADS)
+idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
+  extern __shared__ __align__(16) unsigned char fx_smem_raw[];
+  uint16_t *Qs = (uint16_t *)fx_smem_raw;         /* [FX_QROWS][FX_LD] */
+  uint16_t *Ks = Qs + FX_QROWS * FX_LD;           /* [FX_TILE][FX_LD] */
+  float *Ws = (float *)(Ks + FX_TILE * FX_LD);    /* [FX_QROWS] */
+  __shared__ long long s_lo[FX_MAXQ], s_hi[FX_MAXQ];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t r0 = (int64_t)blockIdx.y * qg;
+  const int64_t cb0 = (int64_t)blockIdx.x * (FX_TILE * FX_TILES);
+
+  /* visible window (columns of the chunk's scores row) of each query; empty when it selects all */
+  if (tid < qg) {
+    long long lo = 0, hi = 0;
+    const int64_t r = r0 + tid;
+    if (r < a.rows) {
+      const int32_t cl = a.causal_lengths[r];
+      if (cl > a.topk) {
+        lo = (long long)a.starts[r] - a.window_start;
+        hi = lo + cl;
+      }
+    }
+    s_lo[tid] = lo;
+    s_hi[tid] = hi;
+  }
+  __syncthreads();
+  long long ulo = 0x7fffffffffffffffll, uhi = 0;
+  for (int g = 0; g < qg; ++g)
+    if (s_hi[g] > s_lo[g]) {
+      ulo = s_lo[g] < ulo ? s_lo[g] : ulo;
+      uhi = s_hi[g] > uhi ? s_hi[g] : uhi;
+    }
+  if (uhi <= cb0 || ulo >= cb0 + FX_TILE * FX_TILES) return; /* block-uniform */
+
+  /* q rows (g, h) -> Qs[g * hp + h]; padded heads and missing queries are zero (weight 0) */
+  const int nrows = qg * hp;
+  for (int i = tid; i < nrows * 16; i += FX_THREADS) {
+    const int row = i >> 4, v = i & 15, g = row / hp, h = row - g * hp;
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (r0 + g < a.rows && h < a.heads)
+      x = *(const uint4 *)(a.q + (r0 + g) * a.q_stride_token + (int64_t)h * a.q_stride_head + v * 8);
+    *(uint4 *)(Qs + row * FX_LD + v * 8) = x;
+  }
+  for (int i = tid; i < nrows; i += FX_THREADS) {
+    const int g = i / hp, h = i - g * hp;
+    float w = 0.0f;
+    if (r0 + g < a.rows && h < a.heads) {
+      const int64_t off = (r0 + g) * a.weights_stride + h;
+      w = a.weights_bf16 ? __uint_as_float((uint32_t)((const uint16_t *)a.weights)[off] << 16)
+                         : ((const float *)a.weights)[off];
+    }
+    Ws[i] = w;
+  }
+
+  for (int tile = 0; tile < FX_TILES; ++tile) {
+    const int64_t cbase = cb0 + (int64_t)tile * FX_TILE;
+    if (uhi <= cbase || ulo >= cbase + FX_TILE) continue; /* block-uniform */
+    __syncthreads(); /* previous tile's readers are done with Ks (and Qs/Ws are written) */
+    for (int i = tid; i < FX_TILE * 16; i += FX_THREADS) {
+      const int row = i >> 4, v = i & 15;
+      const int64_t col = cbase + row;
+      uint4 x = make_uint4(0, 0, 0, 0);
+      if (col < a.window) x = *(const uint4 *)(a.k + (a.window_start + col) * a.k_stride + v * 8);
+      *(uint4 *)(Ks + row * FX_LD + v * 8) = x;
+    }
+    __syncthreads();
+    /* this warp's 16 keys x 128 dims as 8 A fragments */
+    uint32_t af[8][4];
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks)
+      fx_ldsm_x4(fx_smem(Ks + (warp * 16 + (lane & 15)) * FX_LD + ks * 16 + (lane >> 4) * 8), af[ks][0],
+                 af[ks][1], af[ks][2], af[ks][3]);
+    const int64_t wc0 = cbase + warp * 16; /* the warp's first column */
+    for (int g = 0; g < qg; ++g) {
+      if (s_hi[g] <= wc0 || s_lo[g] >= wc0 + 16) continue; /* warp-uniform */
+      float p0 = 0.0f, p1 = 0.0f;
+      for (int nt = 0; nt < hp / 8; ++nt) {
+        const uint16_t *qb = Qs + (g * hp + nt * 8) * FX_LD;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int k2 = 0; k2 < 4; ++k2) {
+          uint32_t b0, b1, b2, b3;
+          fx_ldsm_x4(fx_smem(qb + (lane & 7) * FX_LD + k2 * 32 + (lane >> 3) * 8), b0, b1, b2, b3);
+          fx_mma(acc, af[2 * k2], b0, b1);
+          fx_mma(acc, af[2 * k2 + 1], b2, b3);
+        }
+        const float w0 = Ws[g * hp + nt * 8 + (lane & 3) * 2], w1 = Ws[g * hp + nt * 8 + (lane & 3) * 2 + 1];
+        p0 = fmaf(w0, idx_relu(acc[0]), p0);
+        p0 = fmaf(w1, idx_relu(acc[1]), p0);
+        p1 = fmaf(w0, idx_relu(acc[2]), p1);
+        p1 = fmaf(w1, idx_relu(acc[3]), p1);
+      }
+      p0 += __shfl_xor_sync(0xffffffffu, p0, 1);
+      p0 += __shfl_xor_sync(0xffffffffu, p0, 2);
+      p1 += __shfl_xor_sync(0xffffffffu, p1, 1);
+      p1 += __shfl_xor_sync(0xffffffffu, p1, 2);
+      if ((lane & 3) == 0) {
+        const int64_t c = wc0 + (lane >> 2);
+        float *row = a.scores + (r0 + g) * a.scores_ld;
+        if (c < a.window) row[c] = p0;
+        if (c + 8 < a.window) row[c + 8] = p1;
+      }
+    }
+  }
+}
+
+extern "C" dsa_status dsa_launch_indexer_fused(const dsa_indexer_fused_args *a, cudaStream_t stream) {
+  const int hp = (a->heads + 7) / 8 * 8, qg = FX_QROWS / hp;
+  const size_t smem = (size_t)(FX_QROWS + FX_TILE) * FX_LD * 2 + FX_QROWS * 4;
+  dim3 grid;
+  cudaError_t e;
+  if (a->rows <= 0 || a->window <= 0) return DSA_SUCCESS;
+  e = cudaFuncSetAttribute(idx_fused, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return dsa_cuda_status(e, "dsa_indexer_topk (cudaFuncSetAttribute)");
+  grid.x = (unsigned)((a->window + FX_TILE * FX_TILES - 1) / (FX_TILE * FX_TILES));
+  grid.y = (unsigned)((a->rows + qg - 1) / qg);
+  grid.z = 1;
+  idx_fused<<<grid, FX_THREADS, smem, stream>>>(*a, hp, qg);
+  return dsa_cuda_status(cudaGetLastError(), "dsa_indexer_topk (fused kernel launch)");
 }

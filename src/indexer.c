@@ -1,5 +1,5 @@
 /* indexer.c - public entry point dsa_indexer_topk: the lightning indexer with segmented causal
- * top-k, cuBLAS engine.
+ * top-k; two scoring engines (cuBLAS, fused) sharing the chunking and the radix top-k.
  *
  * Only host scalars of the plan are read (the device view's pointers are never dereferenced here):
  * a valid query at global position g sees keys [starts, starts + causal_length) with
@@ -20,8 +20,16 @@
  * window is so long that one scores row (window * 4 bytes) or one query's logits for one key tile
  * (H_idx * 32768 * 4 bytes = 8 MiB at H_idx = 64) does not fit.
  *
- * The fused engine (scores on chip) is not implemented: DSA_INDEXER_ENGINE_FUSED returns
- * DSA_ERROR_UNSUPPORTED and DEFAULT runs cuBLAS.
+ * Fused engine (DSA_INDEXER_ENGINE_FUSED, cuda/indexer.cu idx_fused): per chunk one kernel writes
+ * the head-summed scores [chunk, window] straight from tensor-core accumulators (no logits, no
+ * q packing; workspace = the scores buffer only), then the same top-k. Needs sm_80+.
+ * DSA_INDEXER_ENGINE_DEFAULT currently runs cuBLAS: the fused kernel has not yet been verified and
+ * timed on a GPU; switch DEFAULT once it has (one line in dsa_indexer_topk).
+ *
+ * Determinism: both engines are bitwise reproducible run to run. The fused engine's per-row
+ * scores do not depend on the other rows of the batch; the cuBLAS engine's may (cuBLAS picks its
+ * algorithm, hence its fp32 summation order, from the GEMM shape), which matters only when
+ * scores differ in their last bits.
  */
 #include <cublas_v2.h>
 #include "internal.h"
@@ -58,7 +66,7 @@ static int64_t window_cap(const idx_layout *l, int64_t tk, int64_t c) {
   return min64(tk, l->msk - 1 + c);
 }
 
-static void plan_layout(const dsa_indexer_params *p, idx_layout *l) {
+static void plan_layout(const dsa_indexer_params *p, int fused, idx_layout *l) {
   const dsa_plan_view *v = p->plan;
   const int64_t tq = v->num_queries, tk = v->total_key_tokens, qs = v->query_start;
   const int64_t H = p->num_heads, K = p->topk;
@@ -82,6 +90,10 @@ static void plan_layout(const dsa_indexer_params *p, idx_layout *l) {
   l->cq = c;
   wcap = window_cap(l, tk, c);
   l->scores_ld = round_up(wcap, 4);
+  if (fused) { /* scores only: the logits never leave the chip */
+    l->total = round_up(l->cq * l->scores_ld * 4, IDX_ALIGN) + IDX_ALIGN;
+    return;
+  }
   /* largest GEMM sub-chunk whose logits over its own (narrower) window fit the budget */
   c = l->cq;
   while (c > 1 && c * H * round_up(min64(IDX_KEY_TILE, window_cap(l, tk, c)), 4) * 4 > IDX_LOGITS_BUDGET) {
@@ -110,8 +122,8 @@ static dsa_status cublas_status(cublasStatus_t s, const char *what) {
   return dsa_fail(DSA_ERROR_CUBLAS, "dsa_indexer_topk: %s failed (cuBLAS status %d)", what, (int)s);
 }
 
-static dsa_status run_cublas(dsa_context *ctx, const dsa_indexer_params *p, const idx_layout *l,
-                             char *ws, cudaStream_t stream) {
+static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, const idx_layout *l,
+                             int fused, char *ws, cudaStream_t stream) {
   const dsa_plan_view *v = p->plan;
   const int64_t tq = v->num_queries, tk = v->total_key_tokens, qs = v->query_start;
   const int64_t H = p->num_heads, K = p->topk;
@@ -119,12 +131,12 @@ static dsa_status run_cublas(dsa_context *ctx, const dsa_indexer_params *p, cons
   const int64_t welem = wbf16 ? 2 : 4;
   dsa_topk_launch a;
   void *hv;
-  cublasHandle_t h;
+  cublasHandle_t h = NULL;
   float *scores, *logits;
   uint16_t *qpack;
   const float one = 1.0f, zero = 0.0f;
 
-  if (l->t_skip < tq && (p->k_stride > 0x7fffffff || l->q_ld > 0x7fffffff))
+  if (!fused && l->t_skip < tq && (p->k_stride > 0x7fffffff || l->q_ld > 0x7fffffff))
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "dsa_indexer_topk: k_stride = %lld or the q row stride %lld "
                     "exceeds cuBLAS's int leading dimension", (long long)p->k_stride, (long long)l->q_ld);
 
@@ -145,18 +157,41 @@ static dsa_status run_cublas(dsa_context *ctx, const dsa_indexer_params *p, cons
   }
   if (l->t_skip >= tq) return DSA_SUCCESS;
 
-  DSA_TRY(dsa_context_cublas(ctx, &hv));
-  h = (cublasHandle_t)hv;
-  DSA_TRY(cublas_status(cublasSetStream(h, stream), "cublasSetStream"));
   ws = (char *)(((uintptr_t)ws + IDX_ALIGN - 1) / IDX_ALIGN * IDX_ALIGN);
   scores = (float *)(ws + l->scores_off);
   logits = (float *)(ws + l->logits_off);
   qpack = (uint16_t *)(ws + l->pack_off);
+  if (!fused) {
+    DSA_TRY(dsa_context_cublas(ctx, &hv));
+    h = (cublasHandle_t)hv;
+    DSA_TRY(cublas_status(cublasSetStream(h, stream), "cublasSetStream"));
+  }
 
   for (int64_t t0 = l->t_skip; t0 < tq; t0 += l->cq) {
     const int64_t t1 = min64(tq, t0 + l->cq);
     const int64_t wstart = max64(0, qs + t0 - l->msk + 1), wend = min64(qs + t1, tk);
-    for (int64_t u0 = t0; u0 < t1; u0 += l->cg) {
+    if (fused) {
+      dsa_indexer_fused_args f;
+      f.rows = t1 - t0;
+      f.heads = (int32_t)H;
+      f.topk = (int32_t)K;
+      f.q = p->index_q + t0 * p->q_stride_token;
+      f.q_stride_token = p->q_stride_token;
+      f.q_stride_head = p->q_stride_head;
+      f.k = p->index_k;
+      f.k_stride = p->k_stride;
+      f.weights = (const char *)p->weights + t0 * p->weights_stride * welem;
+      f.weights_bf16 = wbf16;
+      f.weights_stride = p->weights_stride;
+      f.starts = v->starts + t0;
+      f.causal_lengths = v->causal_lengths + t0;
+      f.window_start = wstart;
+      f.window = wend - wstart;
+      f.scores = scores;
+      f.scores_ld = l->scores_ld;
+      DSA_TRY(dsa_launch_indexer_fused(&f, stream));
+    }
+    for (int64_t u0 = t0; !fused && u0 < t1; u0 += l->cg) {
       const int64_t u1 = min64(t1, u0 + l->cg), nq = u1 - u0;
       const int64_t ks = max64(wstart, qs + u0 - l->msk + 1), ke = min64(qs + u1, tk);
       const uint16_t *B = p->index_q + u0 * p->q_stride_token;
@@ -200,14 +235,16 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
   const char *fn = "dsa_indexer_topk";
   dsa_indexer_params r;
   idx_layout l;
+  int fused;
   DSA_TRY(dsa_check_indexer(p, fn, &r));
   DSA_REQUIRE(workspace_bytes != NULL, "%s: workspace_bytes is NULL", fn);
-  if (r.engine == DSA_INDEXER_ENGINE_FUSED)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED,
-                    "%s: engine = DSA_INDEXER_ENGINE_FUSED is not implemented yet (use "
-                    "DSA_INDEXER_ENGINE_CUBLAS or DEFAULT)", fn);
   DSA_TRY(dsa_context_enter(ctx, fn));
-  plan_layout(&r, &l);
+  fused = r.engine == DSA_INDEXER_ENGINE_FUSED;
+  if (fused && ctx->cc_major < 8)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: engine = DSA_INDEXER_ENGINE_FUSED needs compute capability 8.0 or newer (device has %d.%d)",
+                    fn, ctx->cc_major, ctx->cc_minor);
+  plan_layout(&r, fused, &l);
   if (workspace == NULL) {
     *workspace_bytes = (size_t)l.total;
     return DSA_SUCCESS;
@@ -216,5 +253,5 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
     return dsa_fail(DSA_ERROR_WORKSPACE_TOO_SMALL, "%s: workspace_bytes = %zu is below the %lld needed",
                     fn, *workspace_bytes, (long long)l.total);
   if (r.plan->num_queries == 0) return DSA_SUCCESS;
-  return run_cublas(ctx, &r, &l, (char *)workspace, stream);
+  return run_engine(ctx, &r, &l, fused, (char *)workspace, stream);
 }

@@ -128,6 +128,27 @@ DSA_HIDDEN dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_lau
 DSA_HIDDEN dsa_status dsa_launch_indexer_pack_q(const uint16_t *q, int64_t stride_token,
                                                 int64_t stride_head, int64_t tokens, int32_t heads,
                                                 uint16_t *out, cudaStream_t stream);
+/* Fused scoring (DSA_INDEXER_ENGINE_FUSED): scores[r * scores_ld + c] for the keys
+ * window_start + c (c < window) that query r sees when causal_length[r] > topk; other entries are
+ * left as they were. q / weights / starts / causal_lengths point at the chunk's first query. */
+typedef struct dsa_indexer_fused_args {
+  int64_t rows;
+  int32_t heads;
+  int32_t topk;
+  const uint16_t *q;        /* [rows, heads, 128] */
+  int64_t q_stride_token, q_stride_head;
+  const uint16_t *k;        /* index_k [T_k, 128] (global rows) */
+  int64_t k_stride;
+  const void *weights;      /* [rows, heads] fp32 or bf16 */
+  int weights_bf16;
+  int64_t weights_stride;
+  const int32_t *starts;    /* [rows] device */
+  const int32_t *causal_lengths; /* [rows] device */
+  int64_t window_start, window;
+  float *scores;            /* [rows, scores_ld] */
+  int64_t scores_ld;
+} dsa_indexer_fused_args;
+DSA_HIDDEN dsa_status dsa_launch_indexer_fused(const dsa_indexer_fused_args *a, cudaStream_t stream);
 /* Workspace budgets of the indexer's cuBLAS engine in bytes (scores, logits) and its GEMM key tile;
  * defaults 128 MiB, 64 MiB, 32768 (src/indexer.c). Tests shrink them to force many chunks. */
 DSA_HIDDEN extern int64_t dsa_indexer_scores_budget, dsa_indexer_logits_budget, dsa_indexer_key_tile;

@@ -4,7 +4,7 @@
  * product, product and head sum is exact in fp32 and equals the fp64 reference; the many exact 0
  * after ReLU (and negative weights) make ties that the deterministic rule decides.
  *
- * Layouts: semantics section 4 worked examples A-D, one causal sequence, several documents (one of
+ * Both engines (cuBLAS and fused) run every case. Layouts: semantics section 4 worked examples A-D, one causal sequence, several documents (one of
  * length 1), padded storage, a context-parallel query range, a padding mask, T_q > 65535 (short
  * documents). H_idx in {1, 32, 64}, K in {1, 7, 64, 100, 2048}, fp32 and bf16 weights, q layouts
  * cuBLAS reads directly and ones that are packed first, the default budgets and shrunken ones (many
@@ -205,40 +205,51 @@ static void ref_row(const ix_case *c, const ix_data *x, int64_t t, int32_t *want
   TC_OK(dsa_ref_indexer_topk(&p));
 }
 
-static void check_row(const ix_case *c, const ix_data *x, int64_t t, const int32_t *got,
-                      const int32_t *glen, int32_t *want) {
-  int32_t wlen = -7;
-  ref_row(c, x, t, want, &wlen);
-  cr_assert_eq(glen[t], wlen, "%s: lengths[%lld] = %d, want %d", c->what, (long long)t, glen[t], wlen);
-  for (int64_t j = 0; j < c->K; ++j)
-    cr_assert_eq(got[t * x->ist + j], want[j], "%s (H %d K %d): row %lld slot %lld is %d, want %d",
-                 c->what, c->H, c->K, (long long)t, (long long)j, got[t * x->ist + j], want[j]);
-  for (int64_t j = c->K; j < x->ist; ++j)
-    cr_assert_eq(got[t * x->ist + j], TC_POISON_I32, "%s: row %lld gap slot %lld written", c->what,
-                 (long long)t, (long long)j);
-}
-
-/* Runs case c and compares: every row that selects all its keys, and c->sample scored rows. */
+/* Runs case c with both engines and compares: every row that selects all its keys, and c->sample
+ * scored rows (evenly spread, plus the last). */
 static void run_case(ix_env *e, tc_rng *r, const ix_case *c) {
+  static const dsa_indexer_engine engines[2] = {DSA_INDEXER_ENGINE_CUBLAS, DSA_INDEXER_ENGINE_FUSED};
+  static const char *const names[2] = {"cublas", "fused"};
   ix_data x;
-  int32_t *got, *glen, *want;
-  int64_t scored = 0, every;
+  int64_t scored = 0, every, nchk = 0;
   data_make(e, r, c, &x);
-  gpu_run(e, c, &x, DSA_INDEXER_ENGINE_CUBLAS, 0, &got, &glen);
-  want = (int32_t *)malloc((size_t)c->K * 4);
+  int64_t *rows = (int64_t *)malloc((size_t)x.Tq * 8);
   for (int64_t t = 0; t < x.Tq; ++t) scored += x.hv->causal_lengths[t] > c->K;
   every = c->sample > 0 && scored > c->sample ? scored / c->sample : 1;
   for (int64_t t = 0, s = 0; t < x.Tq; ++t) {
     if (x.hv->causal_lengths[t] <= c->K) {
-      check_row(c, &x, t, got, glen, want);
+      rows[nchk++] = t;
     } else {
-      if (s % every == 0 || s == scored - 1) check_row(c, &x, t, got, glen, want);
+      if (s % every == 0 || s == scored - 1) rows[nchk++] = t;
       ++s;
     }
   }
+  int32_t *want = (int32_t *)malloc((size_t)(nchk * c->K) * 4), *wlen = (int32_t *)malloc((size_t)nchk * 4);
+  for (int64_t i = 0; i < nchk; ++i) {
+    wlen[i] = -7;
+    ref_row(c, &x, rows[i], want + i * c->K, wlen + i);
+  }
+  for (int en = 0; en < 2; ++en) {
+    int32_t *got, *glen;
+    gpu_run(e, c, &x, engines[en], 0, &got, &glen);
+    for (int64_t i = 0; i < nchk; ++i) {
+      const int64_t t = rows[i];
+      cr_assert_eq(glen[t], wlen[i], "%s [%s]: lengths[%lld] = %d, want %d", c->what, names[en],
+                   (long long)t, glen[t], wlen[i]);
+      for (int64_t j = 0; j < c->K; ++j)
+        cr_assert_eq(got[t * x.ist + j], want[i * c->K + j],
+                     "%s [%s] (H %d K %d): row %lld slot %lld is %d, want %d", c->what, names[en], c->H,
+                     c->K, (long long)t, (long long)j, got[t * x.ist + j], want[i * c->K + j]);
+      for (int64_t j = c->K; j < x.ist; ++j)
+        cr_assert_eq(got[t * x.ist + j], TC_POISON_I32, "%s [%s]: row %lld gap slot %lld written",
+                     c->what, names[en], (long long)t, (long long)j);
+    }
+    free(got);
+    free(glen);
+  }
+  free(rows);
   free(want);
-  free(got);
-  free(glen);
+  free(wlen);
   data_free(&x);
 }
 
@@ -379,6 +390,18 @@ Test(gpu_indexer, deterministic_and_batch_independent) {
   gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_DEFAULT, 1, &b, &bl); /* workspace at a 1-byte offset */
   cr_assert(memcmp(a, b, (size_t)(x.Tq * x.ist) * 4) == 0, "two runs differ");
   cr_assert(memcmp(al, bl, (size_t)x.Tq * 4) == 0, "two runs differ in lengths");
+  {
+    int32_t *f1, *f1l, *f2, *f2l;
+    gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_FUSED, 0, &f1, &f1l);
+    gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_FUSED, 1, &f2, &f2l);
+    cr_assert(memcmp(f1, f2, (size_t)(x.Tq * x.ist) * 4) == 0, "two fused runs differ");
+    cr_assert(memcmp(f1, a, (size_t)(x.Tq * x.ist) * 4) == 0, "fused and cuBLAS engines differ (exact inputs)");
+    cr_assert(memcmp(f1l, al, (size_t)x.Tq * 4) == 0, "fused and cuBLAS lengths differ");
+    free(f1);
+    free(f1l);
+    free(f2);
+    free(f2l);
+  }
   static const int64_t rows[] = {0, 99, 100, 777, 1499, 1500, 1600, 2999};
   for (int i = 0; i < 8; ++i) {
     /* the same query as a one-query plan (query_start = its position), its own q and weights rows */
@@ -396,12 +419,15 @@ Test(gpu_indexer, deterministic_and_batch_independent) {
     y.Tq = 1;
     y.dq = x.dq + t * x.qst;
     y.dw = (char *)x.dw + (size_t)(t * x.wst) * 4;
-    gpu_run(&e, &c1, &y, DSA_INDEXER_ENGINE_CUBLAS, 0, &oi, &ol);
-    cr_assert_eq(ol[0], al[t], "row %lld alone: length %d, in batch %d", (long long)t, ol[0], al[t]);
-    cr_assert(memcmp(oi, a + t * x.ist, (size_t)c.K * 4) == 0, "row %lld alone differs from the batch",
-              (long long)t);
-    free(oi);
-    free(ol);
+    for (int en = 0; en < 2; ++en) {
+      gpu_run(&e, &c1, &y, en ? DSA_INDEXER_ENGINE_FUSED : DSA_INDEXER_ENGINE_CUBLAS, 0, &oi, &ol);
+      cr_assert_eq(ol[0], al[t], "row %lld alone (engine %d): length %d, in batch %d", (long long)t, en,
+                   ol[0], al[t]);
+      cr_assert(memcmp(oi, a + t * x.ist, (size_t)c.K * 4) == 0,
+                "row %lld alone (engine %d) differs from the batch", (long long)t, en);
+      free(oi);
+      free(ol);
+    }
     cudaFree(y.dplan);
     dsa_plan_destroy(y.plan);
   }
@@ -444,6 +470,10 @@ Test(gpu_indexer, workspace_bounded) {
       cr_assert(b1 >= 1 && b1 == b2, "size %zu then %zu", b1, b2);
       cr_assert(b1 <= ((size_t)256 << 20), "T %lld H %d: workspace %zu above 256 MiB", (long long)lens[i],
                 h, b1);
+      p.engine = DSA_INDEXER_ENGINE_FUSED;
+      TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b2, e.stream));
+      cr_assert(b2 >= 1 && b2 <= ((size_t)256 << 20), "fused: T %lld H %d: workspace %zu", (long long)lens[i],
+                h, b2);
       dsa_plan_destroy(plan);
     }
   ix_close(&e);
@@ -491,8 +521,8 @@ Test(gpu_indexer, bad_arguments_write_nothing) {
   p.weights_dtype = DSA_DTYPE_F32;
   TC_FAILS(dsa_indexer_topk(NULL, &p, ws, &need, e.stream), DSA_ERROR_INVALID_ARGUMENT, "ctx");
   TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, NULL, e.stream), DSA_ERROR_INVALID_ARGUMENT, "workspace_bytes");
-  p.engine = DSA_INDEXER_ENGINE_FUSED; /* not implemented yet */
-  TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream), DSA_ERROR_UNSUPPORTED, "FUSED");
+  p.engine = (dsa_indexer_engine)9;
+  TC_FAILS(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream), DSA_ERROR_INVALID_ARGUMENT, "engine");
   p.engine = DSA_INDEXER_ENGINE_CUBLAS;
   small = need - 1;
   if (need > 1)
