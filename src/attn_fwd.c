@@ -13,9 +13,16 @@ DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_para
   DSA_TRY(dsa_context_enter(ctx, "dsa_sparse_attn_fwd"));
   if (r.num_tokens == 0) return DSA_SUCCESS;
 
+  const int hopper = ctx->cc_major == 9 && ctx->cc_minor == 0; /* sm_90a code runs on 9.0 only */
   if (dsa_attn_fwd_variant == 1) return dsa_launch_attn_fwd_simple(ctx, &r, stream);
-  if (dsa_attn_fwd_variant == 2) return dsa_launch_attn_fwd_sm90(ctx, &r, stream);
-  if (ctx->cc_major == 9 && ctx->cc_minor == 0) {
+  if (dsa_attn_fwd_variant == 2) {
+    if (!hopper)
+      return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                      "dsa_sparse_attn_fwd: the sm_90a kernel needs compute capability 9.0, the "
+                      "device has %d.%d", ctx->cc_major, ctx->cc_minor);
+    return dsa_launch_attn_fwd_sm90(ctx, &r, stream);
+  }
+  if (hopper) {
     /* The sm_90a kernel declines configurations it does not run with DSA_ERROR_UNSUPPORTED; the
      * call then succeeds on the portable kernel, so its message must not outlive it: keep the
      * thread's previous message and put it back. */
