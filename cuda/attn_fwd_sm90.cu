@@ -65,16 +65,30 @@ static_assert(2 * kConsumerRegs + kProducerRegs <= 512, "setmaxnreg: 128 x sum o
 static_assert(kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
 static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
 
+/* Split-S mode (DSA_SM90_FWD_SPLIT_S=1 at build time, off by default until verified on a GPU): WG c
+ * computes S only for keys [32 c, 32 c + 32) (m64n32), the two WGs exchange row maxima through shared
+ * memory, write their P halves with stmatrix into one 64 x 64 bf16 SW128 tile, and both run
+ * O += P V as SS wgmmas on that tile. Removes the redundant half of the Q K^T work at the price of two
+ * 256-thread named barriers per tile. */
+#ifndef DSA_SM90_FWD_SPLIT_S
+#define DSA_SM90_FWD_SPLIT_S 0
+#endif
+constexpr bool kSplitS = DSA_SM90_FWD_SPLIT_S != 0;
+constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids (split mode); 0 is __syncthreads */
+static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP < 16, "named barrier ids 1..15");
+
 /* Shared-memory layout for NB 64-column blocks per row (D = 64 * NB). Every tile is 1024-B aligned
  * (SW128 atoms, descriptor base offset 0). */
-template <int NB>
+template <int NB, bool SPLIT>
 struct Smem {
   static constexpr int kTileBytes = NB * kBlkBytes;               /* [64 rows x D] bf16 */
   static constexpr int kQ = 0;                                    /* Q tile */
-  static constexpr int kKV = kQ + kTileBytes;                         /* stage s at kKV + s * kTileBytes */
-  static constexpr int kValid = kKV + kStages * kTileBytes;       /* [kStages][64] bytes, 1 = valid */
+  static constexpr int kKV = kQ + kTileBytes;                     /* stage s at kKV + s * kTileBytes */
+  static constexpr int kP = kKV + kStages * kTileBytes;           /* split: P tile [64 x 64] bf16 */
+  static constexpr int kValid = kP + (SPLIT ? kBlkBytes : 0);     /* [kStages][64] bytes, 1 = valid */
   static constexpr int kBars = kValid + kStages * kBlockN;        /* q_full, full[2], empty[2] */
-  static constexpr int kEnd = kBars + (1 + 2 * kStages) * 8;
+  static constexpr int kRed = kBars + 48;                         /* split: max[2][64], sum[2][64] f32 */
+  static constexpr int kEnd = kRed + (SPLIT ? 4 * 2 * kBlockM * 2 : 0);
   static constexpr int kBytes = kEnd + 1024;                      /* + slack to align the base */
 };
 
@@ -85,10 +99,10 @@ struct FwdArgs {
   int num_hblocks;   /* ceil(H / 64) */
 };
 
-template <int NB>
+template <int NB, bool SPLIT>
 __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid_constant__ FwdArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  typedef Smem<NB> L;
+  typedef Smem<NB, SPLIT> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   uint8_t *valid = smem + L::kValid;
@@ -167,12 +181,19 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
     const int warp = t >> 5, lane = t & 31;
     const float scale_log2 = args.scale_log2;
 
+    constexpr int SN = SPLIT ? kBlockN / 2 : kBlockN; /* S columns (keys) this WG computes */
+    constexpr int SR = SN / 2;                         /* S accumulator registers per thread */
+    const int key0 = SPLIT ? c * SN : 0;               /* first key of this WG's S columns */
+    float *red_max = (float *)(smem + L::kRed);        /* split: [2 WGs][64 rows] tile row maxima */
+    float *red_sum = red_max + 2 * kBlockM;            /* split: [2 WGs][64 rows] final row sums */
+    const uint32_t sp = sm90_smem_addr(smem + L::kP);  /* split: P tile */
+
     float o[kDVPerWG / 2]; /* 64 x 256 fp32 accumulator, hopper-notes 2 map */
-    float sacc[32];        /* 64 x 64 S accumulator */
+    float sacc[SR];        /* 64 x SN S accumulator */
 #pragma unroll
     for (int i = 0; i < kDVPerWG / 2; ++i) o[i] = 0.f;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
+    for (int i = 0; i < SR; ++i) sacc[i] = 0.f;
     /* Running max (log2 units) and per-thread partial row sums for rows r0 = 16 warp + lane/4 and
      * r0 + 8 (accumulator register i belongs to row r0 + 8 * ((i >> 1) & 1)). */
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
@@ -187,29 +208,34 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
       sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
       const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
 
-      /* ---- S = Q K^T: both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16, +8 KB per block */
+      /* ---- S = Q K^T: both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16, +8 KB per block.
+       * Split mode: B starts at key row key0 (key0 * 128 B, a multiple of 1024). */
 #pragma unroll
-      for (int i = 0; i < 32; ++i) sm90_fence_operand(sacc[i]);
+      for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
       sm90_wgmma_fence();
 #pragma unroll
       for (int b = 0; b < NB; ++b)
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const uint32_t off = b * kBlkBytes + k * 32;
-          sm90_wgmma_ss_m64n64k16(sacc, sm90_make_desc_sw128(sq + off, 16, 1024),
-                                  sm90_make_desc_sw128(skv + off, 16, 1024), (b | k) != 0);
+          const uint64_t da = sm90_make_desc_sw128(sq + off, 16, 1024);
+          const uint64_t db = sm90_make_desc_sw128(skv + key0 * 128 + off, 16, 1024);
+          if constexpr (SPLIT)
+            sm90_wgmma_ss_m64n32k16(sacc, da, db, (b | k) != 0);
+          else
+            sm90_wgmma_ss_m64n64k16(sacc, da, db, (b | k) != 0);
         }
       sm90_wgmma_commit();
       sm90_wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < 32; ++i) sm90_fence_operand(sacc[i]);
+      for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
 
       /* ---- mask + online softmax (log2 domain). Column of register i: 8 (i >> 2) + 2 (lane % 4) + (i & 1).
        * The pair (i, i+1), i even, covers two adjacent columns: one 2-byte mask read. */
-      const uint8_t *vs = valid + s * kBlockN;
-      float x[32];
+      const uint8_t *vs = valid + s * kBlockN + key0;
+      float x[SR];
 #pragma unroll
-      for (int cc = 0; cc < 8; ++cc) {
+      for (int cc = 0; cc < SN / 8; ++cc) {
         const uint32_t pair = *(const uint16_t *)(vs + 8 * cc + 2 * (lane & 3));
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr)
@@ -219,48 +245,86 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
             x[i] = ((pair >> (8 * e)) & 0xff) ? sacc[i] * scale_log2 : -INFINITY;
           }
       }
-      float alpha[2], m_use[2];
+      float alpha[2], m_use[2], tile_max[2];
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         float mx = row_max[hr];
 #pragma unroll
-        for (int cc = 0; cc < 8; ++cc) mx = fmaxf(mx, fmaxf(x[4 * cc + 2 * hr], x[4 * cc + 2 * hr + 1]));
+        for (int cc = 0; cc < SN / 8; ++cc) mx = fmaxf(mx, fmaxf(x[4 * cc + 2 * hr], x[4 * cc + 2 * hr + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        tile_max[hr] = mx;
+      }
+      if constexpr (SPLIT) {
+        /* Both WGs must rescale with the same maximum: exchange this tile's row maxima. The peer
+         * reads red_max[c] before it reaches the kBarP barrier, which this WG passes before it
+         * writes red_max[c] again for the next tile. */
+        if ((lane & 3) == 0) {
+          red_max[c * kBlockM + 16 * warp + (lane >> 2)] = tile_max[0];
+          red_max[c * kBlockM + 16 * warp + (lane >> 2) + 8] = tile_max[1];
+        }
+        sm90_named_bar_sync(kBarMax, 256);
+        tile_max[0] = fmaxf(tile_max[0], red_max[(c ^ 1) * kBlockM + 16 * warp + (lane >> 2)]);
+        tile_max[1] = fmaxf(tile_max[1], red_max[(c ^ 1) * kBlockM + 16 * warp + (lane >> 2) + 8]);
+      }
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const float mx = tile_max[hr];
         m_use[hr] = mx == -INFINITY ? 0.f : mx; /* no valid slot yet: avoid (-inf) - (-inf) */
         alpha[hr] = exp2f(row_max[hr] - m_use[hr]);
         row_max[hr] = mx;
       }
       float psum[2] = {0.f, 0.f};
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
+      for (int i = 0; i < SR; ++i) {
         x[i] = exp2f(x[i] - m_use[(i >> 1) & 1]);
         psum[(i >> 1) & 1] += x[i];
       }
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) row_sum[hr] = row_sum[hr] * alpha[hr] + psum[hr];
       /* P (bf16) as the RS A operand: k16 slice kk, register q = accumulator pair (8 kk + 2 q, +1). */
-      uint32_t pa[4][4];
+      uint32_t pa[SN / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+      for (int kk = 0; kk < SN / 16; ++kk)
 #pragma unroll
         for (int q = 0; q < 4; ++q) pa[kk][q] = sm90_pack_bf16x2(x[8 * kk + 2 * q], x[8 * kk + 2 * q + 1]);
 #pragma unroll
       for (int i = 0; i < kDVPerWG / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
 
+      if constexpr (SPLIT) {
+        /* P half -> the shared P tile (K-major SW128, rows = heads, columns = the tile's 64 keys):
+         * stmatrix x4 per k16 slice, lane l addresses row 16 warp + l % 8 + 8 ((l / 8) % 2) at
+         * 16-B chunk 2 slice + l / 16 (hopper-notes 2, probe test F). Safe to overwrite: both WGs
+         * finished the previous tile's PV before either passed this tile's kBarMax barrier. */
+        const int r = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+        for (int kk = 0; kk < SN / 16; ++kk) {
+          const int chunk = 2 * (key0 / 16 + kk) + (lane >> 4);
+          sm90_stmatrix_x4(sp + r * 128 + (((chunk ^ r) & 7) << 4), pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+        }
+        sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
+        sm90_named_bar_sync(kBarP, 256);
+      }
+
       /* ---- O += P V: V = the KV tile's dims [256 c, 256 c + 256) read MN-major (tB = 1):
-       * LBO 8192 between 64-dim blocks, SBO 1024 between 8-key groups, +2048 B per k16 of keys. */
+       * LBO 8192 between 64-dim blocks, SBO 1024 between 8-key groups, +2048 B per k16 of keys.
+       * P: registers (RS) or, in split mode, the shared P tile (SS, K-major, +32 B per k16). */
 #pragma unroll
       for (int i = 0; i < kDVPerWG / 2; ++i) sm90_fence_operand(o[i]);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+      for (int kk = 0; kk < SN / 16; ++kk)
 #pragma unroll
         for (int q = 0; q < 4; ++q) sm90_fence_operand_u32(pa[kk][q]);
       sm90_wgmma_fence();
       const uint32_t sv = skv + 4 * c * kBlkBytes;
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        sm90_wgmma_rs_m64n256k16_tb1(o, pa[kk], sm90_make_desc_sw128(sv + kk * 2048, kBlkBytes, 1024), 1);
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint64_t db = sm90_make_desc_sw128(sv + kk * 2048, kBlkBytes, 1024);
+        if constexpr (SPLIT)
+          sm90_wgmma_ss_m64n256k16_tb1(o, sm90_make_desc_sw128(sp + kk * 32, 16, 1024), db, 1);
+        else
+          sm90_wgmma_rs_m64n256k16_tb1(o, pa[kk], db, 1);
+      }
       sm90_wgmma_commit();
       sm90_wgmma_wait<0>();
 #pragma unroll
@@ -275,6 +339,20 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
       float l = row_sum[hr];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
+      row_sum[hr] = l;
+    }
+    if constexpr (SPLIT) { /* each WG summed only its own keys: add the peer's sums */
+      if ((lane & 3) == 0) {
+        red_sum[c * kBlockM + 16 * warp + (lane >> 2)] = row_sum[0];
+        red_sum[c * kBlockM + 16 * warp + (lane >> 2) + 8] = row_sum[1];
+      }
+      sm90_named_bar_sync(kBarMax, 256);
+      row_sum[0] += red_sum[(c ^ 1) * kBlockM + 16 * warp + (lane >> 2)];
+      row_sum[1] += red_sum[(c ^ 1) * kBlockM + 16 * warp + (lane >> 2) + 8];
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float l = row_sum[hr];
       const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
       const bool empty_row = row_max[hr] == -INFINITY; /* no valid slot */
       const float lse = empty_row ? INFINITY : (row_max[hr] + log2f(l)) * kLn2;
@@ -309,10 +387,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
 }
 
 /* One instantiation per supported head dim (D = 64 * NB). */
-template <int NB>
+template <int NB, bool SPLIT>
 dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int num_hblocks) {
   const char *fn = "dsa_sparse_attn_fwd";
-  const int smem_bytes = Smem<NB>::kBytes;
+  const int smem_bytes = Smem<NB, SPLIT>::kBytes;
   if (smem_bytes > ctx->max_smem_optin)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d",
                     fn, smem_bytes, ctx->max_smem_optin);
@@ -321,7 +399,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   static unsigned char attr_done[64];
   const int dev = ctx->device;
   if (dev < 0 || dev >= 64 || !attr_done[dev]) {
-    DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_fwd_sm90_kernel<NB>,
+    DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_fwd_sm90_kernel<NB, SPLIT>,
                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
                             fn));
     if (dev >= 0 && dev < 64) attr_done[dev] = 1;
@@ -331,7 +409,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   args.scale_log2 = p->softmax_scale * kLog2e;
   args.num_hblocks = num_hblocks;
   const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
-  attn_fwd_sm90_kernel<NB><<<grid, kThreads, smem_bytes, stream>>>(args);
+  attn_fwd_sm90_kernel<NB, SPLIT><<<grid, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
@@ -366,5 +444,6 @@ extern "C" dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx, const dsa
   if (p->num_tokens > (int64_t)0x7fffffff / num_hblocks)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
                     0x7fffffff / num_hblocks, (long long)p->num_tokens);
-  return p->head_dim == 576 ? launch<9>(ctx, p, stream, num_hblocks) : launch<8>(ctx, p, stream, num_hblocks);
+  return p->head_dim == 576 ? launch<9, kSplitS>(ctx, p, stream, num_hblocks)
+                             : launch<8, kSplitS>(ctx, p, stream, num_hblocks);
 }
