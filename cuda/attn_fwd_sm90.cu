@@ -20,9 +20,14 @@
  * ptxas (nvcc 13): 168 registers at entry (the __launch_bounds__(384, 1) cap), consumers raised to
  * 232 and the producer lowered to 40 by setmaxnreg; no spills. Per 64-key tile each consumer WG
  * issues 36 (D = 576) HGMMA.64x64x16 and 4 HGMMA.64x256x16.
+ * Split-S mode (build with -DDSA_SM90_FWD_SPLIT_S=1; not yet run on a GPU, so off by default): WG c
+ * computes S for keys [32 c, 32 c + 32) only (18 HGMMA.64x32x16 per tile at D = 576), the WGs
+ * exchange row maxima (named barrier 1), stmatrix their P halves into one shared 64 x 64 tile
+ * (named barrier 2) and run PV as 4 SS HGMMA.64x256x16 on it. 231600 B of shared memory at D = 576.
  * v1 trade-offs, the next steps in order:
- *   - S is computed twice (once per consumer WG): ~50% more tensor work than FlashMLA's split, where
- *     WG0/WG1 take alternate key tiles and exchange P through shared memory.
+ *   - default mode: S is computed twice (once per consumer WG), ~50% more tensor work than needed;
+ *     split-S mode removes that at the price of two 256-thread barriers per tile (the WGs run in
+ *     lockstep, so one WG's softmax no longer hides behind the other's wgmma).
  *   - no overlap inside a WG: S(n+1) is not issued before softmax(n) / PV(n).
  *   - H < 64 runs with the unused Q rows zero-filled (wasted MMA rows). Next: keys on M
  *     (S^T = K Q^T, wgmma N = H) for small H.
