@@ -11,7 +11,8 @@
  * chunks, key tiles, one-query GEMMs). The reference is slow, so rows that need scoring are sampled;
  * rows that select all their keys are all checked. Also: bitwise reruns, a row alone (a one-query
  * plan) equals the row inside the batch, the workspace contract (stable, >= 1, bounded at idx-32k
- * sizes, a 1-byte offset workspace is accepted), bad arguments (status, nothing written). */
+ * sizes, a 1-byte offset workspace is accepted), bad arguments (status, nothing written), CUDA graph
+ * capture of both engines. */
 #include "test_common.h"
 #include "internal.h" /* dsa_indexer_*_budget: shrunk to force chunking */
 
@@ -538,6 +539,58 @@ Test(gpu_indexer, bad_arguments_write_nothing) {
   cudaFree(ws);
   cudaFree(di);
   cudaFree(dl);
+  data_free(&x);
+  ix_close(&e);
+}
+
+/* ---- both engines are capturable: a CUDA graph replays to the eager result ---- */
+Test(gpu_indexer, graph_capture) {
+  TC_REQUIRE_GPU();
+  ix_env e = ix_open();
+  tc_rng r = tc_seed("gpu_indexer.graph_capture");
+  static const int32_t cu[] = {0, 900, 2500};
+  ix_case c = {cu, NULL, 2, 2500, 0, -1, NULL, 32, 100, DSA_DTYPE_BF16, QL_HEAD_MAJOR, 0, "graph"};
+  ix_data x;
+  data_make(&e, &r, &c, &x);
+  for (int en = 0; en < 2; ++en) {
+    dsa_indexer_params p = params_of(&c, &x, 1);
+    const size_t in = (size_t)(x.Tq * x.ist);
+    int32_t *a, *al, *di, *dl;
+    int32_t *got = (int32_t *)malloc(in * 4), *glen = (int32_t *)malloc((size_t)x.Tq * 4);
+    unsigned char *ws;
+    size_t need = 0;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    p.engine = en ? DSA_INDEXER_ENGINE_FUSED : DSA_INDEXER_ENGINE_CUBLAS;
+    gpu_run(&e, &c, &x, p.engine, 0, &a, &al);
+    TC_CUDA(cudaMalloc((void **)&di, in * 4));
+    TC_CUDA(cudaMalloc((void **)&dl, (size_t)x.Tq * 4));
+    TC_CUDA(cudaMemset(di, 0x5A, in * 4));
+    TC_CUDA(cudaMemset(dl, 0x5A, (size_t)x.Tq * 4));
+    p.indices = di;
+    p.lengths = dl;
+    TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &need, e.stream));
+    TC_CUDA(cudaMalloc((void **)&ws, need));
+    TC_CUDA(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeGlobal));
+    TC_OK(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream));
+    TC_CUDA(cudaStreamEndCapture(e.stream, &g));
+    TC_CUDA(cudaGraphInstantiate(&ge, g, 0));
+    TC_CUDA(cudaGraphLaunch(ge, e.stream));
+    TC_CUDA(cudaStreamSynchronize(e.stream));
+    TC_CUDA(cudaMemcpy(got, di, in * 4, cudaMemcpyDeviceToHost));
+    TC_CUDA(cudaMemcpy(glen, dl, (size_t)x.Tq * 4, cudaMemcpyDeviceToHost));
+    cr_assert(memcmp(got, a, in * 4) == 0, "engine %d: graph replay differs from the eager run", en);
+    cr_assert(memcmp(glen, al, (size_t)x.Tq * 4) == 0, "engine %d: graph replay lengths differ", en);
+    TC_CUDA(cudaGraphExecDestroy(ge));
+    TC_CUDA(cudaGraphDestroy(g));
+    cudaFree(ws);
+    cudaFree(di);
+    cudaFree(dl);
+    free(a);
+    free(al);
+    free(got);
+    free(glen);
+  }
   data_free(&x);
   ix_close(&e);
 }

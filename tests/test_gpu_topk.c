@@ -3,7 +3,8 @@
  * {1, 7, 64, 100, 2048}; rows shorter and longer than K (lengths clamped from outside [0, columns]);
  * lengths NULL; one row of 2^20 columns (the uncached global-memory path); rows above the cached
  * limit; more than 65535 rows; strided scores and indices (gaps stay untouched); bitwise reruns;
- * a row alone equals the same row inside a batch; the workspace contract; bad arguments. */
+ * a row alone equals the same row inside a batch; the workspace contract; bad arguments; CUDA graph
+ * capture. */
 #include "test_common.h"
 
 typedef struct {
@@ -315,5 +316,64 @@ Test(gpu_topk, bad_arguments_write_nothing) {
   cudaFree(ds);
   cudaFree(di);
   cudaFree(ws);
+  tk_close(&e);
+}
+
+/* The launch is capturable: a CUDA graph of one dsa_topk call replays to the reference result. */
+Test(gpu_topk, graph_capture) {
+  TC_REQUIRE_GPU();
+  tk_env e = tk_open();
+  tc_rng r = tc_seed("gpu_topk.graph_capture");
+  const int64_t rows = 50, cols = 60001; /* above the cache limit */
+  const int32_t k = 100;
+  float *s = (float *)malloc((size_t)(rows * cols) * 4), *ds = NULL;
+  int32_t *want = (int32_t *)malloc((size_t)(rows * k) * 4), *got = (int32_t *)malloc((size_t)(rows * k) * 4);
+  int32_t *di = NULL;
+  unsigned char *ws = NULL;
+  size_t wsb = 0;
+  dsa_topk_params p;
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  fill_rows(&r, s, rows, cols, cols, FILL_MIXED);
+  memset(&p, 0, sizeof p);
+  p.rows = rows;
+  p.columns = cols;
+  p.k = k;
+  TC_CUDA(cudaMalloc((void **)&ds, (size_t)(rows * cols) * 4));
+  TC_CUDA(cudaMalloc((void **)&di, (size_t)(rows * k) * 4));
+  TC_CUDA(cudaMemcpy(ds, s, (size_t)(rows * cols) * 4, cudaMemcpyHostToDevice));
+  TC_CUDA(cudaMemset(di, 0x5A, (size_t)(rows * k) * 4));
+  p.scores = ds;
+  p.indices = di;
+  TC_OK(dsa_topk(e.ctx, &p, NULL, &wsb, e.stream));
+  TC_CUDA(cudaMalloc((void **)&ws, wsb));
+  for (int pass = 0; pass < 2; ++pass) { /* 32K columns (cached, opt-in smem) then 60001 */
+    p.columns = pass == 0 ? 32768 : cols;
+    p.scores_stride = cols;
+    {
+      dsa_topk_params h = p;
+      h.scores = s;
+      h.indices = want;
+      TC_OK(dsa_ref_topk(&h));
+    }
+    TC_CUDA(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeGlobal));
+    TC_OK(dsa_topk(e.ctx, &p, ws, &wsb, e.stream));
+    TC_CUDA(cudaStreamEndCapture(e.stream, &g));
+    TC_CUDA(cudaGraphInstantiate(&ge, g, 0));
+    TC_CUDA(cudaGraphLaunch(ge, e.stream));
+    TC_CUDA(cudaStreamSynchronize(e.stream));
+    TC_CUDA(cudaMemcpy(got, di, (size_t)(rows * k) * 4, cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < rows * k; ++i)
+      cr_assert_eq(got[i], want[i], "graph replay (columns %lld): element %lld is %d, want %d",
+                   (long long)p.columns, (long long)i, got[i], want[i]);
+    TC_CUDA(cudaGraphExecDestroy(ge));
+    TC_CUDA(cudaGraphDestroy(g));
+  }
+  cudaFree(ws);
+  cudaFree(ds);
+  cudaFree(di);
+  free(s);
+  free(want);
+  free(got);
   tk_close(&e);
 }
