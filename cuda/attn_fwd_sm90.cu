@@ -13,8 +13,8 @@
  *        k-steps) redundantly, masks it, runs the online softmax in the log2 domain, and accumulates
  *        its half of the 512 value dims: O[64 x 256] += P V (RS wgmma m64n256k16, P straight from the
  *        S registers, V = the KV tile read MN-major). WG0 owns dims 0..255, WG1 dims 256..511.
- * Head dims: D = 576 (nine 64-column SW128 blocks, 222376 B of shared memory) and D = 512 (eight,
- * 197800 B), one template instantiation each. Declined with DSA_ERROR_UNSUPPORTED: a device other
+ * Head dims: D = 576 (nine 64-column SW128 blocks, 222384 B of shared memory) and D = 512 (eight,
+ * 197808 B), one template instantiation each. Declined with DSA_ERROR_UNSUPPORTED: a device other
  * than cc 9.0, any other D, q / kv rows not 16-B aligned, out rows not 4-B aligned, T * ceil(H / 64)
  * above 2^31 - 1 CTAs, shared memory above the device's opt-in limit.
  * ptxas (nvcc 13): 168 registers at entry (the __launch_bounds__(384, 1) cap), consumers raised to
