@@ -36,7 +36,10 @@
  *   non-deterministic mode:  acc [T_kv, D] f32
  *   deterministic mode:      keys0, keys1 [T*K] u32; vals0, vals1 [T*K] i32; off [T_kv + 1] i64;
  *                            CUB radix-sort temp storage
- * The size therefore depends on `deterministic` (query with the flag you will run with).
+ * The size therefore depends on `deterministic` (query with the flag you will run with). In the
+ * deterministic mode it includes CUB's radix-sort temp size, which CUB derives from the current
+ * device: a size query there needs a CUDA device (DSA_ERROR_NO_DEVICE without one); the public op
+ * enters the context before sizing a real call.
  */
 #include <stdint.h>
 #include <math.h>
@@ -440,6 +443,11 @@ dsa_status make_layout(const dsa_attn_bwd_params *p, Layout *L) {
       cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, temp, kb, vb, n, 0, bits);
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
+        /* CUB picks its tuning (and so its temp size) from the current device. */
+        if (e == cudaErrorNoDevice || e == cudaErrorInvalidDevice || e == cudaErrorInsufficientDriver)
+          return dsa_fail(DSA_ERROR_NO_DEVICE,
+                          "dsa_sparse_attn_bwd: the deterministic mode's workspace size needs a "
+                          "CUDA device (radix sort size query: %s)", cudaGetErrorString(e));
         return dsa_cuda_status(e, "dsa_sparse_attn_bwd: radix sort size query");
       }
     }
@@ -510,8 +518,10 @@ extern "C" dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn
   const unsigned cap = 1u << 20;
   cudaError_t e;
 
-  if (a.T == 0) { /* the outputs are still defined: dkv = 0 on all rows, dsink = 0 */
-    if (a.T_kv > 0) {
+  if (a.T == 0) {
+    /* The outputs are still defined: dkv = 0 on all rows, dsink = 0. The checks accept NULL
+     * pointers for zero-size work, so a NULL dkv / dsink is simply not written. */
+    if (a.T_kv > 0 && a.dkv != nullptr) {
       bwd_convert_kernel<<<grid_for(a.T_kv * a.D, kThreads, cap), kThreads, 0, stream>>>(a, nullptr);
       DSA_TRY(dsa_cuda_status(cudaGetLastError(), fn));
     }
