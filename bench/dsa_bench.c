@@ -665,6 +665,7 @@ static void print_table(const bench *b) {
 }
 
 int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* progress survives a crash when the output is a file */
   const char *shape_arg = NULL, *out_arg = NULL;
   int reps = 20;
   bench b;

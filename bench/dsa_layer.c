@@ -10,7 +10,7 @@
  *                (query_start 28672, 4096 queries, T_k 32768)
  *   H = 64, H_idx = 32, K = 2048, D = 576, softmax scale 0.0625 (GLM-5), no sink.
  *
- *   dsa_layer [--config packed|cp8|both] [--reps N] [--sample N] [--seed S] [--cpu]
+ *   dsa_layer [--config packed|cp8|both|small] [--reps N] [--sample N] [--seed S] [--cpu]
  *
  * A stage whose op is not on the GPU yet says so and the layer continues with the CPU reference's
  * output where that is affordable, else with constructed stand-ins (said plainly). Without a GPU
@@ -23,9 +23,6 @@
 #include <string.h>
 #include "bench_common.h"
 
-#define H_ATTN 64
-#define H_IDX 32
-#define TOPK 2048
 #define DIM 576
 #define VDIM 512
 #define SCALE 0.0625f
@@ -37,16 +34,28 @@ typedef struct layer_cfg {
   int num_docs;
   int32_t docs[8];
   int64_t query_start, num_queries;
+  int32_t heads, idx_heads, topk;
 } layer_cfg;
 
 static const layer_cfg cfg_packed = {
     "packed", "one packed micro-batch of 4096 tokens in 4 documents (1536, 1024, 900, 636)", 4,
-    {1536, 1024, 900, 636}, 0, 4096};
+    {1536, 1024, 900, 636}, 0, 4096, 64, 32, 2048};
 static const layer_cfg cfg_cp8 = {
     "cp8", "context parallel: last of 8 ranks of one 32768-token sequence (queries 28672..32767)", 1,
-    {32768}, 28672, 4096};
+    {32768}, 28672, 4096, 64, 32, 2048};
+/* --config small: the same stages at a size where a quick GPU sanity run (or a CPU emulation of
+ * the harness) finishes in seconds; K is below the longest document so the indexer must score. */
+static const layer_cfg cfg_small = {
+    "small", "small packed batch: 1250 tokens in 3 documents (700, 300, 250), H=16, H_idx=8, K=256", 3,
+    {700, 300, 250}, 0, 1250, 16, 8, 256};
+static const layer_cfg cfg_small_cp = {
+    "small-cp", "small context parallel: last of 4 ranks of one 2048-token sequence, H=16, H_idx=8, K=256", 1,
+    {2048}, 1536, 512, 16, 8, 256};
 
-static int failed_checks;
+/* Sizes of the configuration being run (set by run_gpu_layer). */
+static int32_t H_ATTN = 64, H_IDX = 32, TOPK = 2048;
+
+static int failed_checks, passed_checks;
 
 /* ---- small host helpers ---- */
 static double rel_err_bf16(const uint16_t *got, const uint16_t *ref, size_t n) {
@@ -75,6 +84,7 @@ static const char *verdict(double err, double tol) {
     ++failed_checks;
     return "CHECK FAILED";
   }
+  ++passed_checks;
   return "ok";
 }
 
@@ -89,8 +99,9 @@ static void stage_line(const char *stage, double ms, double flops, double gemm_t
 }
 
 static void not_on_gpu(const char *stage, dsa_status st) {
+  const char *msg = dsa_last_error_message();
   if (st == DSA_ERROR_UNSUPPORTED)
-    printf("  %-22s not on the GPU yet (%s)\n", stage, dsa_last_error_message());
+    printf("  %-22s not on the GPU yet%s%s%s\n", stage, *msg ? " (" : "", msg, *msg ? ")" : "");
   else
     printf("  %-22s failed: %s: %s\n", stage, dsa_status_string(st), dsa_last_error_message());
 }
@@ -114,7 +125,7 @@ static dsa_status make_plan(const layer_cfg *c, dsa_plan **plan, int64_t *T_k) {
 static int pick_rows(bc_rng *r, const dsa_plan_view *v, int want, int64_t *rows) {
   int n = 0;
   int64_t T = v->num_queries;
-  int64_t cand[2] = {0, T - 1};
+  const int64_t cand[2] = {0, T - 1};
   for (int i = 0; i < 2 && n < want; ++i)
     if (v->query_valid[cand[i]] && (n == 0 || rows[0] != cand[i])) rows[n++] = cand[i];
   for (int tries = 0; n < want && tries < 100 * want; ++tries) {
@@ -327,6 +338,9 @@ static dsa_status bwd_run(void *a, cudaStream_t s) {
 static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *ceil, const layer_cfg *c,
                           bc_rng *rng, int sample) {
   cudaStream_t stream = tm->stream;
+  H_ATTN = c->heads;
+  H_IDX = c->idx_heads;
+  TOPK = c->topk;
   printf("\n== DSA layer, %s\n   H=%d H_idx=%d K=%d D=%d scale %g, no sink; %d reps (median), L2 flushed\n",
          c->title, H_ATTN, H_IDX, TOPK, DIM, (double)SCALE, tm->reps);
 
@@ -453,7 +467,7 @@ static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *cei
     printf("  %-22s workspace %.1f MiB; %d sampled rows: %d/%d a valid top-K of the reference scores "
            "(tol 1e-3 of the row's max |score|), %d/%d exactly the reference's set %s\n",
            "", (double)ia.ws_bytes / (1 << 20), nrows, valid, nrows, exact, nrows,
-           valid == nrows ? "ok" : (++failed_checks, "CHECK FAILED"));
+           valid == nrows ? (++passed_checks, "ok") : (++failed_checks, "CHECK FAILED"));
   } else {
     not_on_gpu("indexer top-k", st);
     /* The reference scores only rows with more than K visible keys: estimate its cost. */
@@ -548,6 +562,7 @@ static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *cei
   }
 
   /* 5. sparse backward (dout random), deterministic mode then the atomic mode */
+  int bwd_ran = 0;
   for (int det = 1; det >= 0; --det) {
     bwd_arg ba;
     memset(&ba, 0, sizeof ba);
@@ -581,6 +596,7 @@ static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *cei
       continue;
     }
     stage_line(stage, ms, bc_flops_bwd(slots, H_ATTN), ceil->gemm_tflops);
+    bwd_ran = 1;
     if (det) {
       /* Bitwise stability: dkv of the last timed run against one more run. */
       uint16_t *a = bc_malloc(n_kv * 2), *b = bc_malloc(n_kv * 2);
@@ -590,6 +606,7 @@ static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *cei
       BC_CUDA(cudaMemcpy(b, d_dkv, n_kv * 2, cudaMemcpyDeviceToHost));
       int same = s2 == DSA_SUCCESS && memcmp(a, b, n_kv * 2) == 0;
       if (!same) ++failed_checks;
+      else ++passed_checks;
       free(a);
       free(b);
       /* dq of the sampled rows against the reference (dq of a row needs only that row). */
@@ -626,7 +643,7 @@ static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *cei
     }
     cudaFree(ba.ws);
   }
-  if (!fwd_on_gpu) printf("  %-22s (dq was checked against the reference on the same synthetic out/lse)\n", "");
+  if (!fwd_on_gpu && bwd_ran) printf("  %-22s (dq was checked against the reference on the same synthetic out/lse)\n", "");
 
   free(h_q); free(h_out); free(h_dout); free(r_out); free(h_lse); free(r_lse);
   free(h_iq); free(h_ik); free(h_kv); free(h_w); free(h_idx); free(h_len);
@@ -765,6 +782,7 @@ static int run_cpu_small(bc_rng *rng) {
 }
 
 int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* progress survives a crash when the output is a file */
   const char *config = "both";
   int reps = 5, sample = 8, force_cpu = 0;
   uint64_t seed = 0x1a7e5eedull;
@@ -775,12 +793,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--cpu")) force_cpu = 1;
     else {
-      fprintf(stderr, "usage: dsa_layer [--config packed|cp8|both] [--reps N] [--sample N] [--seed S] [--cpu]\n");
+      fprintf(stderr, "usage: dsa_layer [--config packed|cp8|both|small] [--reps N] [--sample N] [--seed S] [--cpu]\n");
       return 2;
     }
   }
-  if (reps < 1 || sample < 1 || (strcmp(config, "both") && strcmp(config, "packed") && strcmp(config, "cp8"))) {
-    fprintf(stderr, "dsa_layer: --reps and --sample must be >= 1, --config packed, cp8 or both\n");
+  if (reps < 1 || sample < 1 ||
+      (strcmp(config, "both") && strcmp(config, "packed") && strcmp(config, "cp8") && strcmp(config, "small"))) {
+    fprintf(stderr, "dsa_layer: --reps and --sample must be >= 1, --config packed, cp8, both or small\n");
     return 2;
   }
   bc_rng rng = {seed};
@@ -806,12 +825,19 @@ int main(int argc, char **argv) {
   printf("%s, commit %s; same-run ceilings: cuBLAS bf16 GEMM %.1f TFLOP/s, D2D copy %.1f GB/s\n", card, commit,
          ceil.gemm_tflops, ceil.copy_gbps);
   double t0 = bc_now_s();
-  if (strcmp(config, "cp8")) run_gpu_layer(ctx, &tm, &ceil, &cfg_packed, &rng, sample);
-  if (strcmp(config, "packed")) run_gpu_layer(ctx, &tm, &ceil, &cfg_cp8, &rng, sample);
+  if (!strcmp(config, "small")) {
+    run_gpu_layer(ctx, &tm, &ceil, &cfg_small, &rng, sample);
+    run_gpu_layer(ctx, &tm, &ceil, &cfg_small_cp, &rng, sample);
+  } else {
+    if (strcmp(config, "cp8")) run_gpu_layer(ctx, &tm, &ceil, &cfg_packed, &rng, sample);
+    if (strcmp(config, "packed")) run_gpu_layer(ctx, &tm, &ceil, &cfg_cp8, &rng, sample);
+  }
   printf("\n");
   check_dkv_small(ctx, &rng, tm.stream);
   printf("\ndone in %.1f s: %s\n", bc_now_s() - t0,
-         failed_checks ? "SOME CHECKS FAILED (see above)" : "every GPU result that ran matched the reference");
+         failed_checks   ? "SOME CHECKS FAILED (see above)"
+         : passed_checks ? "every GPU result that ran matched the reference"
+                         : "no GPU stage ran, so nothing was checked");
   bc_timer_free(&tm);
   dsa_context_destroy(ctx);
   return failed_checks ? 1 : 0;
