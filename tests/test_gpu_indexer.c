@@ -6,7 +6,7 @@
  *
  * Both engines (cuBLAS and fused) run every case. Layouts: semantics section 4 worked examples A-D, one causal sequence, several documents (one of
  * length 1), padded storage, a context-parallel query range, a padding mask, T_q > 65535 (short
- * documents). H_idx in {1, 32, 64}, K in {1, 7, 64, 100, 2048}, fp32 and bf16 weights, q layouts
+ * documents). H_idx in {1, 20, 32, 64}, K in {1, 7, 64, 100, 2048}, fp32 and bf16 weights, q layouts
  * cuBLAS reads directly and ones that are packed first, the default budgets and shrunken ones (many
  * chunks, key tiles, one-query GEMMs). The reference is slow, so rows that need scoring are sampled;
  * rows that select all their keys are all checked. Also: bitwise reruns, a row alone (a one-query
@@ -301,6 +301,11 @@ Test(gpu_indexer, single_sequence_all_k) {
     run_case(&e, &r, &c);
     c.K = 2048;
     c.qlayout = QL_HEAD_MAJOR;
+    run_case(&e, &r, &c);
+  }
+  {
+    /* H_idx not a multiple of 8 (fused: 24 padded heads, 5 queries per CTA) */
+    ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 20, 64, DSA_DTYPE_BF16, QL_TOKEN_GAP, 6, "H 20"};
     run_case(&e, &r, &c);
   }
   set_budgets(1 << 20, 1 << 20, 1000);
