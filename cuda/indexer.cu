@@ -13,11 +13,12 @@
  *    [queries * H_idx, keys] logits never exist in memory. Tensor cores through mma.sync
  *    m16n8k16 bf16 -> fp32 (sm_80+ PTX, so the compute_90 build has it too). Operand map as in
  *    hopper-notes section 8: keys on M (A = a 16-key x 128-dim slice of the key tile, held in
- *    registers for the whole CTA), (query, head) on N (B = q rows, 8 heads per n-tile). ReLU and
+ *    registers for the whole tile, two per warp so each B fragment feeds two mma), (query, head) on N
+ *    (B = q rows, 8 heads per n-tile). ReLU and
  *    the weight are applied to the accumulator in place, the head sum is an in-thread sum over the
  *    thread's two columns of every n-tile plus shfl_xor 1, 2 across the quad. A CTA (4 warps)
  *    holds 128 (query, head) rows of q in shared memory (128 / H_pad queries, H_pad = H rounded up
- *    to 8) and streams 4 tiles of 64 keys; tiles outside every query's visible window, and queries
+ *    to 8) and streams 2 tiles of 128 keys; tiles outside every query's visible window, and queries
  *    that select all their keys (causal_length <= K), are skipped. Summation order is fixed:
  *    deterministic.
  *
@@ -107,9 +108,10 @@ extern "C" dsa_status dsa_launch_indexer_reduce(int64_t rows, int32_t heads, int
 /* ---------------------------------------------------------------------------------------------
  * fused scoring
  * ------------------------------------------------------------------------------------------- */
-#define FX_THREADS 128 /* 4 warps x 16 keys = one 64-key tile */
-#define FX_TILE 64     /* keys per tile */
-#define FX_TILES 4     /* tiles per CTA: q is loaded once for 256 keys */
+#define FX_THREADS 128 /* 4 warps x 32 keys = one 128-key tile */
+#define FX_MT 2        /* m16 tiles per warp: each B fragment read from smem feeds FX_MT mma */
+#define FX_TILE (4 * 16 * FX_MT) /* keys per tile */
+#define FX_TILES 2     /* tiles per CTA: q is loaded once for 256 keys */
 #define FX_QROWS 128   /* (query, head) rows of q per CTA: 32 KB + padding */
 #define FX_LD 136      /* smem row pitch in bf16: 272 B, so 8 ldmatrix rows hit 8 distinct bank quads */
 #define FX_MAXQ 16     /* queries per CTA at most (H_pad = 8) */
@@ -203,41 +205,58 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
       *(uint4 *)(Ks + row * FX_LD + v * 8) = x;
     }
     __syncthreads();
-    /* this warp's 16 keys x 128 dims as 8 A fragments */
-    uint32_t af[8][4];
+    /* this warp's 32 keys (two m16 tiles) x 128 dims as 2 x 8 A fragments: each B fragment loaded
+     * from shared memory feeds two mma */
+    uint32_t af[FX_MT][8][4];
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks)
-      fx_ldsm_x4(fx_smem(Ks + (warp * 16 + (lane & 15)) * FX_LD + ks * 16 + (lane >> 4) * 8), af[ks][0],
-                 af[ks][1], af[ks][2], af[ks][3]);
-    const int64_t wc0 = cbase + warp * 16; /* the warp's first column */
+    for (int mt = 0; mt < FX_MT; ++mt)
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks)
+        fx_ldsm_x4(fx_smem(Ks + (warp * 16 * FX_MT + mt * 16 + (lane & 15)) * FX_LD + ks * 16 + (lane >> 4) * 8),
+                   af[mt][ks][0], af[mt][ks][1], af[mt][ks][2], af[mt][ks][3]);
+    const int64_t wc0 = cbase + warp * 16 * FX_MT; /* the warp's first column */
     for (int g = 0; g < qg; ++g) {
-      if (s_hi[g] <= wc0 || s_lo[g] >= wc0 + 16) continue; /* warp-uniform */
-      float p0 = 0.0f, p1 = 0.0f;
+      if (s_hi[g] <= wc0 || s_lo[g] >= wc0 + 16 * FX_MT) continue; /* warp-uniform */
+      float p[FX_MT][2];
+#pragma unroll
+      for (int mt = 0; mt < FX_MT; ++mt) p[mt][0] = p[mt][1] = 0.0f;
       for (int nt = 0; nt < hp / 8; ++nt) {
         const uint16_t *qb = Qs + (g * hp + nt * 8) * FX_LD;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float acc[FX_MT][4];
+#pragma unroll
+        for (int mt = 0; mt < FX_MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
 #pragma unroll
         for (int k2 = 0; k2 < 4; ++k2) {
           uint32_t b0, b1, b2, b3;
           fx_ldsm_x4(fx_smem(qb + (lane & 7) * FX_LD + k2 * 32 + (lane >> 3) * 8), b0, b1, b2, b3);
-          fx_mma(acc, af[2 * k2], b0, b1);
-          fx_mma(acc, af[2 * k2 + 1], b2, b3);
+#pragma unroll
+          for (int mt = 0; mt < FX_MT; ++mt) {
+            fx_mma(acc[mt], af[mt][2 * k2], b0, b1);
+            fx_mma(acc[mt], af[mt][2 * k2 + 1], b2, b3);
+          }
         }
         const float w0 = Ws[g * hp + nt * 8 + (lane & 3) * 2], w1 = Ws[g * hp + nt * 8 + (lane & 3) * 2 + 1];
-        p0 = fmaf(w0, idx_relu(acc[0]), p0);
-        p0 = fmaf(w1, idx_relu(acc[1]), p0);
-        p1 = fmaf(w0, idx_relu(acc[2]), p1);
-        p1 = fmaf(w1, idx_relu(acc[3]), p1);
+#pragma unroll
+        for (int mt = 0; mt < FX_MT; ++mt) {
+          p[mt][0] = fmaf(w0, idx_relu(acc[mt][0]), p[mt][0]);
+          p[mt][0] = fmaf(w1, idx_relu(acc[mt][1]), p[mt][0]);
+          p[mt][1] = fmaf(w0, idx_relu(acc[mt][2]), p[mt][1]);
+          p[mt][1] = fmaf(w1, idx_relu(acc[mt][3]), p[mt][1]);
+        }
       }
-      p0 += __shfl_xor_sync(0xffffffffu, p0, 1);
-      p0 += __shfl_xor_sync(0xffffffffu, p0, 2);
-      p1 += __shfl_xor_sync(0xffffffffu, p1, 1);
-      p1 += __shfl_xor_sync(0xffffffffu, p1, 2);
-      if ((lane & 3) == 0) {
-        const int64_t c = wc0 + (lane >> 2);
-        float *row = a.scores + (r0 + g) * a.scores_ld;
-        if (c < a.window) row[c] = p0;
-        if (c + 8 < a.window) row[c + 8] = p1;
+      float *row = a.scores + (r0 + g) * a.scores_ld;
+#pragma unroll
+      for (int mt = 0; mt < FX_MT; ++mt) {
+        float p0 = p[mt][0], p1 = p[mt][1];
+        p0 += __shfl_xor_sync(0xffffffffu, p0, 1);
+        p0 += __shfl_xor_sync(0xffffffffu, p0, 2);
+        p1 += __shfl_xor_sync(0xffffffffu, p1, 1);
+        p1 += __shfl_xor_sync(0xffffffffu, p1, 2);
+        if ((lane & 3) == 0) {
+          const int64_t c = wc0 + mt * 16 + (lane >> 2);
+          if (c < a.window) row[c] = p0;
+          if (c + 8 < a.window) row[c + 8] = p1;
+        }
       }
     }
   }
