@@ -45,7 +45,13 @@
 #include <string.h>
 #include "internal.h"
 
-static double bf(uint16_t x) { return (double)dsa_bf16_to_f32(x); }
+/* Exact bf16 -> double (same as dsa_bf16_to_f32, inlined: the oracle converts a lot). */
+static inline double bf(uint16_t x) {
+  const uint32_t u = (uint32_t)x << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return (double)f;
+}
 
 /* Rounds a double to bf16 once (round to nearest even). Going through float could double-round a
  * value that lands exactly on a bf16 tie in float; nudging the float one ulp toward the true value
@@ -57,6 +63,21 @@ DSA_HIDDEN uint16_t dsa_ref_double_to_bf16(double x) {
   if ((u & 0xFFFFu) == 0x8000u && isfinite(f) && (double)f != x)
     f = nextafterf(f, x > (double)f ? INFINITY : -INFINITY);
   return dsa_f32_to_bf16(f);
+}
+
+/* sum a[i] * b[i] in double; four partial sums keep the oracle fast (the order is irrelevant at
+ * double precision for these lengths). */
+static double dot(const double *a, const double *b, int64_t n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += a[i] * b[i];
+    s1 += a[i + 1] * b[i + 1];
+    s2 += a[i + 2] * b[i + 2];
+    s3 += a[i + 3] * b[i + 3];
+  }
+  for (; i < n; ++i) s0 += a[i] * b[i];
+  return (s0 + s1) + (s2 + s3);
 }
 
 static dsa_status oom(const char *fn) {
@@ -155,16 +176,21 @@ static int64_t visible(const dsa_plan_view *v, int64_t t) {
 
 /* Scores of row t (resolved params) into out[0..causal_lengths[t]). */
 static void indexer_row_scores(const dsa_indexer_params *p, int64_t t, double *out) {
+  enum { D = DSA_INDEX_HEAD_DIM };
   const int64_t n = visible(p->plan, t), s0 = p->plan->starts[t];
-  const int64_t H = p->num_heads, D = DSA_INDEX_HEAD_DIM;
+  const int64_t H = p->num_heads;
+  double qd[64][D], w[64], kd[D];
+  for (int64_t h = 0; h < H; ++h) {
+    const uint16_t *q = p->index_q + t * p->q_stride_token + h * p->q_stride_head;
+    for (int d = 0; d < D; ++d) qd[h][d] = bf(q[d]);
+    w[h] = idx_weight(p, t, h);
+  }
   for (int64_t c = 0; c < n; ++c) {
     const uint16_t *k = p->index_k + (s0 + c) * p->k_stride;
+    for (int d = 0; d < D; ++d) kd[d] = bf(k[d]);
     double acc = 0.0;
     for (int64_t h = 0; h < H; ++h) {
-      const uint16_t *q = p->index_q + t * p->q_stride_token + h * p->q_stride_head;
-      double dot = 0.0;
-      for (int64_t d = 0; d < D; ++d) dot += bf(q[d]) * bf(k[d]);
-      acc += idx_weight(p, t, h) * relu(dot);
+      acc += w[h] * relu(dot(qd[h], kd, D));
     }
     out[c] = acc;
   }
@@ -263,6 +289,14 @@ static int32_t valid_slots(const int32_t *indices, int64_t stride, const int32_t
   return n;
 }
 
+/* Gathers the n valid kv rows of a token as doubles: g[j * D + d]. */
+static void gather_kv(const dsa_attn_fwd_params *p, const fwd_src *src, const int32_t *rows,
+                      int32_t n, double *g) {
+  const int64_t D = p->head_dim;
+  for (int32_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < D; ++d) g[j * D + d] = kv_at(p, src, rows[j], d);
+}
+
 /* The double-precision forward behind dsa_ref_sparse_attn_fwd: out_d [T, H, 512], lse_d and
  * max_d [T, H], all contiguous (each optional). p is resolved. */
 static dsa_status fwd_core(const dsa_attn_fwd_params *p, const fwd_src *src, double *out_d,
@@ -272,16 +306,19 @@ static dsa_status fwd_core(const dsa_attn_fwd_params *p, const fwd_src *src, dou
   int32_t *rows = (int32_t *)malloc(sizeof(int32_t) * (size_t)K);
   double *s = (double *)malloc(sizeof(double) * (size_t)K);
   double *qd = (double *)malloc(sizeof(double) * (size_t)D);
-  if (rows == NULL || s == NULL || qd == NULL) {
+  double *g = (double *)malloc(sizeof(double) * (size_t)K * (size_t)D);
+  if (rows == NULL || s == NULL || qd == NULL || g == NULL) {
     free(rows);
     free(s);
     free(qd);
+    free(g);
     return oom(fn);
   }
   const double scale = (double)p->softmax_scale;
   for (int64_t t = 0; t < T; ++t) {
     const int32_t n = valid_slots(p->indices, p->indices_stride, p->topk_length, K, p->num_kv, t,
                                   rows);
+    gather_kv(p, src, rows, n, g);
     for (int64_t h = 0; h < H; ++h) {
       const int64_t th = t * H + h;
       double *o = out_d ? out_d + th * V : NULL;
@@ -294,9 +331,8 @@ static dsa_status fwd_core(const dsa_attn_fwd_params *p, const fwd_src *src, dou
       for (int64_t d = 0; d < D; ++d) qd[d] = q_at(p, src, t, h, d);
       double m = -INFINITY;
       for (int32_t j = 0; j < n; ++j) {
-        double dot = 0.0;
-        for (int64_t d = 0; d < D; ++d) dot += qd[d] * kv_at(p, src, rows[j], d);
-        s[j] = scale * dot;
+        const double *kv = g + j * D;
+        s[j] = scale * dot(qd, kv, D);
         if (s[j] > m) m = s[j];
       }
       double sum = 0.0;
@@ -305,12 +341,13 @@ static dsa_status fwd_core(const dsa_attn_fwd_params *p, const fwd_src *src, dou
       if (lse_d) lse_d[th] = lse;
       if (max_d) max_d[th] = m;
       if (o) {
-        double sink = src->sink ? src->sink[h] : p->sink ? (double)p->sink[h] : -INFINITY;
+        const double sink = src->sink ? src->sink[h] : p->sink ? (double)p->sink[h] : -INFINITY;
         const double factor = 1.0 / (1.0 + exp(sink - lse));
         memset(o, 0, sizeof(double) * (size_t)V);
         for (int32_t j = 0; j < n; ++j) {
           const double w = exp(s[j] - lse) * factor;
-          for (int64_t d = 0; d < V; ++d) o[d] += w * kv_at(p, src, rows[j], d);
+          const double *kv = g + j * D;
+          for (int64_t d = 0; d < V; ++d) o[d] += w * kv[d];
         }
       }
     }
@@ -318,6 +355,7 @@ static dsa_status fwd_core(const dsa_attn_fwd_params *p, const fwd_src *src, dou
   free(rows);
   free(s);
   free(qd);
+  free(g);
   return DSA_SUCCESS;
 }
 
@@ -381,73 +419,74 @@ DSA_API dsa_status dsa_ref_sparse_attn_bwd(const dsa_attn_bwd_params *p_in) {
   const int32_t K = p.topk;
   if (T == 0) return DSA_SUCCESS;
   const double scale = (double)p.softmax_scale;
-  const size_t dq_n = (size_t)(T * H * D), dkv_n = (size_t)(Tkv * D);
-  double *dq = (double *)calloc(dq_n, sizeof(double));
-  double *dkv = (double *)calloc(dkv_n > 0 ? dkv_n : 1, sizeof(double));
+  /* all scratch first: nothing is written unless everything is in hand */
+  double *dkv = (double *)calloc(Tkv > 0 ? (size_t)(Tkv * D) : 1, sizeof(double));
   double *dsink = (double *)calloc((size_t)H, sizeof(double));
   int32_t *rows = (int32_t *)malloc(sizeof(int32_t) * (size_t)K);
+  double *kvg = (double *)malloc(sizeof(double) * (size_t)K * (size_t)D);
   double *qd = (double *)malloc(sizeof(double) * (size_t)D);
+  double *dqr = (double *)malloc(sizeof(double) * (size_t)D);
   double *dod = (double *)malloc(sizeof(double) * (size_t)V);
-  if (!dq || !dkv || !dsink || !rows || !qd || !dod) {
-    free(dq);
+  if (!dkv || !dsink || !rows || !kvg || !qd || !dqr || !dod) {
     free(dkv);
     free(dsink);
     free(rows);
+    free(kvg);
     free(qd);
+    free(dqr);
     free(dod);
     return oom(fn);
   }
   for (int64_t t = 0; t < T; ++t) {
     const int32_t n = valid_slots(p.indices, p.indices_stride, p.topk_length, K, Tkv, t, rows);
-    if (n == 0) continue;
+    for (int32_t j = 0; j < n; ++j) {
+      const uint16_t *kv = p.kv + (int64_t)rows[j] * p.kv_stride;
+      for (int64_t d = 0; d < D; ++d) kvg[j * D + d] = bf(kv[d]);
+    }
     for (int64_t h = 0; h < H; ++h) {
       const double lse = (double)p.lse[t * H + h];
-      if (lse == INFINITY) continue;
-      const double sink = p.sink ? (double)p.sink[h] : -INFINITY;
-      const double Lp = logaddexp(lse, sink);
-      const uint16_t *q = p.q + t * p.q_stride_token + h * p.q_stride_head;
-      const uint16_t *o = p.out + t * p.out_stride_token + h * p.out_stride_head;
-      const uint16_t *g = p.dout + t * p.dout_stride_token + h * p.dout_stride_head;
-      double delta = 0.0;
-      for (int64_t d = 0; d < V; ++d) {
-        dod[d] = bf(g[d]);
-        delta += bf(o[d]) * dod[d];
-      }
-      for (int64_t d = 0; d < D; ++d) qd[d] = bf(q[d]);
-      double *dqr = dq + (t * H + h) * D;
-      for (int32_t j = 0; j < n; ++j) {
-        const uint16_t *kv = p.kv + (int64_t)rows[j] * p.kv_stride;
-        double dot = 0.0, dp = 0.0;
-        for (int64_t d = 0; d < D; ++d) dot += qd[d] * bf(kv[d]);
-        for (int64_t d = 0; d < V; ++d) dp += dod[d] * bf(kv[d]);
-        const double P = exp(scale * dot - Lp);
-        const double dS = P * (dp - delta);
-        double *acc = dkv + (int64_t)rows[j] * D;
-        for (int64_t d = 0; d < D; ++d) {
-          dqr[d] += dS * bf(kv[d]);
-          acc[d] += scale * dS * qd[d];
+      uint16_t *dq_out = p.dq + t * p.dq_stride_token + h * p.dq_stride_head;
+      memset(dqr, 0, sizeof(double) * (size_t)D);
+      if (n > 0 && lse != INFINITY) {
+        const double sink = p.sink ? (double)p.sink[h] : -INFINITY;
+        const double Lp = logaddexp(lse, sink);
+        const uint16_t *q = p.q + t * p.q_stride_token + h * p.q_stride_head;
+        const uint16_t *o = p.out + t * p.out_stride_token + h * p.out_stride_head;
+        const uint16_t *g = p.dout + t * p.dout_stride_token + h * p.dout_stride_head;
+        double delta = 0.0;
+        for (int64_t d = 0; d < V; ++d) {
+          dod[d] = bf(g[d]);
+          delta += bf(o[d]) * dod[d];
         }
-        for (int64_t d = 0; d < V; ++d) acc[d] += P * dod[d];
+        for (int64_t d = 0; d < D; ++d) qd[d] = bf(q[d]);
+        for (int32_t j = 0; j < n; ++j) {
+          const double *kv = kvg + j * D;
+          const double dp = dot(dod, kv, V);
+          const double P = exp(scale * dot(qd, kv, D) - Lp);
+          const double dS = P * (dp - delta);
+          double *acc = dkv + (int64_t)rows[j] * D;
+          for (int64_t d = 0; d < D; ++d) {
+            dqr[d] += dS * kv[d];
+            acc[d] += scale * dS * qd[d];
+          }
+          for (int64_t d = 0; d < V; ++d) acc[d] += P * dod[d];
+        }
+        if (isfinite(sink)) dsink[h] -= exp(sink - Lp) * delta;
       }
-      if (isfinite(sink)) dsink[h] -= exp(sink - Lp) * delta;
+      for (int64_t d = 0; d < D; ++d) dq_out[d] = dsa_ref_double_to_bf16(scale * dqr[d]);
     }
   }
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      uint16_t *out = p.dq + t * p.dq_stride_token + h * p.dq_stride_head;
-      const double *src = dq + (t * H + h) * D;
-      for (int64_t d = 0; d < D; ++d) out[d] = dsa_ref_double_to_bf16(scale * src[d]);
-    }
   for (int64_t r = 0; r < Tkv; ++r)
     for (int64_t d = 0; d < D; ++d)
       p.dkv[r * p.dkv_stride + d] = dsa_ref_double_to_bf16(dkv[r * D + d]);
   if (p.dsink)
     for (int64_t h = 0; h < H; ++h) p.dsink[h] = (float)dsink[h];
-  free(dq);
   free(dkv);
   free(dsink);
   free(rows);
+  free(kvg);
   free(qd);
+  free(dqr);
   free(dod);
   return DSA_SUCCESS;
 }
