@@ -162,7 +162,9 @@ void bc_timer_init(bc_timer *t, int reps) {
   t->reps = reps > 0 ? reps : 1;
   t->flush_bytes = 2 * (size_t)(l2 > 0 ? l2 : (64 << 20));
   t->flush = bc_dmalloc(t->flush_bytes);
-  BC_CUDA(cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking));
+  /* A blocking stream: the harness's synchronous cudaMemcpy / cudaMemset calls on the legacy
+   * default stream then order themselves with the ops, so no setup copy can race a kernel. */
+  BC_CUDA(cudaStreamCreate(&t->stream));
 }
 
 void bc_timer_free(bc_timer *t) {
@@ -174,6 +176,7 @@ void bc_timer_free(bc_timer *t) {
 
 dsa_status bc_time_op(bc_timer *t, bc_op_fn fn, void *arg, double *median_ms) {
   *median_ms = NAN;
+  BC_CUDA(cudaDeviceSynchronize()); /* every input written before the first call */
   dsa_status s = fn(arg, t->stream); /* warm-up: first-use costs (cuBLAS handle, module load) */
   if (s != DSA_SUCCESS) return s;
   BC_CUDA(cudaStreamSynchronize(t->stream));
