@@ -80,6 +80,8 @@ ymax, ymin = 1.0, 1.0
 with open(dat, "w") as f:
     for r in rows:
         ratio = num(r.get("peer_ratio"))
+        if ratio is not None and ratio <= 0:
+            ratio = None
         if r.get("peer") is None:
             continue
         label = "%s %s" % (r.get("shape"), r.get("variant"))
