@@ -20,6 +20,7 @@
  *    key is taken (no scoring: the "select all" shortcut of semantics 6.4); otherwise the K best by
  *    (score descending, key ascending, NaN lowest). Output: global keys s0 + c ascending, then -1
  *    up to K; lengths[t] = min(K, n), 0 for invalid queries (n = 0) whose row is all -1.
+ *    The reference reads the host plan, so it also rejects a window [s0, s0 + n) outside [0, T_k).
  *
  *  Attention forward. Slot j of row t is valid iff (topk_length == NULL || j < clamp(topk_length[t],
  *    0, K)) && 0 <= idx < num_kv. s_j = scale * q[t,h,:D] . kv[idx,:D]. lse = ln sum_valid exp(s_j)
@@ -196,6 +197,20 @@ static void indexer_row_scores(const dsa_indexer_params *p, int64_t t, double *o
   }
 }
 
+/* The reference reads the host plan's arrays: each visible window must lie inside [0, T_k). */
+static dsa_status check_plan_rows(const dsa_plan_view *v, int64_t t0, int64_t t1, const char *fn) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t s0 = v->starts[t], n = v->causal_lengths[t];
+    if (n > 0 && (s0 < 0 || s0 + n > v->total_key_tokens))
+      return dsa_fail(DSA_ERROR_INVALID_ARGUMENT,
+                      "%s: plan row %lld sees keys [%lld, %lld), outside 0..plan->total_key_tokens "
+                      "= %lld",
+                      fn, (long long)t, (long long)s0, (long long)(s0 + n),
+                      (long long)v->total_key_tokens);
+  }
+  return DSA_SUCCESS;
+}
+
 DSA_API dsa_status dsa_ref_indexer_scores(const dsa_indexer_params *p_in, int64_t row,
                                           double *score_out) {
   const char *fn = "dsa_ref_indexer_scores";
@@ -204,6 +219,7 @@ DSA_API dsa_status dsa_ref_indexer_scores(const dsa_indexer_params *p_in, int64_
   if (row < 0 || row >= p.plan->num_queries)
     return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: row = %lld is outside 0..%lld", fn,
                     (long long)row, (long long)p.plan->num_queries - 1);
+  DSA_TRY(check_plan_rows(p.plan, row, row + 1, fn));
   if (visible(p.plan, row) == 0) return DSA_SUCCESS;
   if (score_out == NULL) return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: score_out is NULL", fn);
   indexer_row_scores(&p, row, score_out);
@@ -217,6 +233,7 @@ DSA_API dsa_status dsa_ref_indexer_topk(const dsa_indexer_params *p_in) {
   const int64_t Tq = p.plan->num_queries;
   const int32_t K = p.topk;
   if (Tq == 0) return DSA_SUCCESS;
+  DSA_TRY(check_plan_rows(p.plan, 0, Tq, fn));
   int64_t max_n = 1;
   for (int64_t t = 0; t < Tq; ++t)
     if (visible(p.plan, t) > max_n) max_n = visible(p.plan, t);

@@ -672,3 +672,23 @@ Test(validation_attn_bwd, valid_layouts_and_zero_size) {
   expect_ok(&BWD, &z);
   attn_fix_free(&f);
 }
+
+/* The reference also reads the host plan's arrays: a window outside [0, T_k) is an error there
+ * (the GPU op never reads the device view on the host, so this check is the reference's own). */
+Test(validation_indexer, reference_checks_plan_windows) {
+  idx_fix f;
+  idx_init(&f);
+  f.starts[2] = 2; /* keys [2, 5) with T_k = 4 */
+  out_poison(&f.outs);
+  TC_FAILS(dsa_ref_indexer_topk(&f.p), DSA_ERROR_INVALID_ARGUMENT, "plan row 2");
+  out_expect_poisoned(&f.outs, "dsa_ref_indexer_topk");
+  double sc[4];
+  TC_FAILS(dsa_ref_indexer_scores(&f.p, 2, sc), DSA_ERROR_INVALID_ARGUMENT, "plan row 2");
+  TC_OK(dsa_ref_indexer_scores(&f.p, 1, sc));
+  TC_FAILS(dsa_ref_indexer_scores(&f.p, 3, sc), DSA_ERROR_INVALID_ARGUMENT, "row = 3");
+  TC_FAILS(dsa_ref_indexer_scores(&f.p, -1, sc), DSA_ERROR_INVALID_ARGUMENT, "row = -1");
+  TC_FAILS(dsa_ref_indexer_scores(&f.p, 1, NULL), DSA_ERROR_INVALID_ARGUMENT, "score_out");
+  f.starts[2] = -1;
+  TC_FAILS(dsa_ref_indexer_topk(&f.p), DSA_ERROR_INVALID_ARGUMENT, "plan row 2");
+  idx_free(&f);
+}
