@@ -7,7 +7,9 @@
  *
  * Rules common to all four:
  *  - Counts are >= 0, token/row counts <= INT32_MAX, key counts < 2^31 - 1, K in 1..2048.
- *  - Zero-size work (no token / no row) is valid and then no pointer is checked (any may be NULL).
+ *  - Zero-size work (no token / no row) is valid and then no pointer is checked (any may be NULL;
+ *    the indexer's plan struct is always required, it carries T_q). With num_kv = 0, kv and dkv
+ *    may be NULL (every slot is invalid); with columns = 0, top-k's scores may be NULL.
  *  - A row stride is >= the row length. A [T, H, D] tensor with two strides may be token-major or
  *    head-major: the smaller stride is >= D and the larger >= smaller * (extent of the smaller's
  *    dimension), so no two rows overlap. Negative strides are rejected.
