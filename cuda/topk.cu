@@ -13,11 +13,18 @@
  *     output is therefore already in ascending column order: no sort.
  * Rows with L <= k skip all of it (0..L-1 then -1).
  *
- * Rows of up to cache_cap columns keep their keys in dynamic shared memory after the first global
- * read (cap chosen by the launcher from the device's opt-in limit, at most 48K keys = 192 KB), so
- * the later passes never touch L2/HBM; longer rows (up to any length) re-read the row from global
- * memory in each pass. Everything is integer counting: bitwise deterministic and independent of
- * the other rows. No workspace.
+ * Three variants of the data flow, chosen per row:
+ *  - cached (L <= cache_cap, at most 48K keys = 192 KB from the device's opt-in limit): the first
+ *    global read (16-byte loads when the row is aligned) fills a key cache in shared memory; every
+ *    later pass reads it. One read of the row.
+ *  - compaction (longer rows whose top-11-bit threshold bin fits in the same shared memory): a
+ *    second read sends the certain winners (above the bin) to a staging list and the bin's
+ *    (key, column) pairs to a candidate list; the last two radix digits, the tie-break (a radix
+ *    select on ~column among keys equal to the threshold) and a bitonic sort of the k columns run
+ *    in shared memory. Two reads. dsa_topk_compact_long_rows = 0 disables it (tests run both).
+ *  - streaming (anything else, any length): every pass re-reads the row (five reads).
+ * Everything is integer counting, and ties are settled by column: bitwise deterministic and
+ * independent of the other rows. No workspace.
  *
  * The same kernel serves the indexer: `starts` gives each row a column offset
  * (starts[r] - start_base) into the scores row and adds starts[r] to every emitted column (global
@@ -64,14 +71,173 @@ static __device__ __forceinline__ int tk_block_excl_scan(int v, int *s_scan) {
   return (warp ? s_scan[warp - 1] : 0) + x - v;
 }
 
+/* After a histogram pass over nb bins (digit = (value >> shift) & (nb - 1)): finds the bin holding
+ * the rem-th largest matching value, extends prefix with it and makes rem relative to the bin.
+ * Ends with a barrier; every thread returns the same prefix / rem. *nc gets the bin's count. */
+static __device__ __forceinline__ void tk_find_bin(int nb, int shift, uint32_t &prefix, int &rem,
+                                                   int &nc, const int *s_hist, int *s_scan,
+                                                   uint32_t *s_prefix, int *s_rem, int *s_nc) {
+  const int tid = threadIdx.x;
+  const int bpt = nb / TK_THREADS;
+  const int hi = nb - tid * bpt;
+  int sum = 0;
+  for (int i = 0; i < bpt; ++i) sum += s_hist[hi - 1 - i];
+  int cum = tk_block_excl_scan(sum, s_scan);
+  for (int i = 0; i < bpt; ++i) {
+    const int b = hi - 1 - i;
+    const int h = s_hist[b];
+    if (cum < rem && cum + h >= rem) {
+      *s_prefix = prefix | ((uint32_t)b << shift);
+      *s_rem = rem - cum;
+      *s_nc = h;
+    }
+    cum += h;
+  }
+  __syncthreads();
+  prefix = *s_prefix;
+  rem = *s_rem;
+  nc = *s_nc;
+}
+
+/* Ascending bitonic sort of buf[0..n), n a power of two <= 2048, by the whole block. */
+static __device__ __forceinline__ void tk_bitonic_sort(uint32_t *buf, int n) {
+  for (int size = 2; size <= n; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n / 2; i += TK_THREADS) {
+        const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+        const bool asc = (lo & size) == 0;
+        const uint32_t x = buf[lo], y = buf[hi];
+        if ((x > y) == asc) {
+          buf[lo] = y;
+          buf[hi] = x;
+        }
+      }
+      __syncthreads();
+    }
+}
+
+#define TK_OBUF 2048 /* output staging entries of the compaction path (>= any k, a power of two) */
+
+/* Rows too long for the key cache, after the first histogram pass found the top-11-bit bin b0 of
+ * the k-th largest key (prefix, rem = its rank inside the bin): one more read of the row sends the
+ * columns of every key above b0 (certainly selected, fewer than k) to obuf and the (key, column)
+ * of every key in b0 to a candidate list in shared memory; the remaining two radix passes, the
+ * tie-break (the need_eq smallest columns among keys equal to the threshold, by a radix select on
+ * ~column) and the final ascending sort of the k columns all run in shared memory. Two reads of
+ * the row instead of five. The candidates must fit: TK_OBUF + 2 * |b0| <= cache_cap words. */
+static __device__ void tk_compact_rest(const float *__restrict__ src, int64_t L, int k, int64_t add,
+                                       int32_t *out, uint32_t prefix, int rem, int64_t cache_cap,
+                                       uint32_t *s_keys, int *s_hist, int *s_scan, uint32_t *s_prefix,
+                                       int *s_rem, int *s_nc, int *s_nsel, int *s_ncand) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  const unsigned lt_mask = (1u << lane) - 1u;
+  uint32_t *obuf = s_keys;              /* [TK_OBUF] selected columns */
+  const int nc = *s_nc;                 /* candidates in bin b0 (read before anyone rewrites it) */
+  uint32_t *ckey = s_keys + TK_OBUF;    /* [nc] */
+  uint32_t *ccol = ckey + nc;           /* [nc] */
+  const uint32_t b0 = prefix >> 21;
+  int dummy;
+  (void)cache_cap;
+  __syncthreads(); /* everyone has read *s_nc */
+  if (tid == 0) {
+    *s_nsel = 0;
+    *s_ncand = 0;
+  }
+  __syncthreads();
+  for (int64_t base = 0; base < L; base += (int64_t)TK_THREADS * TK_UNROLL) {
+    float v[TK_UNROLL];
+#pragma unroll
+    for (int j = 0; j < TK_UNROLL; ++j) {
+      const int64_t c = base + (int64_t)j * TK_THREADS + tid;
+      v[j] = c < L ? __ldg(src + c) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < TK_UNROLL; ++j) {
+      const int64_t c = base + (int64_t)j * TK_THREADS + tid;
+      const uint32_t key = tk_key(v[j]);
+      const bool is_sel = c < L && (key >> 21) > b0;
+      const bool is_cand = c < L && (key >> 21) == b0;
+      const unsigned ms = __ballot_sync(0xffffffffu, is_sel), mc = __ballot_sync(0xffffffffu, is_cand);
+      int bs = 0, bc = 0;
+      if (lane == 0) {
+        if (ms) bs = atomicAdd(s_nsel, __popc(ms));
+        if (mc) bc = atomicAdd(s_ncand, __popc(mc));
+      }
+      bs = __shfl_sync(0xffffffffu, bs, 0);
+      bc = __shfl_sync(0xffffffffu, bc, 0);
+      if (is_sel) obuf[bs + __popc(ms & lt_mask)] = (uint32_t)c;
+      if (is_cand) {
+        const int i = bc + __popc(mc & lt_mask);
+        ckey[i] = key;
+        ccol[i] = (uint32_t)c;
+      }
+    }
+  }
+  __syncthreads();
+  /* the threshold key: two more digits over the candidates */
+  for (int pass = 1; pass < 3; ++pass) {
+    const int shift = pass == 1 ? 10 : 0, bits = pass == 1 ? 11 : 10, nb = 1 << bits;
+    const int hi_shift = shift + bits;
+    for (int b = tid; b < TK_BINS; b += TK_THREADS) s_hist[b] = 0;
+    __syncthreads();
+    for (int i = tid; i < nc; i += TK_THREADS) {
+      const uint32_t key = ckey[i];
+      if ((key >> hi_shift) == (prefix >> hi_shift)) atomicAdd(&s_hist[(key >> shift) & (nb - 1)], 1);
+    }
+    __syncthreads();
+    tk_find_bin(nb, shift, prefix, rem, dummy, s_hist, s_scan, s_prefix, s_rem, s_nc);
+  }
+  const uint32_t thr = prefix;
+  /* among keys == thr take the rem smallest columns: the rem-th largest ~column */
+  uint32_t cpre = 0;
+  int crem = rem;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0), bits = pass == 2 ? 10 : 11, nb = 1 << bits;
+    const int hi_shift = shift + bits;
+    for (int b = tid; b < TK_BINS; b += TK_THREADS) s_hist[b] = 0;
+    __syncthreads();
+    for (int i = tid; i < nc; i += TK_THREADS) {
+      if (ckey[i] != thr) continue;
+      const uint32_t v = ~ccol[i];
+      if (pass == 0 || (v >> hi_shift) == (cpre >> hi_shift)) atomicAdd(&s_hist[(v >> shift) & (nb - 1)], 1);
+    }
+    __syncthreads();
+    tk_find_bin(nb, shift, cpre, crem, dummy, s_hist, s_scan, s_prefix, s_rem, s_nc);
+  }
+  /* gather the selected candidates after the certain ones (*s_nsel of them so far) */
+  for (int base = 0; base < nc; base += TK_THREADS) {
+    const int i = base + tid;
+    bool sel = false;
+    uint32_t col = 0;
+    if (i < nc) {
+      const uint32_t key = ckey[i];
+      col = ccol[i];
+      sel = key > thr || (key == thr && ~col >= cpre);
+    }
+    const unsigned m = __ballot_sync(0xffffffffu, sel);
+    int b = 0;
+    if (lane == 0 && m) b = atomicAdd(s_nsel, __popc(m));
+    b = __shfl_sync(0xffffffffu, b, 0);
+    if (sel) obuf[b + __popc(m & lt_mask)] = col;
+  }
+  __syncthreads();
+  int n2 = 1;
+  while (n2 < k) n2 <<= 1;
+  for (int i = k + tid; i < n2; i += TK_THREADS) obuf[i] = 0xffffffffu;
+  __syncthreads();
+  tk_bitonic_sort(obuf, n2);
+  for (int j = tid; j < k; j += TK_THREADS) out[j] = (int32_t)(obuf[j] + add);
+  __syncthreads(); /* shared state is reused by the next row */
+}
+
 static __global__ void __launch_bounds__(TK_THREADS)
-tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap) {
+tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok) {
   extern __shared__ __align__(16) uint32_t s_keys[]; /* [cache_cap] cached keys of the current row */
   __shared__ int s_hist[TK_BINS];
   __shared__ int s_scan[TK_WARPS];
   __shared__ long long s_wgt[TK_WARPS], s_weq[TK_WARPS];
   __shared__ uint32_t s_prefix;
-  __shared__ int s_rem;
+  __shared__ int s_rem, s_nc, s_nsel, s_ncand;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int k = a.k;
 
@@ -98,6 +264,7 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap) {
     /* ---- radix select of the k-th largest key ---- */
     uint32_t prefix = 0;
     int rem = k;
+    bool compact = false;
     for (int pass = 0; pass < 3; ++pass) {
       const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
       const int bits = pass == 2 ? 10 : 11;
@@ -177,12 +344,22 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap) {
         if (cum < rem && cum + h >= rem) {
           s_prefix = prefix | ((uint32_t)b << shift);
           s_rem = rem - cum;
+          s_nc = h;
         }
         cum += h;
       }
       __syncthreads();
       prefix = s_prefix;
       rem = s_rem;
+      if (pass == 0 && !cache && compact_ok && TK_OBUF + 2 * (int64_t)s_nc <= cache_cap) {
+        compact = true; /* block-uniform */
+        break;
+      }
+    }
+    if (compact) {
+      tk_compact_rest(src, L, k, add, out, prefix, rem, cache_cap, s_keys, s_hist, s_scan, &s_prefix,
+                      &s_rem, &s_nc, &s_nsel, &s_ncand);
+      continue;
     }
     const uint32_t thr = prefix;
     const long long need_eq = rem, count_gt = k - rem;
@@ -249,6 +426,10 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap) {
   }
 }
 
+/* 1: rows too long for the key cache take the two-read compaction path when their candidates fit
+ * (tests set 0 to run the five-read path). */
+int dsa_topk_compact_long_rows = 1;
+
 /* Keys a row may cache in shared memory on this device for this launch. */
 static int64_t tk_cache_cap(const dsa_context *ctx, const dsa_topk_launch *a) {
   int64_t cap;
@@ -273,6 +454,6 @@ extern "C" dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_lau
     if (e != cudaSuccess) return dsa_cuda_status(e, "dsa_topk (cudaFuncSetAttribute)");
   }
   grid = a->rows < (1 << 24) ? a->rows : (1 << 24);
-  tk_radix_kernel<<<(unsigned)grid, TK_THREADS, smem, stream>>>(*a, cap);
+  tk_radix_kernel<<<(unsigned)grid, TK_THREADS, smem, stream>>>(*a, cap, dsa_topk_compact_long_rows);
   return dsa_cuda_status(cudaGetLastError(), "dsa_topk (kernel launch)");
 }

@@ -6,6 +6,7 @@
  * a row alone equals the same row inside a batch; the workspace contract; bad arguments; CUDA graph
  * capture. */
 #include "test_common.h"
+#include "internal.h" /* dsa_topk_compact_long_rows: both long-row paths are tested */
 
 typedef struct {
   dsa_context *ctx;
@@ -188,11 +189,19 @@ Test(gpu_topk, long_rows_uncached_and_2pow20) {
   TC_REQUIRE_GPU();
   tk_env e = tk_open();
   tc_rng r = tc_seed("gpu_topk.long_rows_uncached_and_2pow20");
-  run_case(&e, &r, 1, (int64_t)1 << 20, 2048, FILL_RANDOM, 0, 0, 0, "2^20 columns, random");
-  run_case(&e, &r, 1, (int64_t)1 << 20, 100, FILL_TIES, 0, 0, 0, "2^20 columns, ties");
-  run_case(&e, &r, 6, 70001, 2048, FILL_MIXED, 1, 0, 0, "rows above the cache limit");
-  run_case(&e, &r, 6, 49153, 64, FILL_TIES, 0, 0, 0, "just above the cache limit");
-  run_case(&e, &r, 6, 32768, 2048, FILL_RANDOM, 1, 0, 0, "32k columns (cached)");
+  for (int compact = 1; compact >= 0; --compact) {
+    /* compact 1: two reads with the candidates in shared memory where they fit (else five reads);
+     * 0: always five reads */
+    dsa_topk_compact_long_rows = compact;
+    run_case(&e, &r, 1, (int64_t)1 << 20, 2048, FILL_RANDOM, 0, 0, 0, "2^20 columns, random");
+    run_case(&e, &r, 1, (int64_t)1 << 20, 100, FILL_TIES, 0, 0, 0, "2^20 columns, ties");
+    run_case(&e, &r, 6, 70001, 2048, FILL_MIXED, 1, 0, 0, "rows above the cache limit");
+    run_case(&e, &r, 4, 70001, 7, FILL_CONST, 0, 0, 0, "constant rows above the cache limit");
+    run_case(&e, &r, 6, 49153, 64, FILL_TIES, 0, 0, 0, "just above the cache limit");
+    run_case(&e, &r, 6, 131072, 2048, FILL_RANDOM, 1, 0, 0, "128k columns, random");
+    run_case(&e, &r, 6, 32768, 2048, FILL_RANDOM, 1, 0, 0, "32k columns (cached)");
+  }
+  dsa_topk_compact_long_rows = 1;
   tk_close(&e);
 }
 
