@@ -121,6 +121,9 @@ typedef struct dsa_topk_launch {
 } dsa_topk_launch;
 DSA_HIDDEN dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_launch *a,
                                       cudaStream_t stream);
+/* 1 (default): rows longer than the key cache take the two-read compaction path when their
+ * candidates fit in shared memory; 0: the five-read path (tests run both). cuda/topk.cu */
+DSA_HIDDEN extern int dsa_topk_compact_long_rows;
 /* Indexer helpers: copies q rows [tokens, heads, 128] (any strides) into a packed
  * [tokens * heads, 128] bf16 matrix; and the head reduction
  * scores[r * scores_ld + c] = sum_h w[r, h] * ReLU(logits[(r * heads + h) * logits_ld + c])
