@@ -142,3 +142,61 @@ uninstall:
 
 clean:
 	rm -rf $(BUILD)
+
+# ---- reliability: ASan/UBSan host build and libFuzzer harnesses (docs/reliability.md) ----------
+# `make test-asan`: src/*.c and every test suite rebuilt with ASan + UBSan into $(BUILD)/asan (the
+# CUDA objects are the normal ones, uninstrumented), then the Criterion binary. Criterion forks per
+# test, so a sanitizer report (it aborts the child) is a crashed, i.e. failed, test.
+# `make fuzz FUZZ_SECONDS=60`: the libFuzzer harnesses of tests/fuzz/ (clang), each run for
+# FUZZ_SECONDS on a corpus under $(BUILD)/fuzz; a crash, leak, timeout or OOM exits non-zero.
+SAN_FLAGS     ?= -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+ASAN_BUILD    := $(BUILD)/asan
+ASAN_OBJ      := $(SRC_C:%.c=$(ASAN_BUILD)/%.o)
+CU_OBJ_STATIC := $(SRC_CU:%.cu=$(BUILD)/static/%.o)
+ASAN_TEST_BIN := $(ASAN_BUILD)/dsa_tests
+# protect_shadow_gap=0: cudart maps memory in ASan's shadow gap when a GPU is present.
+ASAN_RUN_ENV  ?= ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=1:halt_on_error=1 \
+                 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1
+CLANG         ?= clang
+FUZZ_SECONDS  ?= 60
+FUZZ_BUILD    := $(BUILD)/fuzz
+FUZZ_SRC      := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN      := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
+FUZZ_OBJ      := $(SRC_C:%.c=$(FUZZ_BUILD)/%.o)
+FUZZ_CFLAGS   := -O1 -g -std=c99 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -Iinclude -Isrc \
+                 -I$(CUDA_HOME)/include -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+# allocator_may_return_null + max_allocation_size_mb: a plan too large for the fuzzer's memory is a
+# NULL malloc (DSA_ERROR_OUT_OF_HOST_MEMORY path), not a fuzzer OOM report.
+FUZZ_RUN_ENV  ?= ASAN_OPTIONS=protect_shadow_gap=0:allocator_may_return_null=1:max_allocation_size_mb=64 \
+                 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+FUZZ_ARGS     ?= -timeout=20 -rss_limit_mb=3072 -malloc_limit_mb=1024 -print_final_stats=1
+
+.PHONY: test-asan fuzz fuzz-build
+.SECONDARY: $(ASAN_OBJ) $(FUZZ_OBJ)
+$(ASAN_BUILD)/src/%.o: src/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SAN_FLAGS) -c $< -o $@
+$(ASAN_TEST_BIN): $(TEST_SRC) tests/test_common.h $(ASAN_OBJ) $(CU_OBJ_STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(SAN_FLAGS) -Itests -o $@ $(TEST_SRC) $(ASAN_OBJ) $(CU_OBJ_STATIC) \
+	  $(CRITERION_LIBS) $(LDLIBS_CUDA) $(RPATH_CUDA)
+test-asan: check-criterion
+	@$(MAKE) --no-print-directory $(ASAN_TEST_BIN)
+	$(ASAN_RUN_ENV) $(ASAN_TEST_BIN) --jobs 2 $(TEST_ARGS)
+
+$(FUZZ_BUILD)/src/%.o: src/%.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJ) $(CU_OBJ_STATIC)
+	@mkdir -p $(dir $@)
+	$(CLANG) $(FUZZ_CFLAGS) -Itests/fuzz -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_OBJ) \
+	  $(CU_OBJ_STATIC) $(LDLIBS_CUDA) $(RPATH_CUDA)
+fuzz-build: $(FUZZ_BIN)
+fuzz: fuzz-build
+	@for b in $(FUZZ_BIN); do \
+	  n=$$(basename $$b); c=$(FUZZ_BUILD)/corpus_$${n#fuzz_}; seeds=tests/fuzz/corpus_$${n#fuzz_}; \
+	  mkdir -p $$c $(FUZZ_BUILD)/artifacts; \
+	  echo "== $$n for $(FUZZ_SECONDS) s (corpus $$c)"; \
+	  $(FUZZ_RUN_ENV) $$b $(FUZZ_ARGS) -max_total_time=$(FUZZ_SECONDS) \
+	    -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$n- $$c $$( [ -d $$seeds ] && echo $$seeds ) || exit 1; \
+	done
