@@ -37,7 +37,8 @@
  *    exp(sink[h] - L') Delta; dsink[h] = 0 when sink is NULL or sink[h] = +-inf. Every row of dkv
  *    is written (rows never referenced get 0), and all of dq.
  *
- *  Zero-size work (num_tokens / rows == 0) writes nothing (dkv included), like the GPU ops.
+ *  Zero-size work (num_tokens / rows == 0) writes nothing, except the backward, whose gradients are
+ *  still defined: dkv = 0 on every row and dsink = 0 (pointers given), like the GPU op.
  *  Host scratch is allocated before any output is written, so an allocation failure
  *  (DSA_ERROR_OUT_OF_HOST_MEMORY) leaves the outputs untouched too.
  */
@@ -434,7 +435,7 @@ DSA_API dsa_status dsa_ref_sparse_attn_bwd(const dsa_attn_bwd_params *p_in) {
   const int64_t T = p.num_tokens, H = p.num_heads, D = p.head_dim, V = DSA_VALUE_DIM;
   const int64_t Tkv = p.num_kv;
   const int32_t K = p.topk;
-  if (T == 0) return DSA_SUCCESS;
+  /* No tokens still defines the gradients: dkv = 0 on every row and dsink = 0 (as the GPU op). */
   const double scale = (double)p.softmax_scale;
   /* all scratch first: nothing is written unless everything is in hand */
   double *dkv = (double *)calloc(Tkv > 0 ? (size_t)(Tkv * D) : 1, sizeof(double));
@@ -493,9 +494,10 @@ DSA_API dsa_status dsa_ref_sparse_attn_bwd(const dsa_attn_bwd_params *p_in) {
       for (int64_t d = 0; d < D; ++d) dq_out[d] = dsa_ref_double_to_bf16(scale * dqr[d]);
     }
   }
-  for (int64_t r = 0; r < Tkv; ++r)
-    for (int64_t d = 0; d < D; ++d)
-      p.dkv[r * p.dkv_stride + d] = dsa_ref_double_to_bf16(dkv[r * D + d]);
+  if (p.dkv != NULL)
+    for (int64_t r = 0; r < Tkv; ++r)
+      for (int64_t d = 0; d < D; ++d)
+        p.dkv[r * p.dkv_stride + d] = dsa_ref_double_to_bf16(dkv[r * D + d]);
   if (p.dsink)
     for (int64_t h = 0; h < H; ++h) p.dsink[h] = (float)dsink[h];
   free(dkv);
