@@ -7,7 +7,12 @@
  * radix-sort temp size, which depends on the device), then the size is compared and the kernels
  * launched. A workspace pointer of any alignment is accepted (aligned up inside; the slack is part
  * of the size). */
+#include <string.h>
 #include "internal.h"
+
+/* 0 = automatic (the sm_90a kernel where it runs, else the portable kernels), 1 = portable kernels
+ * only, 2 = sm_90a kernel only (DSA_ERROR_UNSUPPORTED where it declines; tests and benchmarks). */
+int dsa_attn_bwd_variant = 0;
 
 DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_params *p,
                                        void *workspace, size_t *workspace_bytes,
@@ -29,5 +34,18 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
                     "%s: workspace_bytes = %zu is below the %zu bytes this call needs (query the "
                     "size with workspace = NULL)",
                     fn, *workspace_bytes, need);
+  if (dsa_attn_bwd_variant == 2) return dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
+  if (dsa_attn_bwd_variant == 0 && !r.deterministic && ctx->cc_major == 9 && ctx->cc_minor == 0) {
+    /* The sm_90a kernel declines configurations it does not run with DSA_ERROR_UNSUPPORTED (before
+     * any launch); the call then succeeds on the portable kernels, so its message must not outlive
+     * it: keep the thread's previous message and put it back. */
+    char saved[512];
+    dsa_status s;
+    strncpy(saved, dsa_last_error_message(), sizeof saved - 1);
+    saved[sizeof saved - 1] = '\0';
+    s = dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
+    if (s != DSA_ERROR_UNSUPPORTED) return s;
+    (void)dsa_fail(DSA_SUCCESS, "%s", saved);
+  }
   return dsa_launch_attn_bwd(ctx, &r, workspace, (cudaStream_t)stream);
 }

@@ -98,6 +98,13 @@ DSA_HIDDEN extern int dsa_attn_fwd_variant;
 DSA_HIDDEN dsa_status dsa_attn_bwd_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes);
 DSA_HIDDEN dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                           void *workspace, cudaStream_t stream);
+/* The sm_90a tensor-core variant of the same launcher (cuda/attn_bwd_sm90.cu): non-deterministic
+ * mode, D = 576, cc 9.0; same workspace size and layout; DSA_ERROR_UNSUPPORTED for anything else
+ * (the op then runs dsa_launch_attn_bwd). dsa_attn_bwd_variant: 0 = automatic, 1 = force the
+ * portable kernels, 2 = force the sm_90a kernel (tests and benchmarks set it). */
+DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                               void *workspace, cudaStream_t stream);
+DSA_HIDDEN extern int dsa_attn_bwd_variant;
 
 /* ---- top-k and indexer launchers (cuda/topk.cu, cuda/indexer.cu; used by src/topk.c and
  * src/indexer.c) ---- */

@@ -8,9 +8,13 @@
  *    other.
  * Outputs are poisoned over their whole allocation, gaps of strided layouts included: every element
  * must be written and every gap must stay untouched. The workspace is handed over 1 byte off a
- * 256-byte boundary (the op aligns up inside). */
+ * 256-byte boundary (the op aligns up inside).
+ * The non-deterministic mode runs twice: on the portable kernels (dsa_attn_bwd_variant 1) and on the
+ * sm_90a kernel (variant 2; a configuration it declines with DSA_ERROR_UNSUPPORTED is logged and
+ * skipped, and DSA_TEST_REQUIRE_SM90=1 turns "declined D = 576" into a failure). */
 #include <limits.h>
 #include "test_common.h"
+#include "internal.h"
 
 typedef enum { LEN_NULL, LEN_ZERO, LEN_FULL, LEN_RANDOM } len_mode;
 typedef enum { SINK_NULL, SINK_FINITE, SINK_POS_INF, SINK_NEG_INF, SINK_MIX } sink_mode;
@@ -207,7 +211,10 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   gpu_result res[2] = {{0}};
   cr_assert(dq_host && dkv_host && dq_c && dkv_c);
 
-  for (int mode = 0; mode < 2; ++mode) {
+  /* pass 0: non-deterministic, portable kernels; pass 1: non-deterministic, sm_90a kernel;
+   * pass 2: deterministic (automatic choice) */
+  for (int pass = 0; pass < 3; ++pass) {
+    const int mode = pass == 2, variant = pass == 0 ? 1 : pass == 1 ? 2 : 0;
     p.deterministic = mode;
     size_t ws_bytes = 0, ws_again = 0;
     TC_OK(dsa_sparse_attn_bwd(ctx, &p, NULL, &ws_bytes, stream));
@@ -221,7 +228,19 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
       TC_CUDA(cudaMemcpy(d_dkv, poison16, ndkv * 2, cudaMemcpyHostToDevice));
       TC_CUDA(cudaMemcpy(d_dsink, poison32, sizeof poison32, cudaMemcpyHostToDevice));
       size_t b = ws_bytes;
-      TC_OK(dsa_sparse_attn_bwd(ctx, &p, ws + 1, &b, stream));
+      dsa_attn_bwd_variant = variant;
+      const dsa_status st = dsa_sparse_attn_bwd(ctx, &p, ws + 1, &b, stream);
+      dsa_attn_bwd_variant = 0;
+      if (variant == 2 && st == DSA_ERROR_UNSUPPORTED) {
+        if (D == 576 && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
+          cr_assert_fail("%s: the sm_90a kernel declined D=576 (it must run it): %s", name,
+                         dsa_last_error_message());
+        cr_log_info("%s: the sm_90a kernel declined this configuration: %s", name,
+                    dsa_last_error_message());
+        break;
+      }
+      cr_assert(st == DSA_SUCCESS, "%s: variant %d mode %d returned %d (%s)", name, variant, mode,
+                (int)st, dsa_last_error_message());
       TC_CUDA(cudaStreamSynchronize(stream));
       TC_CUDA(cudaGetLastError());
       TC_CUDA(cudaMemcpy(dq_host, d_dq, ndq * 2, cudaMemcpyDeviceToHost));
@@ -235,9 +254,11 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
       if (run == 0) {
         const double e_dq = tc_rel_err_bf16(dq_c, dq_ref, (size_t)(T * H * D));
         const double e_dkv = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
-        cr_log_info("%s mode %d: dq rel err %.3g, dkv rel err %.3g", name, mode, e_dq, e_dkv);
-        cr_assert(e_dq <= 1e-2, "%s mode %d: dq rel err %g", name, mode, e_dq);
-        cr_assert(e_dkv <= 1e-2, "%s mode %d: dkv rel err %g", name, mode, e_dkv);
+        cr_log_info("%s mode %d variant %d: dq rel err %.3g, dkv rel err %.3g", name, mode, variant,
+                    e_dq, e_dkv);
+        cr_assert(e_dq <= 1e-2, "%s mode %d variant %d: dq rel err %g", name, mode, variant, e_dq);
+        cr_assert(e_dkv <= 1e-2, "%s mode %d variant %d: dkv rel err %g", name, mode, variant,
+                  e_dkv);
         if (!c->no_dsink) {
           for (int h = 0; h < H; ++h) {
             if (dsink_ref[h] == 0.f)
@@ -245,18 +266,21 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
                         h, (double)dsink_got[h]);
           }
           const double e_ds = rel_err_f32(dsink_got, dsink_ref, (int)H);
-          cr_assert(e_ds <= 1e-3, "%s mode %d: dsink rel err %g (h0: %g vs %g)", name, mode, e_ds,
+          cr_assert(e_ds <= 1e-3, "%s mode %d variant %d: dsink rel err %g (h0: %g vs %g)", name,
+                    mode, variant, e_ds,
                     (double)dsink_got[0], (double)dsink_ref[0]);
         } else {
           for (int h = 0; h < DSA_MAX_HEADS; ++h)
             cr_assert(isnan(dsink_got[h]), "dsink = NULL but the buffer was written");
         }
-        res[mode].dq = malloc(ndq * 2);
-        res[mode].dkv = malloc(ndkv * 2);
-        cr_assert(res[mode].dq && res[mode].dkv);
-        memcpy(res[mode].dq, dq_host, ndq * 2);
-        memcpy(res[mode].dkv, dkv_host, ndkv * 2);
-        memcpy(res[mode].dsink, dsink_got, sizeof dsink_got);
+        if (res[mode].dq == NULL) { /* mode 0: the portable pass's results */
+          res[mode].dq = malloc(ndq * 2);
+          res[mode].dkv = malloc(ndkv * 2);
+          cr_assert(res[mode].dq && res[mode].dkv);
+          memcpy(res[mode].dq, dq_host, ndq * 2);
+          memcpy(res[mode].dkv, dkv_host, ndkv * 2);
+          memcpy(res[mode].dsink, dsink_got, sizeof dsink_got);
+        }
       } else {
         cr_assert(memcmp(res[mode].dkv, dkv_host, ndkv * 2) == 0,
                   "%s: deterministic dkv differs between run 0 and run %d", name, run);

@@ -1,0 +1,574 @@
+/*
+ * attn_bwd_sm90.cu - sparse MLA attention backward on sm_90a tensor cores (wgmma), the fast variant
+ * of dsa_sparse_attn_bwd's main pass in the NON-deterministic (fp32 atomic dkv) mode. The portable
+ * kernels (cuda/attn_bwd.cu) cover every configuration this one declines with
+ * DSA_ERROR_UNSUPPORTED, and the whole deterministic mode.
+ *
+ * Math and workspace are those of cuda/attn_bwd.cu (docs/design.md section 6): the prep pass writes
+ * Delta = sum_{d<512} out*dout, L' = logaddexp(lse, sink) (+inf for rows that contribute nothing)
+ * and the dsink partials; the main pass accumulates dkv in an fp32 [T_kv, D] workspace buffer with
+ * atomics; a convert pass writes bf16 dkv; a fixed-order per-head reduction writes dsink. The small
+ * passes are copies of the portable ones (same layout: delta, lp, part, acc, each 256-B aligned);
+ * only the main pass differs.
+ *
+ * Main kernel: one CTA = one query token x one block of 64 heads (H = 128: two CTAs per token,
+ * adjacent in the 1-D grid; H not a multiple of 64: the missing head rows are zero-filled and get
+ * L' = +inf, so they contribute exactly 0). 256 threads = two warpgroups, no warp specialisation:
+ * every thread issues cp.async for the gathers, both WGs run wgmma. Heads are the M of the products
+ * with heads on M; keys are the M of the dkv products.
+ * Shared memory (every tile 1024-B aligned, 128B swizzle, [rows][64-column blocks of 8 KB]):
+ *   Q [64 heads x 576] 72 KB, dO [64 heads x 512] 64 KB (loaded once), KV tile [64 keys x 576]
+ *   72 KB (single buffer), P and dS [64 heads x 64 keys] bf16 8 KB each, indices [2][64], L' and
+ *   Delta [64]: 230400 B + 1024 B alignment slack.
+ * Per 64-key tile n (WG c = 0, 1):
+ *   1. S = Q K^T and dP = dO V^T for keys [32 c, 32 c + 32): SS wgmma m64n32k16, both operands
+ *      K-major (36 + 32 k-steps).
+ *   2. P = exp2(S * scale * log2e - L' * log2e) (0 for invalid slots), dS = scale * P * (dP - Delta);
+ *      both rounded to bf16 and written with stmatrix into the shared P / dS tiles (K-major: rows =
+ *      heads, columns = keys). Barrier (both WGs' halves).
+ *   3. dQ += dS K: SS wgmma, A = dS tile (K-major), B = KV tile read MN-major (tB = 1). WG0 owns dims
+ *      [0, 256) (one m64n256 per k16: 128 registers), WG1 dims [256, 576) (m64n256 + m64n64: 160).
+ *   4. Barrier; the KV tile is no longer read: the gather of tile n + 1 is issued now and lands
+ *      while step 5 runs.
+ *   5. dKV_tile = dS^T Q + P^T dO (keys on M): per 64-dim block b of this WG's dims, SS wgmma
+ *      m64n64k16 with A = dS / P tile read M-major (tA = 1, +2048 B per k16 of heads) and B = Q / dO
+ *      read MN-major (tB = 1), 4 + 4 k-steps (block 8 has no dO part); then vector fp32 atomics
+ *      (atomicAdd on float2 = red.global.add.v2.f32, sm_90) into acc[idx[key]] for valid keys.
+ * dQ is written (bf16 pairs) from registers after the last tile.
+ * Declined with DSA_ERROR_UNSUPPORTED: deterministic mode, a device other than cc 9.0, D != 576,
+ * q / kv / dout rows not 16-B aligned, dq rows not 4-B aligned, T * ceil(H / 64) above 2^31 - 1,
+ * shared memory above the device's opt-in limit.
+ * v1 trade-offs, next steps in order:
+ *   - the KV tile is single-buffered: tile n + 1's gather overlaps only step 5 of tile n; S / dP of
+ *     tile n + 1 wait for it. Next: shrink the dkv pass's smem (or split Q's RoPE part) to
+ *     double-buffer KV, and a producer warpgroup with mbarriers as in attn_fwd_sm90.cu.
+ *   - every wgmma group is waited on at once (no overlap of the atomics of block b with the wgmma of
+ *     block b + 1). Next: two 32-register dKV accumulators in flight.
+ *   - WG1 does 5/4 of WG0's dQ and dKV work (the 576 dims split on 64-dim block boundaries).
+ *   - dkv atomics: 64 keys x 576 fp32 per tile per head block (H = 128 doubles them).
+ */
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include "sm90_common.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;        /* two warpgroups */
+constexpr int kBlockM = 64;          /* heads per CTA: the M of one wgmma */
+constexpr int kBlockN = 64;          /* keys per KV tile */
+constexpr int kD = 576;              /* head dim handled: nine 64-column blocks */
+constexpr int kNB = kD / 64;         /* 9 */
+constexpr int kNBV = DSA_VALUE_DIM / 64; /* 8 value blocks */
+constexpr int kBlkBytes = 64 * 128;  /* one 64 x 64 bf16 SW128 block: 8 atoms of 1024 B */
+constexpr int kPrepThreads = 256;
+constexpr size_t kAlign = 256;       /* workspace region alignment (cuda/attn_bwd.cu) */
+constexpr float kLog2e = 1.4426950408889634f;
+[[maybe_unused]] constexpr int kBar = 1; /* named barrier over the CTA's 256 threads */
+
+/* Shared-memory layout (byte offsets from the 1024-B aligned base). */
+struct Smem {
+  static constexpr int kQ = 0;
+  static constexpr int kDO = kQ + kNB * kBlkBytes;
+  static constexpr int kKV = kDO + kNBV * kBlkBytes;
+  static constexpr int kP = kKV + kNB * kBlkBytes;
+  static constexpr int kDS = kP + kBlkBytes;
+  static constexpr int kIdx = kDS + kBlkBytes;       /* int32 [2][64]: kv row or -1 */
+  static constexpr int kLp = kIdx + 2 * kBlockN * 4; /* f32 [64]: L' * log2e, +inf for dead rows */
+  static constexpr int kDelta = kLp + kBlockM * 4;   /* f32 [64] */
+  static constexpr int kEnd = kDelta + kBlockM * 4;
+  static constexpr int kBytes = kEnd + 1024;         /* + slack to align the base */
+};
+static_assert(Smem::kKV % 1024 == 0 && Smem::kP % 1024 == 0 && Smem::kDS % 1024 == 0, "1024-B tiles");
+static_assert(Smem::kBytes <= 232448, "fits the 227 KB opt-in");
+
+struct MainArgs {
+  dsa_attn_bwd_params p;
+  const float *delta, *lp; /* [T, H] from the prep pass */
+  float *acc;              /* [T_kv, 576] fp32 */
+  float scale, scale_log2;
+  int num_hblocks;
+};
+
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+/* D(64x64) (+)= A(64x16, smem M-major, tA = 1) * B(16x64, smem MN-major, tB = 1). */
+__device__ __forceinline__ void bwd_wgmma_ss_m64n64k16_ta1_tb1(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+      :
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+/* D(64x64) (+)= A(64x16, smem K-major) * B(16x64, smem MN-major, tB = 1). */
+__device__ __forceinline__ void bwd_wgmma_ss_m64n64k16_tb1(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;\n}\n"
+      :
+      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+#endif
+
+/* One consumer warpgroup's share of a tile loop: dQ and dKV over NB 64-dim blocks starting at block
+ * B0 (WG0: <4, 0>, WG1: <5, 4>). Both warpgroups run the same sequence of named barriers. */
+template <int NB, int B0>
+__device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t *smem, int wg, int ntiles,
+                                                  int64_t tok, int h0, int klen) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(NB == 4 || NB == 5, "dQ: one m64n256 (+ one m64n64) per k16");
+  typedef Smem L;
+  const dsa_attn_bwd_params &p = args.p;
+  const int tid = threadIdx.x, t = tid & 127, warp = t >> 5, lane = t & 31;
+  const int g = tid >> 3, j = tid & 7; /* gather: chunk j of rows g and g + 32 (same r % 8) */
+  const uint32_t sq = sm90_smem_addr(smem + L::kQ), sdo = sm90_smem_addr(smem + L::kDO);
+  const uint32_t skv = sm90_smem_addr(smem + L::kKV);
+  const uint32_t sp = sm90_smem_addr(smem + L::kP), sds = sm90_smem_addr(smem + L::kDS);
+  int32_t *sidx = (int32_t *)(smem + L::kIdx);
+  const float *slp = (const float *)(smem + L::kLp), *sdelta = (const float *)(smem + L::kDelta);
+  const int32_t *irow = p.indices + tok * p.indices_stride;
+  const int key0 = 32 * wg; /* this WG's S / dP columns (keys) */
+  const float scale = args.scale, scale_log2 = args.scale_log2;
+  constexpr int kDQ = NB * 32; /* dQ accumulator registers: 64 x (64 NB) fp32 over 128 threads */
+
+  float dq[kDQ];
+#pragma unroll
+  for (int i = 0; i < kDQ; ++i) dq[i] = 0.f;
+
+  for (int n = 0; n < ntiles; ++n) {
+    const int s = n & 1;
+    sm90_cp_async_wait_all();  /* this thread's copies of tile n (and of Q / dO) have landed */
+    sm90_fence_proxy_async();  /* cp.async (generic proxy) -> wgmma (async proxy) */
+    sm90_named_bar_sync(kBar, kThreads);
+
+    /* ---- 1. S = Q K^T, dP = dO V^T for keys [key0, key0 + 32): K-major SW128, LBO 16 (unused),
+     * SBO 1024, +32 B per k16, +8 KB per 64-column block; B starts at key row key0 (4096 B). */
+    float sacc[16], dpacc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      sacc[i] = 0.f;
+      dpacc[i] = 0.f;
+      sm90_fence_operand(sacc[i]);
+      sm90_fence_operand(dpacc[i]);
+    }
+    sm90_wgmma_fence();
+#pragma unroll
+    for (int b = 0; b < kNB; ++b)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t off = b * kBlkBytes + k * 32;
+        sm90_wgmma_ss_m64n32k16(sacc, sm90_make_desc_sw128(sq + off, 16, 1024),
+                                sm90_make_desc_sw128(skv + key0 * 128 + off, 16, 1024), (b | k) != 0);
+      }
+#pragma unroll
+    for (int b = 0; b < kNBV; ++b)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t off = b * kBlkBytes + k * 32;
+        sm90_wgmma_ss_m64n32k16(dpacc, sm90_make_desc_sw128(sdo + off, 16, 1024),
+                                sm90_make_desc_sw128(skv + key0 * 128 + off, 16, 1024), (b | k) != 0);
+      }
+    sm90_wgmma_commit();
+    sm90_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      sm90_fence_operand(sacc[i]);
+      sm90_fence_operand(dpacc[i]);
+    }
+
+    /* ---- 2. P, dS. Register i: head row 16 warp + lane / 4 + 8 ((i >> 1) & 1), key column
+     * key0 + 8 (i >> 2) + 2 (lane % 4) + (i & 1) (hopper-notes 2). */
+    const int r0 = 16 * warp + (lane >> 2);
+    const float lp2[2] = {slp[r0], slp[r0 + 8]};
+    const float dl[2] = {sdelta[r0], sdelta[r0 + 8]};
+    const int32_t *tidx = sidx + s * kBlockN;
+    float pv[16], dsv[16];
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) {
+      const int col = key0 + 8 * cc + 2 * (lane & 3);
+      const bool v0 = tidx[col] >= 0, v1 = tidx[col + 1] >= 0;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * cc + 2 * hr + e;
+          const float pr = (e ? v1 : v0) ? exp2f(sacc[i] * scale_log2 - lp2[hr]) : 0.f;
+          pv[i] = pr;
+          dsv[i] = scale * pr * (dpacc[i] - dl[hr]);
+        }
+    }
+    /* stmatrix x4 per k16 slice kk of this WG's 32 keys: register q = the pair (8 kk + 2 q, +1);
+     * lane l addresses row 16 warp + l % 8 + 8 ((l / 8) % 2), 16-B chunk 2 (key0 / 16 + kk) + l / 16
+     * of the K-major SW128 tile (hopper-notes 2, probe test F). */
+    {
+      const int r = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        const int chunk = 2 * (key0 / 16 + kk) + (lane >> 4);
+        const uint32_t off = r * 128 + (((chunk ^ r) & 7) << 4);
+        sm90_stmatrix_x4(sp + off, sm90_pack_bf16x2(pv[8 * kk + 0], pv[8 * kk + 1]),
+                         sm90_pack_bf16x2(pv[8 * kk + 2], pv[8 * kk + 3]),
+                         sm90_pack_bf16x2(pv[8 * kk + 4], pv[8 * kk + 5]),
+                         sm90_pack_bf16x2(pv[8 * kk + 6], pv[8 * kk + 7]));
+        sm90_stmatrix_x4(sds + off, sm90_pack_bf16x2(dsv[8 * kk + 0], dsv[8 * kk + 1]),
+                         sm90_pack_bf16x2(dsv[8 * kk + 2], dsv[8 * kk + 3]),
+                         sm90_pack_bf16x2(dsv[8 * kk + 4], dsv[8 * kk + 5]),
+                         sm90_pack_bf16x2(dsv[8 * kk + 6], dsv[8 * kk + 7]));
+      }
+    }
+    sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
+    sm90_named_bar_sync(kBar, kThreads);
+
+    /* ---- 3. dQ += dS K: A = dS tile K-major (+32 B per k16 of keys); B = KV tile dims
+     * [64 B0, 64 (B0 + NB)) read MN-major: LBO 8192 between 64-dim blocks, SBO 1024 between 8-key
+     * groups, +2048 B per k16 of keys. */
+#pragma unroll
+    for (int i = 0; i < kDQ; ++i) sm90_fence_operand(dq[i]);
+    sm90_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t da = sm90_make_desc_sw128(sds + kk * 32, 16, 1024);
+      sm90_wgmma_ss_m64n256k16_tb1(dq, da, sm90_make_desc_sw128(skv + B0 * kBlkBytes + kk * 2048, kBlkBytes, 1024),
+                                   1);
+      if constexpr (NB == 5)
+        bwd_wgmma_ss_m64n64k16_tb1(dq + 128, da,
+                                   sm90_make_desc_sw128(skv + (B0 + 4) * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
+    }
+    sm90_wgmma_commit();
+    sm90_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kDQ; ++i) sm90_fence_operand(dq[i]);
+
+    /* ---- 4. both WGs are done reading the KV tile: gather tile n + 1 into it now. Its indices go
+     * to the other half of sidx, last read by tile n - 1's atomics (before this tile's first
+     * barrier). */
+    sm90_named_bar_sync(kBar, kThreads);
+    if (n + 1 < ntiles) {
+      const int sn = (n + 1) & 1;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = g + 32 * i, slot = (n + 1) * kBlockN + r;
+        const int32_t idx = slot < klen ? __ldg(irow + slot) : -1;
+        const bool ok = idx >= 0 && (int64_t)idx < p.num_kv;
+        /* an invalid slot copies 0 bytes from a harmless address */
+        const uint16_t *src = ok ? p.kv + (int64_t)idx * p.kv_stride + j * 8 : p.q + j * 8;
+#pragma unroll
+        for (int b = 0; b < kNB; ++b)
+          sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+        if (j == 0) sidx[sn * kBlockN + r] = ok ? idx : -1;
+      }
+    }
+
+    /* ---- 5. dKV rows of this tile, per 64-dim block b: keys on M. A = dS / P tile read M-major
+     * (tA = 1: +2048 B per k16 of heads, SBO 1024, LBO 8192 unused for one 64-key block), B = Q / dO
+     * block b read MN-major (tB = 1), probe test G. Register i: key row 16 warp + lane / 4 +
+     * 8 ((i >> 1) & 1), dim 64 b + 8 (i >> 2) + 2 (lane % 4) + (i & 1). */
+    const int32_t kr0 = tidx[r0], kr1 = tidx[r0 + 8];
+#pragma unroll 1
+    for (int bb = 0; bb < NB; ++bb) {
+      const int b = B0 + bb;
+      float acc[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        acc[i] = 0.f;
+        sm90_fence_operand(acc[i]);
+      }
+      sm90_wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        bwd_wgmma_ss_m64n64k16_ta1_tb1(acc, sm90_make_desc_sw128(sds + kk * 2048, kBlkBytes, 1024),
+                                       sm90_make_desc_sw128(sq + b * kBlkBytes + kk * 2048, kBlkBytes, 1024), kk != 0);
+      if (b < kNBV) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          bwd_wgmma_ss_m64n64k16_ta1_tb1(acc, sm90_make_desc_sw128(sp + kk * 2048, kBlkBytes, 1024),
+                                         sm90_make_desc_sw128(sdo + b * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
+      }
+      sm90_wgmma_commit();
+      sm90_wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
+      const int c0 = 64 * b + 2 * (lane & 3);
+      if (kr0 >= 0) {
+        float *row = args.acc + (int64_t)kr0 * kD + c0;
+#pragma unroll
+        for (int cc = 0; cc < 8; ++cc) atomicAdd((float2 *)(row + 8 * cc), make_float2(acc[4 * cc], acc[4 * cc + 1]));
+      }
+      if (kr1 >= 0) {
+        float *row = args.acc + (int64_t)kr1 * kD + c0;
+#pragma unroll
+        for (int cc = 0; cc < 8; ++cc)
+          atomicAdd((float2 *)(row + 8 * cc), make_float2(acc[4 * cc + 2], acc[4 * cc + 3]));
+      }
+    }
+  }
+
+  /* ---- dQ out: bf16 pairs, head rows h0 + r0 (+ 8) that exist. */
+  const int r0 = 16 * warp + (lane >> 2);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int h = h0 + r0 + 8 * hr;
+    if (h >= p.num_heads) continue;
+    uint16_t *orow = p.dq + tok * p.dq_stride_token + (int64_t)h * p.dq_stride_head + 64 * B0 + 2 * (lane & 3);
+#pragma unroll
+    for (int cc = 0; cc < kDQ / 4; ++cc) {
+      const int i = 4 * cc + 2 * hr;
+      *(uint32_t *)(orow + 8 * cc) = sm90_pack_bf16x2(dq[i], dq[i + 1]);
+    }
+  }
+#endif
+}
+
+__global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid_constant__ MainArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  typedef Smem L;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  const dsa_attn_bwd_params &p = args.p;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int64_t tok = blockIdx.x / args.num_hblocks;
+  const int h0 = (int)(blockIdx.x % args.num_hblocks) * kBlockM;
+  int klen = p.topk; /* slots [0, klen) may be valid */
+  if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
+  const int ntiles = (klen + kBlockN - 1) / kBlockN;
+
+  if (ntiles > 0) {
+    const int g = tid >> 3, j = tid & 7;
+    const uint32_t sq = sm90_smem_addr(smem + L::kQ), sdo = sm90_smem_addr(smem + L::kDO);
+    const uint32_t skv = sm90_smem_addr(smem + L::kKV);
+    int32_t *sidx = (int32_t *)(smem + L::kIdx);
+    /* Q and dO rows (heads past H: zero rows) */
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = g + 32 * i, h = h0 + r;
+      const bool ok = h < p.num_heads;
+      const int hh = ok ? h : h0;
+      const uint16_t *qs = p.q + tok * p.q_stride_token + (int64_t)hh * p.q_stride_head + j * 8;
+      const uint16_t *gs = p.dout + tok * p.dout_stride_token + (int64_t)hh * p.dout_stride_head + j * 8;
+#pragma unroll
+      for (int b = 0; b < kNB; ++b)
+        sm90_cp_async16(sq + b * kBlkBytes + sm90_sw128_chunk_off(r, j), qs + b * 64, ok ? 16u : 0u);
+#pragma unroll
+      for (int b = 0; b < kNBV; ++b)
+        sm90_cp_async16(sdo + b * kBlkBytes + sm90_sw128_chunk_off(r, j), gs + b * 64, ok ? 16u : 0u);
+    }
+    /* tile 0 */
+    const int32_t *irow = p.indices + tok * p.indices_stride;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = g + 32 * i;
+      const int32_t idx = r < klen ? __ldg(irow + r) : -1;
+      const bool ok = idx >= 0 && (int64_t)idx < p.num_kv;
+      const uint16_t *src = ok ? p.kv + (int64_t)idx * p.kv_stride + j * 8 : p.q + j * 8;
+#pragma unroll
+      for (int b = 0; b < kNB; ++b)
+        sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+      if (j == 0) sidx[r] = ok ? idx : -1;
+    }
+    if (tid < kBlockM) {
+      const int h = h0 + tid;
+      float *slp = (float *)(smem + L::kLp), *sdelta = (float *)(smem + L::kDelta);
+      const bool live = h < p.num_heads;
+      slp[tid] = live ? args.lp[tok * p.num_heads + h] * kLog2e : INFINITY; /* +inf * log2e = +inf */
+      sdelta[tid] = live ? args.delta[tok * p.num_heads + h] : 0.f;
+    }
+  }
+  if (wg == 0)
+    bwd_sm90_consumer<4, 0>(args, smem, 0, ntiles, tok, h0, klen);
+  else
+    bwd_sm90_consumer<5, 4>(args, smem, 1, ntiles, tok, h0, klen);
+  sm90_cp_async_wait_all();
+#elif defined(__CUDA_ARCH__)
+  __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
+#endif
+}
+
+/* ---- the small passes, copies of cuda/attn_bwd.cu's (same math, same workspace layout) ---------- */
+__device__ __forceinline__ float bf2f(uint16_t x) { return __uint_as_float((uint32_t)x << 16); }
+
+__device__ __forceinline__ int eff_len(const dsa_attn_bwd_params &p, int64_t t) {
+  if (p.topk_length == nullptr) return p.topk;
+  const int l = p.topk_length[t];
+  return l < 0 ? 0 : (l > p.topk ? p.topk : l);
+}
+
+/* Delta, L', dsink partials: one CTA per token (block-stride loop), one warp per head. */
+__global__ void __launch_bounds__(kPrepThreads) bwd_sm90_prep_kernel(const __grid_constant__ dsa_attn_bwd_params p,
+                                                                      float *delta, float *lp, float *part) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    const int len = eff_len(p, t);
+    int any = 0;
+    for (int j = tid; j < len && !any; j += kPrepThreads) {
+      const int v = p.indices[t * p.indices_stride + j];
+      any = v >= 0 && (int64_t)v < p.num_kv;
+    }
+    any = __syncthreads_or(any);
+    for (int h = warp; h < p.num_heads; h += kPrepThreads / 32) {
+      const uint16_t *o = p.out + t * p.out_stride_token + (int64_t)h * p.out_stride_head;
+      const uint16_t *g = p.dout + t * p.dout_stride_token + (int64_t)h * p.dout_stride_head;
+      float s = 0.f;
+      for (int d = lane; d < DSA_VALUE_DIM; d += 32) s += bf2f(o[d]) * bf2f(g[d]);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (lane == 0) {
+        const int64_t th = t * p.num_heads + h;
+        const float L = p.lse[th];
+        const float sk = p.sink ? p.sink[h] : -INFINITY;
+        float Lp = INFINITY;
+        if (any && L != INFINITY) {
+          if (sk == -INFINITY) Lp = L;
+          else Lp = fmaxf(L, sk) + log1pf(expf(-fabsf(L - sk)));
+        }
+        float pt = 0.f;
+        if (any && isfinite(sk) && Lp != INFINITY) pt = expf(sk - Lp) * s;
+        delta[th] = s;
+        lp[th] = Lp;
+        part[th] = pt;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+/* fp32 accumulator -> bf16 dkv (src NULL: zeros). */
+__global__ void bwd_sm90_convert_kernel(const __grid_constant__ dsa_attn_bwd_params p, const float *src) {
+  const int64_t n = p.num_kv * p.head_dim;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / p.head_dim, d = i - r * p.head_dim;
+    const uint16_t v = src ? __bfloat16_as_ushort(__float2bfloat16_rn(src[i])) : (uint16_t)0;
+    p.dkv[r * p.dkv_stride + d] = v;
+  }
+}
+
+/* dsink: one CTA per head sums the per-token partials in a fixed order. */
+__global__ void __launch_bounds__(kPrepThreads) bwd_sm90_dsink_kernel(const __grid_constant__ dsa_attn_bwd_params p,
+                                                                       const float *part) {
+  __shared__ float red[kPrepThreads];
+  const int h = blockIdx.x, tid = threadIdx.x;
+  float s = 0.f;
+  for (int64_t t = tid; t < p.num_tokens; t += kPrepThreads) s += part[t * p.num_heads + h];
+  red[tid] = s;
+  __syncthreads();
+  for (int w = kPrepThreads / 2; w > 0; w >>= 1) {
+    if (tid < w) red[tid] += red[tid + w];
+    __syncthreads();
+  }
+  if (tid == 0) {
+    const float sk = p.sink ? p.sink[h] : -INFINITY;
+    p.dsink[h] = (p.sink && isfinite(sk) && p.num_tokens > 0) ? -red[0] : 0.f;
+  }
+}
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+unsigned grid_for(int64_t n, int64_t per_block, int64_t cap) {
+  int64_t g = (n + per_block - 1) / per_block;
+  if (g > cap) g = cap;
+  if (g < 1) g = 1;
+  return (unsigned)g;
+}
+
+}  // namespace
+
+extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                               void *workspace, cudaStream_t stream) {
+  static const char fn[] = "dsa_sparse_attn_bwd";
+  if (p->deterministic)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel runs the non-deterministic mode only", fn);
+  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
+                    ctx->cc_major, ctx->cc_minor);
+  if (p->head_dim != kD)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports head_dim 576, not %d", fn,
+                    (int)p->head_dim);
+  if (p->num_heads < 1 || p->num_heads > DSA_MAX_HEADS)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports num_heads 1..%d, not %d", fn,
+                    DSA_MAX_HEADS, (int)p->num_heads);
+  /* cp.async moves 16 B: q / kv / dout rows must start 16-B aligned; dq is written as bf16 pairs */
+  if (((uintptr_t)p->q & 15) || ((uintptr_t)p->kv & 15) || ((uintptr_t)p->dout & 15) || (p->q_stride_token & 7) ||
+      (p->q_stride_head & 7) || (p->kv_stride & 7) || (p->dout_stride_token & 7) || (p->dout_stride_head & 7))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a kernel needs 16-byte aligned q / kv / dout rows (q strides %lld, %lld; "
+                    "kv_stride %lld; dout strides %lld, %lld)",
+                    fn, (long long)p->q_stride_token, (long long)p->q_stride_head, (long long)p->kv_stride,
+                    (long long)p->dout_stride_token, (long long)p->dout_stride_head);
+  if (((uintptr_t)p->dq & 3) || (p->dq_stride_token & 1) || (p->dq_stride_head & 1))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a kernel needs 4-byte aligned dq rows (dq strides %lld, %lld)", fn,
+                    (long long)p->dq_stride_token, (long long)p->dq_stride_head);
+  const int num_hblocks = (p->num_heads + kBlockM - 1) / kBlockM;
+  if (p->num_tokens > (int64_t)0x7fffffff / num_hblocks)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
+                    0x7fffffff / num_hblocks, (long long)p->num_tokens);
+  const int smem_bytes = Smem::kBytes;
+  if (smem_bytes > ctx->max_smem_optin)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d",
+                    fn, smem_bytes, ctx->max_smem_optin);
+
+  /* workspace regions as in cuda/attn_bwd.cu's make_layout (non-deterministic mode) */
+  const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
+  unsigned char *ws = (unsigned char *)(((uintptr_t)workspace + kAlign - 1) & ~(uintptr_t)(kAlign - 1));
+  float *delta = (float *)ws, *lp = (float *)(ws + align_up(th * 4)), *part = (float *)(ws + 2 * align_up(th * 4));
+  float *acc = (float *)(ws + 3 * align_up(th * 4));
+  const unsigned cap = 1u << 20;
+
+  if (p->num_tokens == 0) { /* dkv = 0 on all rows, dsink = 0 */
+    if (p->num_kv > 0 && p->dkv != nullptr) {
+      bwd_sm90_convert_kernel<<<grid_for(p->num_kv * p->head_dim, 256, cap), 256, 0, stream>>>(*p, nullptr);
+      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+    }
+    if (p->dsink) {
+      bwd_sm90_dsink_kernel<<<p->num_heads, kPrepThreads, 0, stream>>>(*p, part);
+      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+    }
+    return DSA_SUCCESS;
+  }
+
+  static unsigned char attr_done[64];
+  const int dev = ctx->device;
+  if (dev < 0 || dev >= 64 || !attr_done[dev]) {
+    DSA_TRY(dsa_cuda_status(
+        (int)cudaFuncSetAttribute(attn_bwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes), fn));
+    if (dev >= 0 && dev < 64) attr_done[dev] = 1;
+  }
+
+  bwd_sm90_prep_kernel<<<grid_for(p->num_tokens, 1, cap), kPrepThreads, 0, stream>>>(*p, delta, lp, part);
+  DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  if (p->num_kv > 0)
+    DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(acc, 0, (size_t)p->num_kv * kD * 4, stream), fn));
+
+  MainArgs args;
+  args.p = *p;
+  args.delta = delta;
+  args.lp = lp;
+  args.acc = acc;
+  args.scale = p->softmax_scale;
+  args.scale_log2 = p->softmax_scale * kLog2e;
+  args.num_hblocks = num_hblocks;
+  attn_bwd_sm90_kernel<<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+  DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+
+  if (p->num_kv > 0) {
+    bwd_sm90_convert_kernel<<<grid_for(p->num_kv * p->head_dim, 256, cap), 256, 0, stream>>>(*p, acc);
+    DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  }
+  if (p->dsink) {
+    bwd_sm90_dsink_kernel<<<p->num_heads, kPrepThreads, 0, stream>>>(*p, part);
+    DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  }
+  return DSA_SUCCESS;
+}
