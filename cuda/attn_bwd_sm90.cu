@@ -35,6 +35,10 @@
  *      read MN-major (tB = 1), 4 + 4 k-steps (block 8 has no dO part); then vector fp32 atomics
  *      (atomicAdd on float2 = red.global.add.v2.f32, sm_90) into acc[idx[key]] for valid keys.
  * dQ is written (bf16 pairs) from registers after the last tile.
+ * ptxas (nvcc 13, -Xptxas -v): 227 registers (__launch_bounds__(256, 1)), no spills, no C7511/C7515;
+ * two C7519 notes (warpgroup.arrive injected around the optional P^T dO chain of the dKV block).
+ * SASS per CTA: 136 HGMMA.64x32x16 (S, dP), 8 HGMMA.64x256x16 + 4 HGMMA.64x64x16 (dQ), 16
+ * HGMMA.64x64x16 with tnspA.tnspB (dKV), STSM, LDGSTS, REDG.E.ADD.F32x2 (both warpgroups' code).
  * Declined with DSA_ERROR_UNSUPPORTED: deterministic mode, a device other than cc 9.0, D != 576,
  * q / kv / dout rows not 16-B aligned, dq rows not 4-B aligned, T * ceil(H / 64) above 2^31 - 1,
  * shared memory above the device's opt-in limit.
