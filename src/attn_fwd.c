@@ -3,7 +3,8 @@
 #include <string.h>
 #include "internal.h"
 
-/* 0 = automatic, 1 = portable kernel only, 2 = sm_90a kernel only (tests and benchmarks). */
+/* 0 = automatic, 1 = portable kernel only, 2 = sm_90a kernel only, 3 = sm_90a small-H kernel only
+ * (H <= 32; tests and benchmarks). */
 int dsa_attn_fwd_variant = 0;
 
 DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_params *p,
@@ -22,14 +23,27 @@ DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_para
                       "device has %d.%d", ctx->cc_major, ctx->cc_minor);
     return dsa_launch_attn_fwd_sm90(ctx, &r, stream);
   }
+  if (dsa_attn_fwd_variant == 3) {
+    if (!hopper)
+      return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                      "dsa_sparse_attn_fwd: the sm_90a small-H kernel needs compute capability 9.0, "
+                      "the device has %d.%d", ctx->cc_major, ctx->cc_minor);
+    return dsa_launch_attn_fwd_sm90_small(ctx, &r, stream);
+  }
   if (hopper) {
-    /* The sm_90a kernel declines configurations it does not run with DSA_ERROR_UNSUPPORTED; the
-     * call then succeeds on the portable kernel, so its message must not outlive it: keep the
-     * thread's previous message and put it back. */
+    /* The sm_90a kernels decline configurations they do not run with DSA_ERROR_UNSUPPORTED; the
+     * call then succeeds on the next one, so its message must not outlive it: keep the thread's
+     * previous message and put it back. H <= 32 tries the small-H kernel (keys on the wgmma M
+     * dimension, no padded heads) first. */
     char saved[512];
     dsa_status s;
     strncpy(saved, dsa_last_error_message(), sizeof saved - 1);
     saved[sizeof saved - 1] = '\0';
+    if (r.num_heads <= 32) {
+      s = dsa_launch_attn_fwd_sm90_small(ctx, &r, stream);
+      if (s != DSA_ERROR_UNSUPPORTED) return s;
+      (void)dsa_fail(DSA_SUCCESS, "%s", saved);
+    }
     s = dsa_launch_attn_fwd_sm90(ctx, &r, stream);
     if (s != DSA_ERROR_UNSUPPORTED) return s;
     (void)dsa_fail(DSA_SUCCESS, "%s", saved);

@@ -85,11 +85,14 @@ DSA_HIDDEN dsa_status dsa_launch_pad_heads(const dsa_context *ctx, const dsa_pad
 /* Sparse attention forward: the portable kernel (any arch, any H, D) and the sm_90a tensor-core
  * kernel, which returns DSA_ERROR_UNSUPPORTED for a configuration it does not handle (the public
  * op then falls back to the portable one). dsa_attn_fwd_variant: 0 = automatic, 1 = force the
- * portable kernel, 2 = force the sm_90a kernel (tests and benchmarks set it). */
+ * portable kernel, 2 = force the sm_90a kernel (tests and benchmarks set it), 3 = force the sm_90a
+ * small-H kernel (cuda/attn_fwd_sm90_small.cu, H <= 32; automatic mode tries it first for H <= 32). */
 DSA_HIDDEN dsa_status dsa_launch_attn_fwd_simple(const dsa_context *ctx,
                                                  const dsa_attn_fwd_params *p, cudaStream_t stream);
 DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx,
                                                const dsa_attn_fwd_params *p, cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small(const dsa_context *ctx,
+                                                     const dsa_attn_fwd_params *p, cudaStream_t stream);
 DSA_HIDDEN extern int dsa_attn_fwd_variant;
 
 /* Sparse attention backward (cuda/attn_bwd.cu): the workspace size for validated, stride-resolved

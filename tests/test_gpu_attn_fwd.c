@@ -1,7 +1,7 @@
 /* test_gpu_attn_fwd.c - GPU suite gpu_attn_fwd: dsa_sparse_attn_fwd against the CPU reference
  * dsa_ref_sparse_attn_fwd on fresh random inputs, for both kernels (dsa_attn_fwd_variant 1 = the
- * portable kernel, 2 = the sm_90a kernel; a configuration the sm_90a kernel declines is logged and
- * skipped for that variant only).
+ * portable kernel, 2 = the sm_90a kernel, 3 = the sm_90a small-H kernel; a configuration an sm_90a
+ * kernel declines is logged and skipped for that variant only).
  *
  * Every run starts from poisoned outputs (NaN bf16 / NaN fp32) over the whole out allocation, gaps
  * of strided layouts included: every (t, h) must be written, every gap must stay untouched. out is
@@ -77,6 +77,12 @@ static int32_t invalid_index(tc_rng *r, int64_t Tkv) {
 static int required_sm90(const attn_case *c) {
   return (c->H == 64 || c->H == 128) && c->D == 576 && c->q_layout == LAYOUT_DENSE &&
          c->out_layout == LAYOUT_DENSE && c->kv_stride == 0;
+}
+
+/* The small-H kernel (variant 3) must run every H <= 32 with D = 576 or 512 and any layout whose
+ * q / kv rows are 16-B aligned (every layout of this suite). */
+static int required_small_sm90(const attn_case *c) {
+  return c->H <= 32 && (c->D == 576 || c->D == 512) && c->kv_stride % 8 == 0;
 }
 
 static void check_scalar(const char *what, float got, float ref, int64_t t, int h, int variant) {
@@ -221,7 +227,7 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
   for (size_t i = 0; i < nout; ++i) poison[i] = TC_POISON_BF16;
   tc_poison_f32(nan_f, (size_t)(T * H));
 
-  for (int variant = 1; variant <= 2; ++variant) {
+  for (int variant = 1; variant <= 3; ++variant) {
     for (int run = 0; run < (c->rerun ? 2 : 1); ++run) {
       TC_CUDA(cudaMemcpy(d_out, poison, nout * 2, cudaMemcpyHostToDevice));
       TC_CUDA(cudaMemcpy(d_lse, nan_f, (size_t)(T * H) * 4, cudaMemcpyHostToDevice));
@@ -230,6 +236,14 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
       dsa_attn_fwd_variant = variant;
       const dsa_status st = dsa_sparse_attn_fwd(ctx, &p, stream);
       dsa_attn_fwd_variant = 0;
+      if (variant == 3 && st == DSA_ERROR_UNSUPPORTED) { /* small-H kernel: H <= 32 only */
+        if (H <= 32 && required_small_sm90(c) && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
+          cr_assert_fail("%s: the sm_90a small-H kernel declined H=%lld, D=%lld (it must run it): %s",
+                         name, (long long)H, (long long)D, dsa_last_error_message());
+        cr_log_info("%s: the sm_90a small-H kernel declined this configuration: %s", name,
+                    dsa_last_error_message());
+        break;
+      }
       if (variant == 2 && st == DSA_ERROR_UNSUPPORTED) {
         if (required_sm90(c) && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
           cr_assert_fail("%s: the sm_90a kernel declined H=%lld, D=576, dense (it must run it): %s",

@@ -1,0 +1,505 @@
+/*
+ * attn_fwd_sm90_small.cu - sparse MLA attention forward on sm_90a tensor cores for few heads
+ * (H = 1..32), the small-H variant of dsa_sparse_attn_fwd. Same contract as attn_fwd_sm90.cu (see
+ * its top comment and docs/design.md section 5); declines with DSA_ERROR_UNSUPPORTED what it does
+ * not run (the caller then falls back to the 64-head sm_90a kernel or the portable one).
+ *
+ * Why a second kernel: the 64-head kernel puts heads on the wgmma M dimension (m64), so H = 8..32
+ * does the tensor work of H = 64. Here keys go on M and heads on N (N = H rounded up to 8):
+ *   S^T [64 keys x N] = K_tile [64 x D] . Q^T            SS wgmma m64nNk16, D/16 k-steps,
+ *                                                        A = the gathered KV tile (K-major SW128),
+ *                                                        B = Q [N x D] (K-major SW128)
+ *   O^T [512 x N]    += V^T [512 x 64 keys] . P [64 x N]  SS wgmma m64nNk16, 8 m64 blocks x 4 k16,
+ *                                                        A = the same KV tile's dims 0..511 read
+ *                                                        MN-major (tA = 1, hopper-notes 1 and test G),
+ *                                                        B = P stored [N heads][64 keys] K-major SW128
+ * The softmax runs per head = per COLUMN of S^T: a column's 64 keys live in 8 lanes (lane / 4) of each
+ * of the 4 warps, so its max is an in-thread max over the rows r, r + 8, shfl_xor 4 / 8 / 16, then one
+ * exchange between the 4 warps through shared memory (named barrier). P reaches shared memory with
+ * stmatrix .trans (the accumulator fragment is [keys][heads]; .trans writes [heads][keys]).
+ *
+ * One CTA = one query token, all its heads. 256 threads, two warpgroups:
+ *   WG1 (producer): cp.async 16 B with a manual 128B swizzle (hopper-notes 5), exactly as the 64-head
+ *        kernel: Q [N x D] once (rows H..N-1 zero-filled), then 64 KV rows per tile into a double
+ *        buffer; invalid slots zero-filled and flagged in a per-stage byte mask.
+ *   WG0 (consumer): per tile S^T (D/16 HGMMA.64xNx16), mask, online softmax, P -> smem, O^T rescale,
+ *        32 HGMMA.64xNx16 for P V. Epilogue: O^T / l * sink factor staged through shared memory
+ *        (reusing KV stage 0) as [head][512] bf16 rows, then 16-B coalesced stores to out.
+ * No setmaxnreg: with 256 threads and one CTA per SM every thread may hold 255 registers already
+ * (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing).
+ *
+ * Pipeline barriers (mbarriers in shared memory, parities as in hopper-notes 4):
+ *   q_full   : 128 .noinc cp.async arrivals (producer threads) -> Q landed.
+ *   full[s]  : 128 .noinc cp.async arrivals + 128 plain arrivals (release the mask bytes) -> stage s.
+ *   empty[s] : 128 plain arrivals (consumer threads, after their P V wgmma completed) -> stage s free.
+ * Named barriers (consumer WG only, 128 threads): kBarMax (column maxima exchanged; also the column
+ * sums in the epilogue), kBarP (P tile complete, after each writer's fence.proxy.async; also the
+ * staged out tile in the epilogue).
+ * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D other than 576 / 512, H > 32,
+ * q / kv rows not 16-B aligned, out rows not 4-B aligned, T above 2^31 - 1, shared memory above the
+ * device's opt-in limit.
+ * v1 trade-offs, next steps in order: the single consumer WG serialises S^T(n) -> softmax -> P V(n)
+ * (issue S^T(n+1) before the softmax of n, or a second consumer WG on alternate tiles with a merge at
+ * the end); 2 KV stages only (3 x 72 KB + Q does not fit beside the 1 KB alignment slack at D = 576).
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include "sm90_common.cuh"
+
+namespace {
+
+/* ---- tile and launch configuration ----------------------------------------------------------- */
+constexpr int kBlockK = 64;         /* keys per KV tile: the M of one wgmma (m64) */
+constexpr int kStages = 2;          /* KV double buffer: 2 x 72 KB + Q (<= 36 KB) + P fits 227 KB; 3 does not */
+constexpr int kThreads = 256;       /* 1 consumer WG + 1 producer WG */
+constexpr int kMaxN = 32;           /* heads per CTA: wgmma N = H rounded up to 8, at most 32 */
+constexpr int kDV = DSA_VALUE_DIM;  /* 512 value dims = 8 m64 blocks of O^T */
+constexpr int kDVBlocks = kDV / 64; /* 8 */
+constexpr int kBlkBytes = 64 * 128; /* one 64 x 64 bf16 SW128 block: 8 atoms of 1024 B */
+constexpr int kOutPitch = 1040;     /* staged out row: 1024 B + 16 so the 4 heads of a store are 8 banks apart */
+constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids; 0 is __syncthreads */
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+static_assert(kBlockK == 64, "the fragment maps below assume m64 tiles of 64 keys");
+static_assert(kDVBlocks == 8, "O^T is 8 m64 blocks");
+static_assert(kMaxN * kOutPitch <= 8 * kBlkBytes, "the staged out tile fits in KV stage 0");
+static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP < 16, "named barrier ids 1..15");
+static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
+
+/* Shared-memory layout for NB 64-column blocks per row (D = 64 NB) and N heads. Every operand tile
+ * is 1024-B aligned (SW128 atoms, descriptor base offset 0): N is a multiple of 8, so N * 128 is a
+ * multiple of 1024. */
+template <int NB, int N>
+struct SmallSmem {
+  static constexpr int kTileBytes = NB * kBlkBytes;          /* KV stage: [64 keys x D] bf16 */
+  static constexpr int kQBlk = N * 128;                      /* one 64-column block of Q: N rows */
+  static constexpr int kKV = 0;                              /* stage s at kKV + s * kTileBytes */
+  static constexpr int kQ = kKV + kStages * kTileBytes;      /* Q [N x D], block b at kQ + b * kQBlk */
+  static constexpr int kP = kQ + NB * kQBlk;                 /* P [N heads x 64 keys] bf16 SW128 */
+  static constexpr int kValid = kP + N * 128;                /* [kStages][64] bytes, 1 = valid slot */
+  static constexpr int kRed = kValid + kStages * kBlockK;    /* f32 red_max[4][N], red_sum[4][N] */
+  static constexpr int kBars = kRed + 2 * 4 * N * 4;         /* q_full, full[kStages], empty[kStages] */
+  static constexpr int kEnd = kBars + 8 * (1 + 2 * kStages);
+  static constexpr int kBytes = kEnd + 1024;                 /* + slack to align the base */
+  static_assert(N % 8 == 0 && N >= 8 && N <= kMaxN, "wgmma N: multiple of 8, at most 32 here");
+  static_assert(kBars % 8 == 0, "mbarriers are 8-B aligned");
+  static_assert(N * kOutPitch <= kTileBytes, "staged out tile fits in stage 0");
+};
+
+/* Kernel arguments: the resolved public params plus what the host precomputes. */
+struct SmallArgs {
+  dsa_attn_fwd_params p;
+  float scale_log2; /* softmax_scale * log2(e): the softmax runs on exp2 */
+  int out_vec16;    /* 1: out rows 16-B aligned (uint4 stores), else 4-B stores */
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+/* D(64xN, f32) (+)= A(64x16) * B(Nx16)^T, both from shared memory; B K-major; A K-major (TA = 0) or
+ * M-major (TA = 1). scale_d = 0 overwrites D. Operand lists written out by a small script. */
+template <int N, int TA>
+__device__ __forceinline__ void wgmma_ss_nN(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  if constexpr (N == 8)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+  if constexpr (N == 16)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+  if constexpr (N == 24)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, %12, %13, p, 1, 1, %15, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+  if constexpr (N == 32)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+}
+
+/* stmatrix m8n8.x2 .trans: lanes 0-7 address the rows of matrix 0, lanes 8-15 those of matrix 1;
+ * memory row q of a matrix receives column q of the thread-distributed 8 x 8 fragment. */
+__device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, uint32_t r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(addr), "r"(r0), "r"(r1)
+               : "memory");
+}
+#endif
+
+template <int NB, int N>
+__global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_small_kernel(const __grid_constant__ SmallArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  typedef SmallSmem<NB, N> L;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint8_t *valid = smem + L::kValid;
+  float *red_max = (float *)(smem + L::kRed); /* [4 warps][N columns] */
+  float *red_sum = red_max + 4 * N;           /* [4 warps][N columns] */
+  uint64_t *bars = (uint64_t *)(smem + L::kBars);
+  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;
+
+  const dsa_attn_fwd_params &p = args.p;
+  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
+  const int64_t tok = blockIdx.x;
+  const int H = p.num_heads;
+  int klen = p.topk; /* slots [0, klen) may be valid; the rest never are */
+  if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
+  const int ntiles = (klen + kBlockK - 1) / kBlockK;
+
+  if (tid == 0) {
+    sm90_mbar_init(q_full, 128);
+    for (int s = 0; s < kStages; ++s) {
+      sm90_mbar_init(&full[s], 256);
+      sm90_mbar_init(&empty[s], 128);
+    }
+    sm90_mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 1) {
+    /* ================= producer ================= */
+    /* Thread (g, j): 16-B chunk j of every 64-column block of rows g, g+16, g+32, g+48 (rows 16
+     * apart share r % 8: 8 consecutive threads fill one 128-B swizzled row piece, conflict free). */
+    const int g = t >> 3, j = t & 7;
+    const uint32_t sq = sm90_smem_addr(smem + L::kQ);
+#pragma unroll
+    for (int i = 0; i < (N + 15) / 16; ++i) {
+      const int r = g + 16 * i;
+      if (r < N) {
+        const bool ok = r < H; /* heads H..N-1: zero rows, never written out */
+        const uint16_t *src = p.q + tok * p.q_stride_token + (int64_t)(ok ? r : 0) * p.q_stride_head + j * 8;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          sm90_cp_async16(sq + b * L::kQBlk + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+      }
+    }
+    sm90_cp_async_mbar_arrive_noinc(q_full);
+
+    const int32_t *irow = p.indices + tok * p.indices_stride;
+    for (int n = 0; n < ntiles; ++n) {
+      const int s = n % kStages;
+      const uint32_t use = (uint32_t)(n / kStages);
+      int32_t idxs[4]; /* read before the wait: the latency overlaps the consumer's work */
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int slot = n * kBlockK + g + 16 * i;
+        idxs[i] = slot < klen ? __ldg(irow + slot) : -1;
+      }
+      sm90_mbar_wait(&empty[s], (use & 1) ^ 1); /* first use of a stage: parity 1 returns at once */
+      const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = g + 16 * i;
+        const int32_t idx = idxs[i];
+        const bool ok = idx >= 0 && (int64_t)idx < p.num_kv;
+        /* an invalid slot copies 0 bytes from a harmless address (kv may be NULL when num_kv = 0) */
+        const uint16_t *src = ok ? p.kv + (int64_t)idx * p.kv_stride + j * 8 : p.q + j * 8;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+        if (j == 0) valid[s * kBlockK + r] = ok ? 1 : 0;
+      }
+      sm90_cp_async_mbar_arrive_noinc(&full[s]); /* fires when this thread's copies have landed */
+      sm90_mbar_arrive(&full[s]);                /* releases the mask bytes written above */
+    }
+    sm90_cp_async_wait_all();
+  } else {
+    /* ================= consumer ================= */
+    constexpr int NR = N / 2; /* accumulator registers per thread of one m64nN tile */
+    constexpr int NC = N / 4; /* distinct columns (heads) per thread */
+    const int warp = t >> 5, lane = t & 31;
+    const float scale_log2 = args.scale_log2;
+    /* Accumulator map (hopper-notes 2): register i is row 16 warp + lane / 4 + 8 ((i >> 1) & 1),
+     * column 8 (i >> 2) + 2 (lane % 4) + (i & 1). Column slot c = 2 (i >> 2) + (i & 1) (0..NC-1)
+     * names this thread's columns: col(c) = 8 (c >> 1) + 2 (lane % 4) + (c & 1). */
+#define SLOT_OF(i) (2 * ((i) >> 2) + ((i) & 1))
+#define COL_OF(c) (8 * ((c) >> 1) + 2 * (lane & 3) + ((c) & 1))
+
+    float o[kDVBlocks][NR]; /* O^T: block m = value dims [64 m, 64 m + 64) x N heads */
+    float sacc[NR];         /* S^T: 64 keys x N heads */
+#pragma unroll
+    for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+      for (int i = 0; i < NR; ++i) o[m][i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NR; ++i) sacc[i] = 0.f;
+    /* running column max (log2 units, identical in every thread holding the column) and this
+     * thread's partial column sums over its rows (completed across lanes and warps at the end) */
+    float col_max[NC], col_sum[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      col_max[c] = -INFINITY;
+      col_sum[c] = 0.f;
+    }
+
+    sm90_mbar_wait(q_full, 0);
+    sm90_fence_proxy_async();
+    const uint32_t sq = sm90_smem_addr(smem + L::kQ);
+    const uint32_t sp = sm90_smem_addr(smem + L::kP);
+    const int r0 = 16 * warp + (lane >> 2); /* this thread's rows (keys): r0 and r0 + 8 */
+
+    for (int n = 0; n < ntiles; ++n) {
+      const int s = n % kStages;
+      sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1);
+      sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
+      const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
+
+      /* ---- S^T = K Q^T: both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16; the KV tile
+       * has 8 KB per 64-column block, Q N * 128 B. */
+#pragma unroll
+      for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
+      sm90_wgmma_fence();
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint64_t da = sm90_make_desc_sw128(skv + b * kBlkBytes + k * 32, 16, 1024);
+          const uint64_t db = sm90_make_desc_sw128(sq + b * L::kQBlk + k * 32, 16, 1024);
+          wgmma_ss_nN<N, 0>(sacc, da, db, (b | k) != 0);
+        }
+      sm90_wgmma_commit();
+      sm90_wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
+
+      /* ---- mask (rows = keys) + online softmax per column (head), log2 domain */
+      const uint8_t *vs = valid + s * kBlockK;
+      const bool ok0 = vs[r0] != 0, ok1 = vs[r0 + 8] != 0;
+      float x[NR];
+#pragma unroll
+      for (int i = 0; i < NR; ++i) x[i] = (((i >> 1) & 1) ? ok1 : ok0) ? sacc[i] * scale_log2 : -INFINITY;
+      float mx[NC];
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int i = 4 * (c >> 1) + (c & 1); /* rows r0 (i) and r0 + 8 (i + 2) */
+        float v = fmaxf(x[i], x[i + 2]);
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+        mx[c] = v; /* max over this warp's 16 keys */
+      }
+      /* Exchange between the 4 warps. WAR on red_max: every warp reads it before the kBarP barrier
+       * below, which every warp passes before it writes red_max for the next tile. */
+      if (lane < 4) {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) red_max[warp * N + COL_OF(c)] = mx[c];
+      }
+      sm90_named_bar_sync(kBarMax, 128);
+      float alpha[NC], m_use[NC];
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int col = COL_OF(c);
+        float v = fmaxf(fmaxf(red_max[col], red_max[N + col]), fmaxf(red_max[2 * N + col], red_max[3 * N + col]));
+        v = fmaxf(v, col_max[c]);
+        m_use[c] = v == -INFINITY ? 0.f : v; /* no valid slot yet: avoid (-inf) - (-inf) */
+        alpha[c] = exp2f(col_max[c] - m_use[c]);
+        col_max[c] = v;
+      }
+      float psum[NC];
+#pragma unroll
+      for (int c = 0; c < NC; ++c) psum[c] = 0.f;
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        x[i] = exp2f(x[i] - m_use[SLOT_OF(i)]);
+        psum[SLOT_OF(i)] += x[i];
+      }
+#pragma unroll
+      for (int c = 0; c < NC; ++c) col_sum[c] = col_sum[c] * alpha[c] + psum[c];
+
+      /* ---- P -> shared memory as [N heads][64 keys] bf16, K-major SW128 (the B operand of P V).
+       * For heads 8j..8j+7 the warp's fragment is two 8 x 8 matrices [keys][heads] (rows r0, r0 + 8);
+       * stmatrix .trans stores each transposed: memory row q = head 8j + q, 16 B = 8 keys, at chunk
+       * 2 warp + (matrix) of the 128-B row, swizzled by q. Lanes 0-7 / 8-15 address matrix 0 / 1.
+       * WAR on the P tile: every warp passed its wait on the previous P V before the kBarMax barrier
+       * above. */
+      {
+        const int q = lane & 7, mat = (lane >> 3) & 1;
+        const int chunk = 2 * warp + mat;
+#pragma unroll
+        for (int j = 0; j < N / 8; ++j) {
+          const int h = 8 * j + q;
+          const uint32_t addr = sp + h * 128 + (((chunk ^ q) & 7) << 4);
+          stmatrix_x2_trans(addr, sm90_pack_bf16x2(x[4 * j], x[4 * j + 1]), sm90_pack_bf16x2(x[4 * j + 2], x[4 * j + 3]));
+        }
+      }
+      sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
+      sm90_named_bar_sync(kBarP, 128);
+
+      /* ---- O^T = alpha O^T + V^T P. A = the KV tile's 64-column block m read M-major (tA = 1): dims
+       * contiguous in the 128-B rows, keys = rows; LBO 8192 (next 64-wide M block, unused at m64),
+       * SBO 1024 (next 8 keys), +2048 B per k16 of keys. B = P, K-major: +32 B per k16 of keys. */
+#pragma unroll
+      for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+        for (int i = 0; i < NR; ++i) o[m][i] *= alpha[SLOT_OF(i)];
+#pragma unroll
+      for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+        for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+      sm90_wgmma_fence();
+#pragma unroll
+      for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint64_t da = sm90_make_desc_sw128(skv + m * kBlkBytes + kk * 2048, kBlkBytes, 1024);
+          const uint64_t db = sm90_make_desc_sw128(sp + kk * 32, 16, 1024);
+          wgmma_ss_nN<N, 1>(o[m], da, db, 1);
+        }
+      sm90_wgmma_commit();
+      sm90_wgmma_wait<0>();
+#pragma unroll
+      for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+        for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+      sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
+    }
+
+    /* ---- epilogue: column sums across lanes and warps, lse, max_logits, sink factor */
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float l = col_sum[c];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      col_sum[c] = l;
+    }
+    if (lane < 4) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) red_sum[warp * N + COL_OF(c)] = col_sum[c];
+    }
+    /* after this barrier every warp has also finished its last P V: stage 0 may be overwritten */
+    sm90_named_bar_sync(kBarMax, 128);
+    float fac[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int h = COL_OF(c);
+      const float l = red_sum[h] + red_sum[N + h] + red_sum[2 * N + h] + red_sum[3 * N + h];
+      const bool empty_col = col_max[c] == -INFINITY; /* no valid slot */
+      const float lse = empty_col ? INFINITY : (col_max[c] + log2f(l)) * kLn2;
+      float f = 0.f;
+      if (!empty_col && h < H) {
+        f = 1.f / l;
+        if (p.sink) f *= 1.f / (1.f + expf(p.sink[h] - lse)); /* -inf sink: 1, +inf: 0 */
+      }
+      fac[c] = f;
+      if (warp == 0 && lane < 4 && h < H) { /* lanes 0-3 of warp 0 hold every column once */
+        const int64_t th = tok * H + h;
+        p.lse[th] = lse;
+        if (p.max_logits) p.max_logits[th] = empty_col ? -INFINITY : col_max[c] * kLn2;
+      }
+    }
+    /* O^T -> staged out tile [N heads][kOutPitch B] bf16 in KV stage 0. For one register the 32
+     * lanes write 8 consecutive dims x 4 heads; the 16-B pad puts the heads 8 banks apart. */
+    uint8_t *stage = smem + L::kKV;
+#pragma unroll
+    for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        const int dim = 64 * m + r0 + 8 * ((i >> 1) & 1);
+        const int h = COL_OF(SLOT_OF(i));
+        *(uint16_t *)(stage + h * kOutPitch + dim * 2) =
+            (uint16_t)(sm90_pack_bf16x2(o[m][i] * fac[SLOT_OF(i)], 0.f) & 0xffffu);
+      }
+    sm90_named_bar_sync(kBarP, 128);
+    /* coalesced copy-out: 64 chunks of 16 B per head row, heads < H only */
+    for (int cidx = t; cidx < H * 64; cidx += 128) {
+      const int h = cidx >> 6, ch = cidx & 63;
+      const uint4 v = *(const uint4 *)(stage + h * kOutPitch + ch * 16);
+      uint16_t *dst = p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + ch * 8;
+      if (args.out_vec16) {
+        *(uint4 *)dst = v;
+      } else {
+        uint32_t *d4 = (uint32_t *)dst;
+        d4[0] = v.x;
+        d4[1] = v.y;
+        d4[2] = v.z;
+        d4[3] = v.w;
+      }
+    }
+#undef SLOT_OF
+#undef COL_OF
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap(); /* built without sm_90a machine code: never run silently (the launcher also checks cc 9.0) */
+#endif
+}
+
+/* One instantiation per (head dim D = 64 NB, N = H rounded up to 8). */
+template <int NB, int N>
+dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream) {
+  const char *fn = "dsa_sparse_attn_fwd";
+  const int smem_bytes = SmallSmem<NB, N>::kBytes;
+  if (smem_bytes > ctx->max_smem_optin)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a small-H kernel needs %d bytes of shared memory, device has %d", fn,
+                    smem_bytes, ctx->max_smem_optin);
+  /* The attribute is per device; set it once for each (setting it twice is harmless). */
+  static unsigned char attr_done[64];
+  const int dev = ctx->device;
+  if (dev < 0 || dev >= 64 || !attr_done[dev]) {
+    DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_fwd_sm90_small_kernel<NB, N>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+                            fn));
+    if (dev >= 0 && dev < 64) attr_done[dev] = 1;
+  }
+  SmallArgs args;
+  args.p = *p;
+  args.scale_log2 = p->softmax_scale * kLog2e;
+  args.out_vec16 = !((uintptr_t)p->out & 15) && !(p->out_stride_token & 7) && !(p->out_stride_head & 7);
+  attn_fwd_sm90_small_kernel<NB, N><<<(unsigned)p->num_tokens, kThreads, smem_bytes, stream>>>(args);
+  return dsa_cuda_status((int)cudaGetLastError(), fn);
+}
+
+template <int NB>
+dsa_status launch_nb(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream) {
+  switch ((p->num_heads + 7) / 8) {
+    case 1: return launch<NB, 8>(ctx, p, stream);
+    case 2: return launch<NB, 16>(ctx, p, stream);
+    case 3: return launch<NB, 24>(ctx, p, stream);
+    default: return launch<NB, 32>(ctx, p, stream);
+  }
+}
+
+}  // namespace
+
+extern "C" dsa_status dsa_launch_attn_fwd_sm90_small(const dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                                     cudaStream_t stream) {
+  const char *fn = "dsa_sparse_attn_fwd";
+  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a small-H kernel needs compute capability 9.0, device has %d.%d", fn,
+                    ctx->cc_major, ctx->cc_minor);
+  if (p->head_dim != 576 && p->head_dim != 512)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a small-H kernel supports head_dim 576 or 512, not %d", fn,
+                    (int)p->head_dim);
+  if (p->num_heads < 1 || p->num_heads > kMaxN)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a small-H kernel supports num_heads 1..%d, not %d", fn,
+                    kMaxN, (int)p->num_heads);
+  /* cp.async moves 16 B: q / kv rows must start 16-B aligned. out is written at least 4 B at a time. */
+  if (((uintptr_t)p->q & 15) || ((uintptr_t)p->kv & 15) || (p->q_stride_token & 7) || (p->q_stride_head & 7) ||
+      (p->kv_stride & 7))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a small-H kernel needs 16-byte aligned q / kv rows (q_stride_token = %lld, "
+                    "q_stride_head = %lld, kv_stride = %lld)",
+                    fn, (long long)p->q_stride_token, (long long)p->q_stride_head, (long long)p->kv_stride);
+  if (((uintptr_t)p->out & 3) || (p->out_stride_token & 1) || (p->out_stride_head & 1))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a small-H kernel needs 4-byte aligned out rows (out_stride_token = %lld, "
+                    "out_stride_head = %lld)",
+                    fn, (long long)p->out_stride_token, (long long)p->out_stride_head);
+  if (p->num_tokens <= 0) return DSA_SUCCESS;
+  if (p->num_tokens > (int64_t)0x7fffffff)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a small-H kernel handles at most %d tokens, not %lld", fn,
+                    0x7fffffff, (long long)p->num_tokens);
+  return p->head_dim == 576 ? launch_nb<9>(ctx, p, stream) : launch_nb<8>(ctx, p, stream);
+}
