@@ -154,6 +154,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 
   for (int n = 0; n < ntiles; ++n) {
     const int s = n & 1;
+    /* tile n + 1's indices, read now so their latency hides behind this tile's S / dP */
+    int32_t nidx[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int slot = (n + 1) * kBlockN + g + 32 * i;
+      nidx[i] = slot < klen ? __ldg(irow + slot) : -1;
+    }
     sm90_cp_async_wait_all();  /* this thread's copies of tile n (and of Q / dO) have landed */
     sm90_fence_proxy_async();  /* cp.async (generic proxy) -> wgmma (async proxy) */
     sm90_named_bar_sync(kBar, kThreads);
@@ -264,8 +271,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
       const int sn = (n + 1) & 1;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int r = g + 32 * i, slot = (n + 1) * kBlockN + r;
-        const int32_t idx = slot < klen ? __ldg(irow + slot) : -1;
+        const int r = g + 32 * i;
+        const int32_t idx = nidx[i];
         const bool ok = idx >= 0 && (int64_t)idx < p.num_kv;
         /* an invalid slot copies 0 bytes from a harmless address */
         const uint16_t *src = ok ? p.kv + (int64_t)idx * p.kv_stride + j * 8 : p.q + j * 8;
