@@ -27,6 +27,10 @@
  *        (reusing KV stage 0) as [head][512] bf16 rows, then 16-B coalesced stores to out.
  * No setmaxnreg: with 256 threads and one CTA per SM every thread may hold 255 registers already
  * (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing).
+ * ptxas (nvcc 13, -Xptxas -v): 64 / 120 / 168 / 208 registers for N = 8 / 16 / 24 / 32, no spills, no
+ * wgmma serialisation warning. SASS per 64-key tile: 36 (D = 576) or 32 (D = 512) HGMMA.64xNx16 for
+ * S^T, 32 HGMMA.64xNx16 with gdesc.tnspA for P V, N / 8 STSM.16.MT88.2 (stmatrix x2 .trans).
+ * Shared memory at D = 576: 190632 B (N = 32) .. 159144 B (N = 8), one CTA per SM.
  *
  * Pipeline barriers (mbarriers in shared memory, parities as in hopper-notes 4):
  *   q_full   : 128 .noinc cp.async arrivals (producer threads) -> Q landed.
