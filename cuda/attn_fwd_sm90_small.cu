@@ -57,7 +57,6 @@ namespace {
 
 /* ---- tile and launch configuration ----------------------------------------------------------- */
 constexpr int kBlockK = 64;         /* keys per KV tile: the M of one wgmma (m64) */
-constexpr int kStages = 2;          /* KV double buffer: 2 x 72 KB + Q (<= 36 KB) + P fits 227 KB; 3 does not */
 constexpr int kThreads = 256;       /* 1 consumer WG + 1 producer WG */
 constexpr int kMaxN = 32;           /* heads per CTA: wgmma N = H rounded up to 8, at most 32 */
 constexpr int kDV = DSA_VALUE_DIM;  /* 512 value dims = 8 m64 blocks of O^T */
@@ -74,11 +73,28 @@ static_assert(kMaxN * kOutPitch <= 8 * kBlkBytes, "the staged out tile fits in K
 static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP < 16, "named barrier ids 1..15");
 static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
 
+/* Pipeline shape per N. Default: one CTA per SM with a KV double buffer (2 x 72 KB + Q <= 36 KB + P
+ * fits the 227 KB; 3 stages do not fit at D = 576 beside the 1 KB alignment slack). Built with
+ * -DDSA_SM90_FWD_SMALL_TWO_CTAS=1 (not yet measured, so off): N <= 16 runs two CTAs per SM with one
+ * stage each (<= 97 KB of shared memory, <= 128 registers): the two CTAs overlap each other's gather,
+ * softmax and token boundaries instead of one CTA overlapping its own stages. N = 24 / 32 keep the
+ * default (two CTAs would need 2 x 116 KB or setmaxnreg). */
+#ifndef DSA_SM90_FWD_SMALL_TWO_CTAS
+#define DSA_SM90_FWD_SMALL_TWO_CTAS 0
+#endif
+template <int N>
+struct SmallCfg {
+  static constexpr bool kTwo = DSA_SM90_FWD_SMALL_TWO_CTAS != 0 && N <= 16;
+  static constexpr int kStages = kTwo ? 1 : 2; /* KV stages per CTA */
+  static constexpr int kCtas = kTwo ? 2 : 1;   /* CTAs per SM: __launch_bounds__ min blocks */
+};
+
 /* Shared-memory layout for NB 64-column blocks per row (D = 64 NB) and N heads. Every operand tile
  * is 1024-B aligned (SW128 atoms, descriptor base offset 0): N is a multiple of 8, so N * 128 is a
  * multiple of 1024. */
 template <int NB, int N>
 struct SmallSmem {
+  static constexpr int kStages = SmallCfg<N>::kStages;
   static constexpr int kTileBytes = NB * kBlkBytes;          /* KV stage: [64 keys x D] bf16 */
   static constexpr int kQBlk = N * 128;                      /* one 64-column block of Q: N rows */
   static constexpr int kKV = 0;                              /* stage s at kKV + s * kTileBytes */
@@ -141,9 +157,10 @@ __device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, ui
 #endif
 
 template <int NB, int N>
-__global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_small_kernel(const __grid_constant__ SmallArgs args) {
+__global__ void __launch_bounds__(kThreads, SmallCfg<N>::kCtas) attn_fwd_sm90_small_kernel(const __grid_constant__ SmallArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   typedef SmallSmem<NB, N> L;
+  constexpr int kStages = L::kStages;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   uint8_t *valid = smem + L::kValid;
@@ -454,6 +471,11 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
     DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_fwd_sm90_small_kernel<NB, N>,
                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
                             fn));
+    if (SmallCfg<N>::kCtas > 1) /* two CTAs per SM need the largest shared-memory carveout */
+      DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_fwd_sm90_small_kernel<NB, N>,
+                                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                        (int)cudaSharedmemCarveoutMaxShared),
+                              fn));
     if (dev >= 0 && dev < 64) attr_done[dev] = 1;
   }
   SmallArgs args;
