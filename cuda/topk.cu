@@ -448,7 +448,10 @@ extern "C" dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_lau
   cudaError_t e;
   if (a->rows <= 0) return DSA_SUCCESS;
   cap = tk_cache_cap(ctx, a);
-  smem = (size_t)cap * sizeof(uint32_t);
+  /* whole 16-byte granules: the counting sweep reads the cache as uint4 and the compiler widens
+   * the scalar tail (up to 3 keys) into one vector read of its aligned granule, which must stay
+   * inside the allocation (compute-sanitizer memcheck flagged 12-byte reads past a 3001-key cache) */
+  smem = (size_t)((cap + 3) & ~(int64_t)3) * sizeof(uint32_t);
   if (smem > 48 * 1024) {
     e = cudaFuncSetAttribute(tk_radix_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return dsa_cuda_status(e, "dsa_topk (cudaFuncSetAttribute)");

@@ -23,8 +23,8 @@
  * Fused engine (DSA_INDEXER_ENGINE_FUSED, cuda/indexer.cu idx_fused): per chunk one kernel writes
  * the head-summed scores [chunk, window] straight from tensor-core accumulators (no logits, no
  * q packing; workspace = the scores buffer only), then the same top-k. Needs sm_80+.
- * DSA_INDEXER_ENGINE_DEFAULT currently runs cuBLAS: the fused kernel has not yet been verified and
- * timed on a GPU; switch DEFAULT once it has (one line in dsa_indexer_topk).
+ * DSA_INDEXER_ENGINE_DEFAULT runs the fused engine on sm_80+ (H200: same results as cuBLAS on the
+ * tests' exact inputs, and faster on every bench shape), cuBLAS on older devices.
  *
  * Determinism: both engines are bitwise reproducible run to run. The fused engine's per-row
  * scores do not depend on the other rows of the batch; the cuBLAS engine's may (cuBLAS picks its
@@ -239,7 +239,10 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
   DSA_TRY(dsa_check_indexer(p, fn, &r));
   DSA_REQUIRE(workspace_bytes != NULL, "%s: workspace_bytes is NULL", fn);
   DSA_TRY(dsa_context_enter(ctx, fn));
-  fused = r.engine == DSA_INDEXER_ENGINE_FUSED;
+  /* DEFAULT: the fused engine where it runs (sm_80+; on the H200 it is correct and 1.6-1.9x faster
+   * than cuBLAS on every bench shape), else cuBLAS */
+  fused = r.engine == DSA_INDEXER_ENGINE_FUSED ||
+          (r.engine == DSA_INDEXER_ENGINE_DEFAULT && ctx->cc_major >= 8);
   if (fused && ctx->cc_major < 8)
     return dsa_fail(DSA_ERROR_UNSUPPORTED,
                     "%s: engine = DSA_INDEXER_ENGINE_FUSED needs compute capability 8.0 or newer (device has %d.%d)",

@@ -125,6 +125,9 @@ static void data_make(ix_env *e, tc_rng *r, const ix_case *c, ix_data *x) {
   TC_CUDA(cudaMemcpy(x->dq, x->q, x->qn * 2, cudaMemcpyHostToDevice));
   TC_CUDA(cudaMemcpy(x->dk, x->k, x->kn * 2, cudaMemcpyHostToDevice));
   TC_CUDA(cudaMemcpy(x->dw, x->w, x->wn * 4, cudaMemcpyHostToDevice));
+  /* a pageable cudaMemcpy may return before its DMA lands, on the legacy default stream, which the
+   * cudaStreamNonBlocking test stream does not wait for */
+  TC_CUDA(cudaDeviceSynchronize());
 }
 
 static void data_free(ix_data *x) {
@@ -171,6 +174,9 @@ static void gpu_run(ix_env *e, const ix_case *c, const ix_data *x, dsa_indexer_e
   TC_CUDA(cudaMalloc((void **)&dl, (size_t)x->Tq * 4));
   TC_CUDA(cudaMemset(di, 0x5A, in * 4));
   TC_CUDA(cudaMemset(dl, 0x5A, (size_t)x->Tq * 4));
+  /* the poison (legacy default stream, asynchronous) must land before the op runs on e->stream
+   * (cudaStreamNonBlocking: no implicit ordering with the legacy stream) */
+  TC_CUDA(cudaDeviceSynchronize());
   p.indices = di;
   p.lengths = dl;
   TC_OK(dsa_indexer_topk(e->ctx, &p, NULL, &need, e->stream));
@@ -393,13 +399,13 @@ Test(gpu_indexer, deterministic_and_batch_independent) {
   int32_t *a, *al, *b, *bl;
   data_make(&e, &r, &c, &x);
   gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_CUBLAS, 0, &a, &al);
-  gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_DEFAULT, 1, &b, &bl); /* workspace at a 1-byte offset */
+  gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_CUBLAS, 1, &b, &bl); /* workspace at a 1-byte offset */
   cr_assert(memcmp(a, b, (size_t)(x.Tq * x.ist) * 4) == 0, "two runs differ");
   cr_assert(memcmp(al, bl, (size_t)x.Tq * 4) == 0, "two runs differ in lengths");
   {
     int32_t *f1, *f1l, *f2, *f2l;
     gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_FUSED, 0, &f1, &f1l);
-    gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_FUSED, 1, &f2, &f2l);
+    gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_DEFAULT, 1, &f2, &f2l); /* fused on sm_80+ */
     cr_assert(memcmp(f1, f2, (size_t)(x.Tq * x.ist) * 4) == 0, "two fused runs differ");
     cr_assert(memcmp(f1, a, (size_t)(x.Tq * x.ist) * 4) == 0, "fused and cuBLAS engines differ (exact inputs)");
     cr_assert(memcmp(f1l, al, (size_t)x.Tq * 4) == 0, "fused and cuBLAS lengths differ");
@@ -572,6 +578,7 @@ Test(gpu_indexer, graph_capture) {
     TC_CUDA(cudaMalloc((void **)&dl, (size_t)x.Tq * 4));
     TC_CUDA(cudaMemset(di, 0x5A, in * 4));
     TC_CUDA(cudaMemset(dl, 0x5A, (size_t)x.Tq * 4));
+    TC_CUDA(cudaDeviceSynchronize()); /* poison lands before the non-blocking stream runs */
     p.indices = di;
     p.lengths = dl;
     TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &need, e.stream));

@@ -71,6 +71,9 @@ static void gpu_topk(tk_env *e, const dsa_topk_params *p, int32_t *got) {
     TC_CUDA(cudaMemcpy(dl, p->lengths, (size_t)p->rows * 4, cudaMemcpyHostToDevice));
   }
   TC_CUDA(cudaMemset(di, 0x5A, ibytes ? ibytes : 4)); /* TC_POISON_I32 */
+  /* cudaMemset (and the DMA of a pageable cudaMemcpy) run on the legacy default stream, which a
+   * cudaStreamNonBlocking stream does not wait for: finish them before the op runs on e->stream */
+  TC_CUDA(cudaDeviceSynchronize());
   d.scores = ds;
   d.lengths = dl;
   d.indices = di;
@@ -352,6 +355,7 @@ Test(gpu_topk, graph_capture) {
   TC_CUDA(cudaMalloc((void **)&di, (size_t)(rows * k) * 4));
   TC_CUDA(cudaMemcpy(ds, s, (size_t)(rows * cols) * 4, cudaMemcpyHostToDevice));
   TC_CUDA(cudaMemset(di, 0x5A, (size_t)(rows * k) * 4));
+  TC_CUDA(cudaDeviceSynchronize()); /* legacy-stream setup done before the non-blocking stream runs */
   p.scores = ds;
   p.indices = di;
   TC_OK(dsa_topk(e.ctx, &p, NULL, &wsb, e.stream));
