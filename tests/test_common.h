@@ -73,7 +73,10 @@ static inline double tc_rel_err_bf16(const uint16_t *got, const uint16_t *ref, s
   return sqrt(num) / (den > 1e-300 ? sqrt(den) : 1.0);
 }
 
-/* ---- GPU gate ---- */
+/* ---- GPU gate ----
+ * GPU suites create their streams with cudaStreamDefault (blocking): the setup's cudaMemcpy and
+ * cudaMemset run on the legacy default stream, which a blocking stream waits for. A
+ * cudaStreamNonBlocking stream does not, and then the op can race its own inputs. */
 static inline int tc_have_gpu(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

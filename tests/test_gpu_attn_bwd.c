@@ -182,7 +182,7 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   dsa_context *ctx = NULL;
   TC_OK(dsa_context_create(&ctx, 0));
   cudaStream_t stream;
-  TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   uint16_t *d_q = dev_copy(q, nq * 2), *d_kv = dev_copy(kv, nkv * 2);
   uint16_t *d_out = dev_copy(out, nout * 2), *d_dout = dev_copy(dout, ng * 2);
   int32_t *d_idx = dev_copy(idx, nidx * 4), *d_len = dev_copy(len, (size_t)T * 4);

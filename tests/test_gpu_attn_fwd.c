@@ -187,7 +187,7 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
   dsa_context *ctx = NULL;
   TC_OK(dsa_context_create(&ctx, 0));
   cudaStream_t stream = 0;
-  if (c->use_stream) TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (c->use_stream) TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   uint16_t *d_q, *d_kv, *d_out;
   int32_t *d_idx, *d_len;
   float *d_sink, *d_lse, *d_max;

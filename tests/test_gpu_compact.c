@@ -113,7 +113,7 @@ Test(gpu_compact, compact_random_vs_reference) {
   dsa_context *ctx = NULL;
   cudaStream_t stream;
   TC_OK(dsa_context_create(&ctx, 0));
-  TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const int ks[] = {1, 7, 63, 64, 100, 128, 129, 512, 513, 1024, 1025, 2047, 2048};
   const int64_t key_counts[] = {1, 50, 4096, 100003, (int64_t)INT32_MAX - 1};
   for (size_t a = 0; a < sizeof ks / sizeof ks[0]; ++a) {
@@ -233,7 +233,7 @@ Test(gpu_compact, pad_heads_random_vs_reference) {
   dsa_context *ctx = NULL;
   cudaStream_t stream;
   TC_OK(dsa_context_create(&ctx, 0));
-  TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   const int hs[] = {1, 3, 8, 16, 32, 64, 128};
   for (size_t a = 0; a < sizeof hs / sizeof hs[0]; ++a) {
     int H = hs[a];
@@ -269,7 +269,7 @@ Test(gpu_compact, graph_capture) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   TC_OK(dsa_context_create(&ctx, 0));
-  TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   int32_t *h_in = malloc(R * K * 4), *h_ref = malloc(R * K * 4), *h_got = malloc(R * K * 4);
   int32_t h_len_ref[R], h_len[R];
   uint16_t *h_q = malloc((size_t)T * H * D * 2), *h_qref = malloc((size_t)T * HP * D * 2);

@@ -11,7 +11,7 @@ typedef struct gpu_env {
 static gpu_env env_open(void) {
   gpu_env e;
   TC_OK(dsa_context_create(&e.ctx, 0));
-  TC_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
+  TC_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamDefault));
   return e;
 }
 
