@@ -73,14 +73,15 @@ static_assert(kMaxN * kOutPitch <= 8 * kBlkBytes, "the staged out tile fits in K
 static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP < 16, "named barrier ids 1..15");
 static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
 
-/* Pipeline shape per N. Default: one CTA per SM with a KV double buffer (2 x 72 KB + Q <= 36 KB + P
- * fits the 227 KB; 3 stages do not fit at D = 576 beside the 1 KB alignment slack). Built with
- * -DDSA_SM90_FWD_SMALL_TWO_CTAS=1 (not yet measured, so off): N <= 16 runs two CTAs per SM with one
- * stage each (<= 97 KB of shared memory, <= 128 registers): the two CTAs overlap each other's gather,
+/* Pipeline shape per N. N = 24 / 32: one CTA per SM with a KV double buffer (2 x 72 KB + Q <= 36 KB
+ * + P fits the 227 KB; 3 stages do not fit at D = 576 beside the 1 KB alignment slack).
+ * N <= 16 (DSA_SM90_FWD_SMALL_TWO_CTAS=1, the default since it measured faster on an H200:
+ * fwd-tp-h16 1.542 -> 1.372 ms, fwd-tp-h8 1.413 -> 1.267 ms; =0 gives the one-CTA shape): two CTAs
+ * per SM with one stage each (<= 97 KB of shared memory, <= 128 registers): the two CTAs overlap each other's gather,
  * softmax and token boundaries instead of one CTA overlapping its own stages. N = 24 / 32 keep the
  * default (two CTAs would need 2 x 116 KB or setmaxnreg). */
 #ifndef DSA_SM90_FWD_SMALL_TWO_CTAS
-#define DSA_SM90_FWD_SMALL_TWO_CTAS 0
+#define DSA_SM90_FWD_SMALL_TWO_CTAS 1
 #endif
 template <int N>
 struct SmallCfg {
