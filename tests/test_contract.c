@@ -979,3 +979,37 @@ Test(gpu_contract, layer_in_a_cuda_graph_replays_bitwise, .timeout = 300) {
   dsa_plan_destroy(L.plan);
   gc_close(&e);
 }
+
+/* =============================================================================================
+ * Regressions found by the fuzzers (tests/fuzz/). Each keeps the input that failed.
+ * =========================================================================================== */
+/* fuzz_validate, 2026-11-29: dsa_sparse_attn_bwd with num_tokens = 0 still writes dkv (num_kv > 0)
+ * and dsink (zeros), but src/validate.c checks no pointer for zero-token work, so a misaligned
+ * dkv or dsink was accepted: the reference then stored to it misaligned (UBSan:
+ * src/reference.c:502 "store to misaligned address ... for type 'float'"), and the GPU op would
+ * launch its dkv / dsink kernels on it. The outputs a zero-size call writes must be checked. */
+Test(contract, fuzz_regression_bwd_zero_tokens_checks_written_outputs) {
+  problems pb;
+  problems_init(&pb);
+  dsa_attn_bwd_params b = pb.bwd;
+  b.num_tokens = 0; /* T = 0, T_kv = 3: dkv [3, 576] and dsink [2] are written (zeros) */
+  b.dsink = (float *)((char *)pb.fwd.lse + 1);
+  dsa_status rs, gs;
+  char rmsg[256], gmsg[256];
+  memset(pb.fwd.lse, 0xA5, 16);
+  run_both(OP_BWD, &b, &rs, rmsg, &gs, gmsg);
+  cr_expect(rs == DSA_ERROR_INVALID_ARGUMENT && strstr(rmsg, "dsink is not 4-byte aligned"),
+            "T = 0, dsink 1 byte off: reference returned %d (\"%s\")", (int)rs, rmsg);
+  cr_expect(gs == DSA_ERROR_INVALID_ARGUMENT && strstr(gmsg, "dsink is not 4-byte aligned"),
+            "T = 0, dsink 1 byte off: GPU op returned %d (\"%s\")", (int)gs, gmsg);
+  for (int i = 0; i < 16; ++i)
+    cr_expect_eq(((unsigned char *)pb.fwd.lse)[i], 0xA5, "a rejected call wrote dsink (byte %d)", i);
+  b.dsink = NULL;
+  b.dkv = (uint16_t *)((char *)b.dkv + 2);
+  run_both(OP_BWD, &b, &rs, rmsg, &gs, gmsg);
+  cr_expect(rs == DSA_ERROR_INVALID_ARGUMENT && strstr(rmsg, "dkv is not 16-byte aligned"),
+            "T = 0, dkv 2 bytes off: reference returned %d (\"%s\")", (int)rs, rmsg);
+  cr_expect(gs == DSA_ERROR_INVALID_ARGUMENT && strstr(gmsg, "dkv is not 16-byte aligned"),
+            "T = 0, dkv 2 bytes off: GPU op returned %d (\"%s\")", (int)gs, gmsg);
+  problems_free(&pb);
+}

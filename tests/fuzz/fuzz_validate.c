@@ -216,6 +216,12 @@ static void ref_indexer(fz_in *in, pool *pl) {
                                   (int64_t)starts[t] + (causal[t] > 0 ? causal[t] : 0), 1);
       FZ_CHECK(n == p.lengths[t], "lengths[%lld]", (long long)t);
     }
+  /* the scores of one row (any row number) into a buffer of exactly its visible length */
+  const int64_t row = (int64_t)(int8_t)fz_u8(in);
+  int64_t vis = row >= 0 && row < Tq && causal[row] > 0 ? causal[row] : 0;
+  if (vis > v.total_key_tokens) vis = v.total_key_tokens; /* such a window is rejected anyway */
+  double *sc = vis > 0 ? (double *)take(pl, in, vis, sizeof(double), 0, 1) : NULL;
+  check_ref_result(dsa_ref_indexer_scores(&p, row, sc), pl, "dsa_ref_indexer_scores");
 }
 
 /* Shared part of the attention paths: sizes, q / kv / indices buffers. */
@@ -505,6 +511,12 @@ static void gpu_null_ctx(fz_in *in) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fz_in in = {data, size};
   const uint8_t mode = fz_u8(&in);
+  { /* bf16 round trip: exact for every non-NaN pattern, NaN stays NaN */
+    const uint16_t h = (uint16_t)(size >= 3 ? data[1] | data[2] << 8 : 0);
+    const float f = dsa_bf16_to_f32(h);
+    FZ_CHECK(f != f ? (dsa_f32_to_bf16(f) & 0x7fff) > 0x7f80 : dsa_f32_to_bf16(f) == h,
+             "bf16 0x%04x -> %g -> 0x%04x", h, (double)f, dsa_f32_to_bf16(f));
+  }
   if (mode < 96) {
     gpu_null_ctx(&in);
     return 0;
