@@ -212,25 +212,10 @@ __global__ void __launch_bounds__(kThreads, SmallCfg<N>::kCtas) attn_fwd_sm90_sm
       const int s = n % kStages;
       const uint32_t use = (uint32_t)(n / kStages);
       int32_t idxs[4]; /* read before the wait: the latency overlaps the consumer's work */
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int slot = n * kBlockK + g + 16 * i;
-        idxs[i] = slot < klen ? __ldg(irow + slot) : -1;
-      }
+      sm90_gather_read_indices(irow, n, g, klen, idxs);
       sm90_mbar_wait(&empty[s], (use & 1) ^ 1); /* first use of a stage: parity 1 returns at once */
       const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = g + 16 * i;
-        const int32_t idx = idxs[i];
-        const bool ok = idx >= 0 && (int64_t)idx < p.num_kv;
-        /* an invalid slot copies 0 bytes from a harmless address (kv may be NULL when num_kv = 0) */
-        const uint16_t *src = ok ? p.kv + (int64_t)idx * p.kv_stride + j * 8 : p.q + j * 8;
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-          sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
-        if (j == 0) valid[s * kBlockK + r] = ok ? 1 : 0;
-      }
+      sm90_gather_kv_rows<NB>(skv, valid + s * kBlockK, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
       sm90_cp_async_mbar_arrive_noinc(&full[s]); /* fires when this thread's copies have landed */
       sm90_mbar_arrive(&full[s]);                /* releases the mask bytes written above */
     }

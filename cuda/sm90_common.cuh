@@ -194,5 +194,39 @@ __device__ __forceinline__ void sm90_wgmma_ss_m64n256k16_tb1(float *d, uint64_t 
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
+/* ---- the KV gather of one 64-row tile (notes 5), shared by the forward kernels ------------------- *
+ * A producer warpgroup of 128 threads: thread (g = t / 8, j = t % 8) owns rows g, g + 16, g + 32,
+ * g + 48 of the tile and 16-B chunk j of each of its NB 64-column SW128 blocks (rows 16 apart keep the
+ * XOR constant, and each 8-thread phase fills one 128-B piece: no bank conflicts). */
+/* Reads the tile's four indices of this thread (-1 past the row's valid prefix klen). Issued before
+ * the producer waits for a free stage, so the latency overlaps the consumers' work. */
+__device__ __forceinline__ void sm90_gather_read_indices(const int32_t *irow, int tile, int g, int klen,
+                                                         int32_t idxs[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int slot = tile * 64 + g + 16 * i;
+    idxs[i] = slot < klen ? __ldg(irow + slot) : -1;
+  }
+}
+/* Issues the cp.asyncs of this thread's rows into the SW128 tile at skv (block b at + b * 8192) and
+ * writes the validity byte of each row (thread j == 0). An invalid slot (idx < 0 or >= num_kv) copies
+ * 0 bytes (zero fill) from `harmless`, a readable address, since kv may be NULL when num_kv = 0. */
+template <int NB>
+__device__ __forceinline__ void sm90_gather_kv_rows(uint32_t skv, uint8_t *valid, const int32_t idxs[4],
+                                                    int g, int j, const uint16_t *kv, int64_t kv_stride,
+                                                    int64_t num_kv, const uint16_t *harmless) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 16 * i;
+    const int32_t idx = idxs[i];
+    const bool ok = idx >= 0 && (int64_t)idx < num_kv;
+    const uint16_t *src = ok ? kv + (int64_t)idx * kv_stride + j * 8 : harmless + j * 8;
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+      sm90_cp_async16(skv + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+    if (j == 0) valid[r] = ok ? 1 : 0;
+  }
+}
+
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL || !__CUDA_ARCH__ */
 #endif /* DSA_SM90_COMMON_CUH */
