@@ -525,6 +525,8 @@ Test(contract, message_is_thread_local_and_null_is_noop) {
 /* =============================================================================================
  * gpu_contract
  * =========================================================================================== */
+/* The ops run on a non-blocking stream, which is not ordered with the legacy default stream:
+ * every setup copy / memset on the legacy stream is followed by a device synchronisation. */
 typedef struct {
   dsa_context *ctx;
   cudaStream_t stream; /* non-blocking, not the default stream */
@@ -545,6 +547,7 @@ static void *dev_poisoned(size_t bytes) {
   void *p = NULL;
   TC_CUDA(cudaMalloc(&p, bytes));
   TC_CUDA(cudaMemset(p, 0xA5, bytes));
+  TC_CUDA(cudaDeviceSynchronize()); /* the legacy-stream memset is not ordered with e.stream */
   return p;
 }
 static void expect_dev_poisoned(const void *d, size_t bytes, const char *what) {
@@ -682,6 +685,7 @@ Test(gpu_contract, workspace_at_a_one_byte_offset) {
   TC_CUDA(cudaMalloc((void **)&ds, sizeof(float) * ROWS * COLS));
   TC_CUDA(cudaMalloc((void **)&di, sizeof(int32_t) * ROWS * K * 2));
   TC_CUDA(cudaMemcpy(ds, hs, sizeof(float) * ROWS * COLS, cudaMemcpyHostToDevice));
+  TC_CUDA(cudaDeviceSynchronize()); /* e.stream is non-blocking: order the setup copy first */
   dsa_topk_params tp = {0};
   tp.rows = ROWS;
   tp.columns = COLS;
@@ -731,6 +735,7 @@ Test(gpu_contract, workspace_at_a_one_byte_offset) {
   TC_CUDA(cudaMemcpy(dq, hq, 2 * (size_t)T * HI * 128, cudaMemcpyHostToDevice));
   TC_CUDA(cudaMemcpy(dk, hk, 2 * (size_t)T * 128, cudaMemcpyHostToDevice));
   TC_CUDA(cudaMemcpy(dw, hw, 4 * (size_t)T * HI, cudaMemcpyHostToDevice));
+  TC_CUDA(cudaDeviceSynchronize());
   int32_t *hi = malloc(4 * (size_t)T * 64 * 2), *hl = malloc(4 * (size_t)T * 2);
   for (int en = 1; en <= 2; ++en) {
     dsa_indexer_params ip = {0};
@@ -789,6 +794,7 @@ static void *dev_random_bf16(tc_rng *r, size_t n, double lo, double hi) {
   tc_fill_bf16(r, h, n, lo, hi);
   TC_CUDA(cudaMalloc(&d, n * 2));
   TC_CUDA(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
+  TC_CUDA(cudaDeviceSynchronize()); /* a pageable copy may still be in flight on return */
   free(h);
   return d;
 }
@@ -798,6 +804,7 @@ static void *dev_random_f32(tc_rng *r, size_t n, double lo, double hi) {
   tc_fill_f32(r, h, n, lo, hi);
   TC_CUDA(cudaMalloc(&d, n * 4));
   TC_CUDA(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice));
+  TC_CUDA(cudaDeviceSynchronize());
   free(h);
   return d;
 }
@@ -915,6 +922,7 @@ Test(gpu_contract, layer_in_a_cuda_graph_replays_bitwise, .timeout = 300) {
     TC_OK(dsa_indexer_topk(e.ctx, &ip, NULL, &L.idx_bytes, e.stream));
     TC_CUDA(cudaMalloc((void **)&L.ws_idx, L.idx_bytes));
     TC_OK(layer_run(e.ctx, &L, e.stream));
+    TC_CUDA(cudaStreamSynchronize(e.stream));
     TC_CUDA(cudaMalloc((void **)&L.ws_bwd, L.bwd_bytes));
   }
   size_t total = 0;
