@@ -1,8 +1,9 @@
 /*
  * attn_bwd_sm90.cu - sparse MLA attention backward on sm_90a tensor cores (wgmma), the fast variant
- * of dsa_sparse_attn_bwd's main pass in the NON-deterministic (fp32 atomic dkv) mode. The portable
- * kernels (cuda/attn_bwd.cu) cover every configuration this one declines with
- * DSA_ERROR_UNSUPPORTED, and the whole deterministic mode.
+ * of dsa_sparse_attn_bwd's main pass in both modes: non-deterministic (fp32 atomic dkv) and
+ * deterministic (per-slot dKV rows to a chunk buffer, then a fixed-order key-major reduction; see
+ * "Deterministic mode" below). The portable kernels (cuda/attn_bwd.cu) cover every configuration
+ * this one declines with DSA_ERROR_UNSUPPORTED.
  *
  * Math and workspace are those of cuda/attn_bwd.cu (docs/design.md section 6): the prep pass writes
  * Delta = sum_{d<512} out*dout, L' = logaddexp(lse, sink) (+inf for rows that contribute nothing)
@@ -39,7 +40,33 @@
  * two C7519 notes (warpgroup.arrive injected around the optional P^T dO chain of the dKV block).
  * SASS per CTA: 136 HGMMA.64x32x16 (S, dP), 8 HGMMA.64x256x16 + 4 HGMMA.64x64x16 (dQ), 16
  * HGMMA.64x64x16 with tnspA.tnspB (dKV), STSM, LDGSTS, REDG.E.ADD.F32x2 (both warpgroups' code).
- * Declined with DSA_ERROR_UNSUPPORTED: deterministic mode, a device other than cc 9.0, D != 576,
+ * Deterministic mode (same main kernel, template kDet = true; all five products on wgmma):
+ *   tokens are processed in chunks of C (C = 2 GiB / (ceil(H / 64) * K * 576 * 4), clamped to
+ *   1..T; dsa_attn_bwd_det_chunk_tokens > 0 overrides it, tests use it to force many chunks). Per
+ *   chunk starting at token t0:
+ *   1. main kernel over the chunk's CTAs (blockIdx.x = token_in_chunk * ceil(H / 64) + head block):
+ *      step 5 stores each valid slot's fp32 dKV row (64 x 576 per tile, as computed for the
+ *      atomics) to contrib[blockIdx.x * K + slot][576] instead of adding it (dq as before: every
+ *      CTA writes its own token's dq rows, no cross-CTA accumulation);
+ *   2. keys kernel: entry i = token_in_chunk * K + slot -> key = kv row of a valid slot (the main
+ *      kernel's exact validity test) or the sentinel T_kv, value = i;
+ *   3. CUB stable radix sort (pairs, bits just covering T_kv): each row's entries in ascending
+ *      (token, slot) order; offsets kernel (binary search) -> off[0..T_kv];
+ *   4. reduce kernel: one CTA (144 threads x float4) per kv row, acc[r] += the row's entries in
+ *      sorted order, each entry's head blocks in order 0, 1 (no atomics).
+ *   Then the fp32 -> bf16 convert. Every row's sum is ((0 + c_0) + c_1) + ... over its contributions
+ *   in ascending (token, slot, head block) order; an fp32 store / load between chunks is exact, so
+ *   the result is bitwise the same run to run AND for every chunk size C (the tests check both).
+ *   Workspace (det_layout; offsets from the 256-B aligned base, every region 256-B aligned):
+ *     delta, lp, part [T, H] f32; acc [T_kv, 576] f32       (as in the non-deterministic layout)
+ *     contrib [C * ceil(H / 64) * K, 576] f32                 (<= 2 GiB unless one token exceeds it)
+ *     keys0, keys1 [C * K] u32; vals0, vals1 [C * K] i32; off [T_kv + 1] i64; CUB temp (C * K items)
+ *   The op's deterministic size (src/attn_bwd.c) is the larger of this and the portable layout (the
+ *   op falls back to the portable path where this kernel declines at launch).
+ *   Expected cost, bwd-glm-4k (T 4096, H 64, K 2048, causal topk_length): 9 chunks of 455 tokens;
+ *   ~6.3 M valid slots x 2304 B = ~14.5 GB written by the main kernels and read back by the
+ *   reductions, on top of the ~8.3 ms of the atomic variant: predicted 15-20 ms (not measured).
+ * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D != 576,
  * q / kv / dout rows not 16-B aligned, dq rows not 4-B aligned, T * ceil(H / 64) above 2^31 - 1,
  * shared memory above the device's opt-in limit.
  * v1 trade-offs, next steps in order:
@@ -56,8 +83,13 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include "internal.h"
 #include "sm90_common.cuh"
+
+/* CUB lives in dsa_cub::cub (-DCUB_WRAPPED_NAMESPACE); CUB_NS_QUALIFIER names it either way. */
+namespace cub = CUB_NS_QUALIFIER;
 
 namespace {
 
@@ -71,6 +103,7 @@ constexpr int kBlkBytes = 64 * 128;  /* one 64 x 64 bf16 SW128 block: 8 atoms of
 constexpr int kPrepThreads = 256;
 constexpr size_t kAlign = 256;       /* workspace region alignment (cuda/attn_bwd.cu) */
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr size_t kDetContribBudget = (size_t)2 << 30; /* deterministic mode: contrib bytes per chunk */
 [[maybe_unused]] constexpr int kBar = 1; /* named barrier over the CTA's 256 threads */
 
 /* Shared-memory layout (byte offsets from the 1024-B aligned base). */
@@ -92,7 +125,9 @@ static_assert(Smem::kBytes <= 232448, "fits the 227 KB opt-in");
 struct MainArgs {
   dsa_attn_bwd_params p;
   const float *delta, *lp; /* [T, H] from the prep pass */
-  float *acc;              /* [T_kv, 576] fp32 */
+  float *acc;              /* [T_kv, 576] fp32 (non-deterministic mode: the atomics' target) */
+  float *contrib;          /* deterministic mode: [chunk CTAs][K][576] fp32 per-slot dKV rows */
+  int64_t tok0;            /* deterministic mode: first token of this chunk (0 otherwise) */
   float scale, scale_log2;
   int num_hblocks;
 };
@@ -129,7 +164,7 @@ __device__ __forceinline__ void bwd_wgmma_ss_m64n64k16_tb1(float *d, uint64_t de
 
 /* One consumer warpgroup's share of a tile loop: dQ and dKV over NB 64-dim blocks starting at block
  * B0 (WG0: <4, 0>, WG1: <5, 4>). Both warpgroups run the same sequence of named barriers. */
-template <int NB, int B0>
+template <int NB, int B0, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t *smem, int wg, int ntiles,
                                                   int64_t tok, int h0, int klen) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -313,16 +348,31 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 #pragma unroll
       for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
       const int c0 = 64 * b + 2 * (lane & 3);
-      if (kr0 >= 0) {
-        float *row = args.acc + (int64_t)kr0 * kD + c0;
+      if constexpr (kDet) {
+        /* plain stores of this CTA's rows: contrib row blockIdx.x * K + slot (slots of invalid keys
+         * are never written and never read: the reduction's sorted list holds valid slots only) */
+        float *crow = args.contrib + ((int64_t)blockIdx.x * p.topk + (int64_t)n * kBlockN + r0) * kD + c0;
+        if (kr0 >= 0) {
 #pragma unroll
-        for (int cc = 0; cc < 8; ++cc) atomicAdd((float2 *)(row + 8 * cc), make_float2(acc[4 * cc], acc[4 * cc + 1]));
-      }
-      if (kr1 >= 0) {
-        float *row = args.acc + (int64_t)kr1 * kD + c0;
+          for (int cc = 0; cc < 8; ++cc) *(float2 *)(crow + 8 * cc) = make_float2(acc[4 * cc], acc[4 * cc + 1]);
+        }
+        if (kr1 >= 0) {
+          float *row = crow + 8 * kD;
 #pragma unroll
-        for (int cc = 0; cc < 8; ++cc)
-          atomicAdd((float2 *)(row + 8 * cc), make_float2(acc[4 * cc + 2], acc[4 * cc + 3]));
+          for (int cc = 0; cc < 8; ++cc) *(float2 *)(row + 8 * cc) = make_float2(acc[4 * cc + 2], acc[4 * cc + 3]);
+        }
+      } else {
+        if (kr0 >= 0) {
+          float *row = args.acc + (int64_t)kr0 * kD + c0;
+#pragma unroll
+          for (int cc = 0; cc < 8; ++cc) atomicAdd((float2 *)(row + 8 * cc), make_float2(acc[4 * cc], acc[4 * cc + 1]));
+        }
+        if (kr1 >= 0) {
+          float *row = args.acc + (int64_t)kr1 * kD + c0;
+#pragma unroll
+          for (int cc = 0; cc < 8; ++cc)
+            atomicAdd((float2 *)(row + 8 * cc), make_float2(acc[4 * cc + 2], acc[4 * cc + 3]));
+        }
       }
     }
   }
@@ -343,6 +393,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 #endif
 }
 
+template <bool kDet>
 __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid_constant__ MainArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   typedef Smem L;
@@ -350,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const dsa_attn_bwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7;
-  const int64_t tok = blockIdx.x / args.num_hblocks;
+  const int64_t tok = args.tok0 + blockIdx.x / args.num_hblocks;
   const int h0 = (int)(blockIdx.x % args.num_hblocks) * kBlockM;
   int klen = p.topk; /* slots [0, klen) may be valid */
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
@@ -398,9 +449,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid
     }
   }
   if (wg == 0)
-    bwd_sm90_consumer<4, 0>(args, smem, 0, ntiles, tok, h0, klen);
+    bwd_sm90_consumer<4, 0, kDet>(args, smem, 0, ntiles, tok, h0, klen);
   else
-    bwd_sm90_consumer<5, 4>(args, smem, 1, ntiles, tok, h0, klen);
+    bwd_sm90_consumer<5, 4, kDet>(args, smem, 1, ntiles, tok, h0, klen);
   sm90_cp_async_wait_all();
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
@@ -484,7 +535,141 @@ __global__ void __launch_bounds__(kPrepThreads) bwd_sm90_dsink_kernel(const __gr
   }
 }
 
+/* ---- deterministic mode: per-chunk key list and fixed-order dKV reduction -------------------- */
+/* Entry i = tl * K + j of the chunk starting at token tok0: key = the kv row of slot j of token
+ * tok0 + tl when the slot is valid (exactly the main kernel's test: j < clamp(len), 0 <= idx < T_kv),
+ * else the sentinel T_kv; value = i. A stable sort by key keeps each row's values ascending. */
+__global__ void bwd_sm90_det_keys_kernel(const __grid_constant__ dsa_attn_bwd_params p, int64_t tok0, int64_t n,
+                                         uint32_t *keys, int32_t *vals) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t tl = i / p.topk;
+    const int j = (int)(i - tl * p.topk);
+    const int64_t t = tok0 + tl;
+    const int v = j < eff_len(p, t) ? p.indices[t * p.indices_stride + j] : -1;
+    keys[i] = (v >= 0 && (int64_t)v < p.num_kv) ? (uint32_t)v : (uint32_t)p.num_kv;
+    vals[i] = (int32_t)i;
+  }
+}
+
+/* off[r] = first position of the sorted keys with key >= r, r = 0..T_kv. */
+__global__ void bwd_sm90_det_offsets_kernel(const uint32_t *keys, int64_t n, int64_t T_kv, int64_t *off) {
+  for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r <= T_kv; r += (int64_t)gridDim.x * blockDim.x) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if ((int64_t)keys[mid] < r) lo = mid + 1;
+      else hi = mid;
+    }
+    off[r] = lo;
+  }
+}
+
+constexpr int kRedThreads = kD / 4; /* 144: one float4 of the 576 dims per thread */
+constexpr int kRedBatch = 8;        /* entries whose loads are in flight together */
+constexpr int kMaxHBlocks = DSA_MAX_HEADS / kBlockM; /* 2 */
+
+/* One CTA per kv row (block-stride): acc[r] = ((acc[r] + c_0) + c_1) + ... over the row's entries of
+ * this chunk in sorted order (ascending token, then slot), each entry's head blocks in order 0, 1.
+ * Every row is owned by one CTA and every sum has a fixed order: no atomics, bitwise reproducible. */
+__global__ void __launch_bounds__(kRedThreads) bwd_sm90_det_reduce_kernel(const float *contrib, const int64_t *off,
+                                                                          const int32_t *vals, float *acc,
+                                                                          int64_t T_kv, int K, int nhb) {
+  const int d4 = threadIdx.x;
+  for (int64_t r = blockIdx.x; r < T_kv; r += gridDim.x) {
+    const int64_t e0 = off[r], e1 = off[r + 1];
+    if (e0 == e1) continue;
+    float4 x = ((const float4 *)(acc + r * kD))[d4];
+    for (int64_t e = e0; e < e1; e += kRedBatch) {
+      const int ne = e1 - e < kRedBatch ? (int)(e1 - e) : kRedBatch;
+      float4 c[kRedBatch * kMaxHBlocks];
+#pragma unroll
+      for (int i = 0; i < kRedBatch; ++i) {
+        if (i < ne) {
+          const int v = __ldg(vals + e + i);
+          const int tl = v / K, j = v - tl * K;
+          const int64_t row = (int64_t)tl * nhb * K + j;
+#pragma unroll
+          for (int hb = 0; hb < kMaxHBlocks; ++hb)
+            if (hb < nhb) c[i * kMaxHBlocks + hb] = __ldcs((const float4 *)(contrib + (row + (int64_t)hb * K) * kD) + d4);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kRedBatch; ++i) {
+        if (i < ne) {
+#pragma unroll
+          for (int hb = 0; hb < kMaxHBlocks; ++hb)
+            if (hb < nhb) {
+              const float4 y = c[i * kMaxHBlocks + hb];
+              x.x += y.x;
+              x.y += y.y;
+              x.z += y.z;
+              x.w += y.w;
+            }
+        }
+      }
+    }
+    ((float4 *)(acc + r * kD))[d4] = x;
+  }
+}
+
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+/* Deterministic-mode workspace (offsets from the 256-B aligned base; every region 256-B aligned):
+ * delta, lp, part [T, H] f32 and acc [T_kv, 576] f32 exactly as in the non-deterministic layout,
+ * then contrib [C * ceil(H / 64) * K * 576] f32, keys0, keys1 [C * K] u32, vals0, vals1 [C * K] i32,
+ * off [T_kv + 1] i64, CUB radix-sort temp for C * K items; C = tokens per chunk. */
+struct DetLayout {
+  size_t delta, lp, part, acc, contrib, keys0, keys1, vals0, vals1, off, temp;
+  size_t temp_bytes, total;
+  int64_t chunk; /* C */
+  int end_bit;
+};
+
+dsa_status det_layout(const dsa_attn_bwd_params *p, DetLayout *L) {
+  const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
+  const int nhb = (p->num_heads + kBlockM - 1) / kBlockM;
+  const size_t per_tok = (size_t)nhb * (size_t)p->topk * kD * 4;
+  int64_t C = dsa_attn_bwd_det_chunk_tokens > 0 ? (int64_t)dsa_attn_bwd_det_chunk_tokens
+                                                 : (int64_t)(kDetContribBudget / per_tok);
+  if (C < 1) C = 1;
+  if (C > (int64_t)INT32_MAX / p->topk) C = (int64_t)INT32_MAX / p->topk; /* entry ids are int32 */
+  if (C > p->num_tokens) C = p->num_tokens;
+  const int64_t n = C * (int64_t)p->topk;
+  size_t o = 0;
+  *L = DetLayout();
+  L->chunk = C;
+  L->delta = o; o += align_up(th * 4);
+  L->lp = o; o += align_up(th * 4);
+  L->part = o; o += align_up(th * 4);
+  L->acc = o; o += align_up((size_t)p->num_kv * kD * 4);
+  L->contrib = o; o += align_up((size_t)C * per_tok);
+  int bits = 1;
+  while (bits < 32 && ((uint64_t)p->num_kv >> bits) != 0) ++bits; /* the sentinel num_kv fits */
+  L->end_bit = bits;
+  L->keys0 = o; o += align_up((size_t)n * 4);
+  L->keys1 = o; o += align_up((size_t)n * 4);
+  L->vals0 = o; o += align_up((size_t)n * 4);
+  L->vals1 = o; o += align_up((size_t)n * 4);
+  L->off = o; o += align_up(((size_t)p->num_kv + 1) * 8);
+  size_t temp = 0;
+  if (n > 0 && p->num_kv > 0) {
+    cub::DoubleBuffer<uint32_t> kb(nullptr, nullptr);
+    cub::DoubleBuffer<int32_t> vb(nullptr, nullptr);
+    cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, temp, kb, vb, n, 0, bits);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (e == cudaErrorNoDevice || e == cudaErrorInvalidDevice || e == cudaErrorInsufficientDriver)
+        return dsa_fail(DSA_ERROR_NO_DEVICE,
+                        "dsa_sparse_attn_bwd: the deterministic mode's workspace size needs a CUDA device "
+                        "(radix sort size query: %s)", cudaGetErrorString(e));
+      return dsa_cuda_status((int)e, "dsa_sparse_attn_bwd: radix sort size query");
+    }
+  }
+  L->temp_bytes = temp;
+  L->temp = o; o += align_up(temp);
+  L->total = o + kAlign; /* slack: the caller's pointer is aligned up inside */
+  return DSA_SUCCESS;
+}
 
 unsigned grid_for(int64_t n, int64_t per_block, int64_t cap) {
   int64_t g = (n + per_block - 1) / per_block;
@@ -498,8 +683,6 @@ unsigned grid_for(int64_t n, int64_t per_block, int64_t cap) {
 extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                void *workspace, cudaStream_t stream) {
   static const char fn[] = "dsa_sparse_attn_bwd";
-  if (p->deterministic)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel runs the non-deterministic mode only", fn);
   if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
                     ctx->cc_major, ctx->cc_minor);
@@ -530,7 +713,8 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d",
                     fn, smem_bytes, ctx->max_smem_optin);
 
-  /* workspace regions as in cuda/attn_bwd.cu's make_layout (non-deterministic mode) */
+  /* workspace regions: delta, lp, part, acc as in cuda/attn_bwd.cu's make_layout (non-deterministic
+   * mode); the deterministic mode's det_layout keeps those four and appends its own regions */
   const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
   unsigned char *ws = (unsigned char *)(((uintptr_t)workspace + kAlign - 1) & ~(uintptr_t)(kAlign - 1));
   float *delta = (float *)ws, *lp = (float *)(ws + align_up(th * 4)), *part = (float *)(ws + 2 * align_up(th * 4));
@@ -549,12 +733,20 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
     return DSA_SUCCESS;
   }
 
-  static unsigned char attr_done[64];
+  const int det = p->deterministic ? 1 : 0;
+  DetLayout DL;
+  if (det) {
+    DSA_TRY(det_layout(p, &DL));
+    /* det_layout puts delta, lp, part and acc at the offsets used above (same construction) */
+  }
+
+  static unsigned char attr_done[2][64];
   const int dev = ctx->device;
-  if (dev < 0 || dev >= 64 || !attr_done[dev]) {
-    DSA_TRY(dsa_cuda_status(
-        (int)cudaFuncSetAttribute(attn_bwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes), fn));
-    if (dev >= 0 && dev < 64) attr_done[dev] = 1;
+  if (dev < 0 || dev >= 64 || !attr_done[det][dev]) {
+    DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(det ? attn_bwd_sm90_kernel<true> : attn_bwd_sm90_kernel<false>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
+                            fn));
+    if (dev >= 0 && dev < 64) attr_done[det][dev] = 1;
   }
 
   bwd_sm90_prep_kernel<<<grid_for(p->num_tokens, 1, cap), kPrepThreads, 0, stream>>>(*p, delta, lp, part);
@@ -567,11 +759,45 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
   args.delta = delta;
   args.lp = lp;
   args.acc = acc;
+  args.contrib = nullptr;
+  args.tok0 = 0;
   args.scale = p->softmax_scale;
   args.scale_log2 = p->softmax_scale * kLog2e;
   args.num_hblocks = num_hblocks;
-  attn_bwd_sm90_kernel<<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
-  DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  if (!det) {
+    attn_bwd_sm90_kernel<false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+    DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  } else {
+    /* chunks of C tokens in ascending order: the main kernel writes the chunk's per-slot dKV rows to
+     * contrib; the chunk's valid (token, slot) entries are stably sorted by kv row; the reduction
+     * adds them into acc row by row in sorted order. The order of every fp32 sum is fixed by the
+     * inputs and C alone. */
+    args.contrib = (float *)(ws + DL.contrib);
+    uint32_t *k0 = (uint32_t *)(ws + DL.keys0), *k1 = (uint32_t *)(ws + DL.keys1);
+    int32_t *v0 = (int32_t *)(ws + DL.vals0), *v1 = (int32_t *)(ws + DL.vals1);
+    int64_t *off = (int64_t *)(ws + DL.off);
+    for (int64_t t0 = 0; t0 < p->num_tokens; t0 += DL.chunk) {
+      const int64_t nt = p->num_tokens - t0 < DL.chunk ? p->num_tokens - t0 : DL.chunk;
+      args.tok0 = t0;
+      attn_bwd_sm90_kernel<true><<<(unsigned)(nt * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+      if (p->num_kv == 0) continue; /* every slot invalid: dq only */
+      const int64_t n = nt * (int64_t)p->topk;
+      bwd_sm90_det_keys_kernel<<<grid_for(n, 256, cap), 256, 0, stream>>>(*p, t0, n, k0, v0);
+      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+      cub::DoubleBuffer<uint32_t> kb(k0, k1);
+      cub::DoubleBuffer<int32_t> vb(v0, v1);
+      size_t temp = DL.temp_bytes;
+      DSA_TRY(dsa_cuda_status((int)cub::DeviceRadixSort::SortPairs(ws + DL.temp, temp, kb, vb, n, 0, DL.end_bit, stream),
+                              fn));
+      bwd_sm90_det_offsets_kernel<<<grid_for(p->num_kv + 1, 256, cap), 256, 0, stream>>>(kb.Current(), n, p->num_kv,
+                                                                                       off);
+      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+      bwd_sm90_det_reduce_kernel<<<grid_for(p->num_kv, 1, cap), kRedThreads, 0, stream>>>(
+          args.contrib, off, vb.Current(), acc, p->num_kv, p->topk, num_hblocks);
+      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+    }
+  }
 
   if (p->num_kv > 0) {
     bwd_sm90_convert_kernel<<<grid_for(p->num_kv * p->head_dim, 256, cap), 256, 0, stream>>>(*p, acc);
@@ -581,5 +807,14 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
     bwd_sm90_dsink_kernel<<<p->num_heads, kPrepThreads, 0, stream>>>(*p, part);
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   }
+  return DSA_SUCCESS;
+}
+
+extern "C" dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes) {
+  *bytes = 0;
+  if (!p->deterministic || p->head_dim != kD || p->num_heads < 1 || p->num_heads > DSA_MAX_HEADS) return DSA_SUCCESS;
+  DetLayout L;
+  DSA_TRY(det_layout(p, &L));
+  *bytes = L.total;
   return DSA_SUCCESS;
 }

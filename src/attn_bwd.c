@@ -6,13 +6,27 @@
  * the context is entered BEFORE the size is computed (the deterministic mode's size includes CUB's
  * radix-sort temp size, which depends on the device), then the size is compared and the kernels
  * launched. A workspace pointer of any alignment is accepted (aligned up inside; the slack is part
- * of the size). */
+ * of the size). Both modes try the sm_90a kernel first on cc 9.0 (automatic variant); in the
+ * deterministic mode the size covers both that kernel's chunked layout and the portable one. */
 #include <string.h>
 #include "internal.h"
 
 /* 0 = automatic (the sm_90a kernel where it runs, else the portable kernels), 1 = portable kernels
  * only, 2 = sm_90a kernel only (DSA_ERROR_UNSUPPORTED where it declines; tests and benchmarks). */
 int dsa_attn_bwd_variant = 0;
+/* Deterministic mode on the sm_90a kernel: tokens per chunk, 0 = from the kernel's budget. */
+int dsa_attn_bwd_det_chunk_tokens = 0;
+
+/* The deterministic mode may run either the sm_90a chunked path or the portable key-major one (the
+ * sm_90a kernel declines at launch time, on device facts a size query does not see): its size is
+ * the larger of the two. */
+static dsa_status bwd_workspace_size(const dsa_attn_bwd_params *r, size_t *need) {
+  size_t a = 0, b = 0;
+  DSA_TRY(dsa_attn_bwd_workspace_size(r, &a));
+  if (r->deterministic) DSA_TRY(dsa_attn_bwd_sm90_det_workspace_size(r, &b));
+  *need = a > b ? a : b;
+  return DSA_SUCCESS;
+}
 
 DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_params *p,
                                        void *workspace, size_t *workspace_bytes,
@@ -23,19 +37,19 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
   DSA_TRY(dsa_check_attn_bwd(p, fn, &r));
   DSA_REQUIRE(workspace_bytes != NULL, "%s: workspace_bytes is NULL", fn);
   if (workspace == NULL) {
-    DSA_TRY(dsa_attn_bwd_workspace_size(&r, &need));
+    DSA_TRY(bwd_workspace_size(&r, &need));
     *workspace_bytes = need;
     return DSA_SUCCESS;
   }
   DSA_TRY(dsa_context_enter(ctx, fn));
-  DSA_TRY(dsa_attn_bwd_workspace_size(&r, &need));
+  DSA_TRY(bwd_workspace_size(&r, &need));
   if (*workspace_bytes < need)
     return dsa_fail(DSA_ERROR_WORKSPACE_TOO_SMALL,
                     "%s: workspace_bytes = %zu is below the %zu bytes this call needs (query the "
                     "size with workspace = NULL)",
                     fn, *workspace_bytes, need);
   if (dsa_attn_bwd_variant == 2) return dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
-  if (dsa_attn_bwd_variant == 0 && !r.deterministic && ctx->cc_major == 9 && ctx->cc_minor == 0) {
+  if (dsa_attn_bwd_variant == 0 && ctx->cc_major == 9 && ctx->cc_minor == 0) {
     /* The sm_90a kernel declines configurations it does not run with DSA_ERROR_UNSUPPORTED (before
      * any launch); the call then succeeds on the portable kernels, so its message must not outlive
      * it: keep the thread's previous message and put it back. */

@@ -101,13 +101,19 @@ DSA_HIDDEN extern int dsa_attn_fwd_variant;
 DSA_HIDDEN dsa_status dsa_attn_bwd_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes);
 DSA_HIDDEN dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                           void *workspace, cudaStream_t stream);
-/* The sm_90a tensor-core variant of the same launcher (cuda/attn_bwd_sm90.cu): non-deterministic
- * mode, D = 576, cc 9.0; same workspace size and layout; DSA_ERROR_UNSUPPORTED for anything else
+/* The sm_90a tensor-core variant of the same launcher (cuda/attn_bwd_sm90.cu): both modes, D = 576,
+ * cc 9.0; same workspace layout (deterministic mode: see below); DSA_ERROR_UNSUPPORTED for anything else
  * (the op then runs dsa_launch_attn_bwd). dsa_attn_bwd_variant: 0 = automatic, 1 = force the
  * portable kernels, 2 = force the sm_90a kernel (tests and benchmarks set it). */
 DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                void *workspace, cudaStream_t stream);
 DSA_HIDDEN extern int dsa_attn_bwd_variant;
+/* The sm_90a kernel's deterministic mode (cuda/attn_bwd_sm90.cu): its workspace size for validated
+ * params (0 where it never runs: not deterministic, D != 576); the op's deterministic size is the
+ * larger of this and dsa_attn_bwd_workspace_size. dsa_attn_bwd_det_chunk_tokens: tokens per chunk
+ * of that mode (0 = from its 2 GiB contribution budget; tests set it small to force many chunks). */
+DSA_HIDDEN dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes);
+DSA_HIDDEN extern int dsa_attn_bwd_det_chunk_tokens;
 
 /* ---- top-k and indexer launchers (cuda/topk.cu, cuda/indexer.cu; used by src/topk.c and
  * src/indexer.c) ---- */

@@ -9,9 +9,12 @@
  * Outputs are poisoned over their whole allocation, gaps of strided layouts included: every element
  * must be written and every gap must stay untouched. The workspace is handed over 1 byte off a
  * 256-byte boundary (the op aligns up inside).
- * The non-deterministic mode runs twice: on the portable kernels (dsa_attn_bwd_variant 1) and on the
- * sm_90a kernel (variant 2; a configuration it declines with DSA_ERROR_UNSUPPORTED is logged and
- * skipped, and DSA_TEST_REQUIRE_SM90=1 turns "declined D = 576" into a failure). */
+ * Each mode runs twice: on the portable kernels (dsa_attn_bwd_variant 1) and on the sm_90a kernel
+ * (variant 2; a configuration it declines with DSA_ERROR_UNSUPPORTED is logged and skipped, and
+ * DSA_TEST_REQUIRE_SM90=1 turns "declined D = 576" into a failure). The sm_90a deterministic mode
+ * works in chunks of tokens; its fp32 sums add every kv row's contributions in ascending (token,
+ * slot, head block) order whatever the chunk size, so with chunk_sweep its reruns with 1, 2 and 5
+ * tokens per chunk (dsa_attn_bwd_det_chunk_tokens) must be bitwise identical to the one-chunk run. */
 #include <limits.h>
 #include "test_common.h"
 #include "internal.h"
@@ -31,6 +34,7 @@ typedef struct bwd_case {
   double p_empty;   /* a row has only invalid slots */
   int strided;      /* padded token strides for q/out/dout/dq, head-major dout, padded kv/dkv/idx */
   int no_dsink;     /* pass dsink = NULL */
+  int chunk_sweep;  /* sm_90a deterministic pass: runs 1.. use 1, 2, 5 tokens per chunk */
 } bwd_case;
 
 static int32_t invalid_index(tc_rng *r, int64_t Tkv) {
@@ -208,13 +212,14 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   uint16_t *dq_host = malloc(ndq * 2), *dkv_host = malloc(ndkv * 2);
   uint16_t *dq_c = malloc(nz(T * H * D) * 2);
   uint16_t *dkv_c = malloc(nz(Tkv * D) * 2);
-  gpu_result res[2] = {{0}};
+  gpu_result res[4] = {{0}}; /* run 0 of each pass */
   cr_assert(dq_host && dkv_host && dq_c && dkv_c);
 
   /* pass 0: non-deterministic, portable kernels; pass 1: non-deterministic, sm_90a kernel;
-   * pass 2: deterministic (automatic choice) */
-  for (int pass = 0; pass < 3; ++pass) {
-    const int mode = pass == 2, variant = pass == 0 ? 1 : pass == 1 ? 2 : 0;
+   * pass 2: deterministic, portable kernels; pass 3: deterministic, sm_90a kernel */
+  static const int sweep[4] = {0, 1, 2, 5};
+  for (int pass = 0; pass < 4; ++pass) {
+    const int mode = pass >= 2, variant = pass % 2 == 0 ? 1 : 2;
     p.deterministic = mode;
     size_t ws_bytes = 0, ws_again = 0;
     TC_OK(dsa_sparse_attn_bwd(ctx, &p, NULL, &ws_bytes, stream));
@@ -222,15 +227,17 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
     cr_assert(ws_bytes >= 1 && ws_bytes == ws_again, "workspace size %zu / %zu", ws_bytes, ws_again);
     unsigned char *ws;
     TC_CUDA(cudaMalloc((void **)&ws, ws_bytes + 1)); /* used from ws + 1: exactly ws_bytes */
-    const int runs = mode ? 3 : 1;
+    const int runs = mode ? (pass == 3 && c->chunk_sweep ? 4 : 3) : 1;
     for (int run = 0; run < runs; ++run) {
       TC_CUDA(cudaMemcpy(d_dq, poison16, ndq * 2, cudaMemcpyHostToDevice));
       TC_CUDA(cudaMemcpy(d_dkv, poison16, ndkv * 2, cudaMemcpyHostToDevice));
       TC_CUDA(cudaMemcpy(d_dsink, poison32, sizeof poison32, cudaMemcpyHostToDevice));
       size_t b = ws_bytes;
       dsa_attn_bwd_variant = variant;
+      dsa_attn_bwd_det_chunk_tokens = (pass == 3 && c->chunk_sweep) ? sweep[run] : 0;
       const dsa_status st = dsa_sparse_attn_bwd(ctx, &p, ws + 1, &b, stream);
       dsa_attn_bwd_variant = 0;
+      dsa_attn_bwd_det_chunk_tokens = 0;
       if (variant == 2 && st == DSA_ERROR_UNSUPPORTED) {
         if (D == 576 && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
           cr_assert_fail("%s: the sm_90a kernel declined D=576 (it must run it): %s", name,
@@ -273,32 +280,34 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
           for (int h = 0; h < DSA_MAX_HEADS; ++h)
             cr_assert(isnan(dsink_got[h]), "dsink = NULL but the buffer was written");
         }
-        if (res[mode].dq == NULL) { /* mode 0: the portable pass's results */
-          res[mode].dq = malloc(ndq * 2);
-          res[mode].dkv = malloc(ndkv * 2);
-          cr_assert(res[mode].dq && res[mode].dkv);
-          memcpy(res[mode].dq, dq_host, ndq * 2);
-          memcpy(res[mode].dkv, dkv_host, ndkv * 2);
-          memcpy(res[mode].dsink, dsink_got, sizeof dsink_got);
-        }
+        res[pass].dq = malloc(ndq * 2);
+        res[pass].dkv = malloc(ndkv * 2);
+        cr_assert(res[pass].dq && res[pass].dkv);
+        memcpy(res[pass].dq, dq_host, ndq * 2);
+        memcpy(res[pass].dkv, dkv_host, ndkv * 2);
+        memcpy(res[pass].dsink, dsink_got, sizeof dsink_got);
       } else {
-        cr_assert(memcmp(res[mode].dkv, dkv_host, ndkv * 2) == 0,
-                  "%s: deterministic dkv differs between run 0 and run %d", name, run);
-        cr_assert(memcmp(res[mode].dq, dq_host, ndq * 2) == 0,
-                  "%s: deterministic dq differs between run 0 and run %d", name, run);
-        cr_assert(memcmp(res[mode].dsink, dsink_got, sizeof dsink_got) == 0,
-                  "%s: deterministic dsink differs between run 0 and run %d", name, run);
+        cr_assert(memcmp(res[pass].dkv, dkv_host, ndkv * 2) == 0,
+                  "%s: deterministic dkv (variant %d) differs between run 0 and run %d", name, variant, run);
+        cr_assert(memcmp(res[pass].dq, dq_host, ndq * 2) == 0,
+                  "%s: deterministic dq (variant %d) differs between run 0 and run %d", name, variant, run);
+        cr_assert(memcmp(res[pass].dsink, dsink_got, sizeof dsink_got) == 0,
+                  "%s: deterministic dsink (variant %d) differs between run 0 and run %d", name, variant,
+                  run);
       }
     }
     TC_CUDA(cudaFree(ws));
   }
-  /* the two modes agree within tolerance */
+  /* every pass that ran agrees with pass 0 (non-deterministic, portable) within tolerance */
   gather3(dkv_c, res[0].dkv, Tkv, dkv_st, 1, 0, D);
-  gather3(dkv_ref, res[1].dkv, Tkv, dkv_st, 1, 0, D);
-  const double e_modes = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
-  cr_assert(e_modes <= 1e-2, "%s: dkv of the two modes differ by %g", name, e_modes);
+  for (int ps = 1; ps < 4; ++ps) {
+    if (res[ps].dkv == NULL) continue; /* the sm_90a kernel declined */
+    gather3(dkv_ref, res[ps].dkv, Tkv, dkv_st, 1, 0, D);
+    const double e_modes = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
+    cr_assert(e_modes <= 1e-2, "%s: dkv of passes 0 and %d differ by %g", name, ps, e_modes);
+  }
 
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < 4; ++m) {
     free(res[m].dq);
     free(res[m].dkv);
   }
@@ -398,6 +407,26 @@ Test(gpu_attn_bwd, many_tokens) {
   bwd_case b = {.T = 66000, .H = 2, .D = 576, .Tkv = 333, .K = 2, .len = LEN_NULL,
                 .sink = SINK_NULL, .p_invalid = 0.1, .p_dup = 0.2};
   run_case(&b, &rng, "T=66000 H=2 K=2");
+}
+
+/* The sm_90a deterministic mode over many chunks: the one-chunk run and the runs with 1, 2 and 5
+ * tokens per chunk must give bitwise identical dq, dkv and dsink (and match the reference). */
+Test(gpu_attn_bwd, det_chunks) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_attn_bwd/det_chunks");
+  bwd_case a = {.T = 11, .H = 64, .D = 576, .Tkv = 50, .K = 45, .len = LEN_RANDOM,
+                .sink = SINK_FINITE, .p_invalid = 0.1, .p_dup = 0.2, .p_empty = 0.1, .chunk_sweep = 1};
+  run_case(&a, &rng, "chunks H=64 K=45");
+  bwd_case b = {.T = 5, .H = 128, .D = 576, .Tkv = 70, .K = 65, .len = LEN_FULL,
+                .sink = SINK_MIX, .p_invalid = 0.1, .p_dup = 0.1, .strided = 1, .chunk_sweep = 1};
+  run_case(&b, &rng, "chunks H=128 K=65 strided");
+  /* long key-major lists (3 kv rows) crossing chunks, H not a multiple of 64 */
+  bwd_case d = {.T = 17, .H = 7, .D = 576, .Tkv = 3, .K = 65, .len = LEN_FULL,
+                .sink = SINK_FINITE, .p_dup = 0.5, .chunk_sweep = 1};
+  run_case(&d, &rng, "chunks 3 kv rows");
+  bwd_case e = {.T = 6, .H = 3, .D = 576, .Tkv = 900, .K = 2048, .len = LEN_RANDOM,
+                .sink = SINK_NULL, .p_invalid = 0.05, .p_empty = 0.2, .chunk_sweep = 1};
+  run_case(&e, &rng, "chunks K=2048");
 }
 
 Test(gpu_attn_bwd, zero_sizes) {
