@@ -36,7 +36,7 @@
  *      read MN-major (tB = 1), 4 + 4 k-steps (block 8 has no dO part); then vector fp32 atomics
  *      (atomicAdd on float2 = red.global.add.v2.f32, sm_90) into acc[idx[key]] for valid keys.
  * dQ is written (bf16 pairs) from registers after the last tile.
- * ptxas (nvcc 13, -Xptxas -v): 227 registers (__launch_bounds__(256, 1)), no spills, no C7511/C7515;
+ * ptxas (nvcc 13, -Xptxas -v): 226 registers (deterministic instantiation: 230; __launch_bounds__(256, 1)), no spills, no C7511/C7515;
  * two C7519 notes (warpgroup.arrive injected around the optional P^T dO chain of the dKV block).
  * SASS per CTA: 136 HGMMA.64x32x16 (S, dP), 8 HGMMA.64x256x16 + 4 HGMMA.64x64x16 (dQ), 16
  * HGMMA.64x64x16 with tnspA.tnspB (dKV), STSM, LDGSTS, REDG.E.ADD.F32x2 (both warpgroups' code).
@@ -349,17 +349,18 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
       for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
       const int c0 = 64 * b + 2 * (lane & 3);
       if constexpr (kDet) {
-        /* plain stores of this CTA's rows: contrib row blockIdx.x * K + slot (slots of invalid keys
-         * are never written and never read: the reduction's sorted list holds valid slots only) */
+        /* streaming stores (st.global.cs: the chunk buffer is far larger than L2, keep q / kv
+         * there) of this CTA's rows: contrib row blockIdx.x * K + slot (slots of invalid keys are
+         * never written and never read: the reduction's sorted list holds valid slots only) */
         float *crow = args.contrib + ((int64_t)blockIdx.x * p.topk + (int64_t)n * kBlockN + r0) * kD + c0;
         if (kr0 >= 0) {
 #pragma unroll
-          for (int cc = 0; cc < 8; ++cc) *(float2 *)(crow + 8 * cc) = make_float2(acc[4 * cc], acc[4 * cc + 1]);
+          for (int cc = 0; cc < 8; ++cc) __stcs((float2 *)(crow + 8 * cc), make_float2(acc[4 * cc], acc[4 * cc + 1]));
         }
         if (kr1 >= 0) {
           float *row = crow + 8 * kD;
 #pragma unroll
-          for (int cc = 0; cc < 8; ++cc) *(float2 *)(row + 8 * cc) = make_float2(acc[4 * cc + 2], acc[4 * cc + 3]);
+          for (int cc = 0; cc < 8; ++cc) __stcs((float2 *)(row + 8 * cc), make_float2(acc[4 * cc + 2], acc[4 * cc + 3]));
         }
       } else {
         if (kr0 >= 0) {
@@ -401,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const dsa_attn_bwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7;
-  const int64_t tok = args.tok0 + blockIdx.x / args.num_hblocks;
+  const int64_t tok = (kDet ? args.tok0 : 0) + blockIdx.x / args.num_hblocks;
   const int h0 = (int)(blockIdx.x % args.num_hblocks) * kBlockM;
   int klen = p.topk; /* slots [0, klen) may be valid */
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);

@@ -298,13 +298,14 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
     }
     TC_CUDA(cudaFree(ws));
   }
-  /* every pass that ran agrees with pass 0 (non-deterministic, portable) within tolerance */
-  gather3(dkv_c, res[0].dkv, Tkv, dkv_st, 1, 0, D);
-  for (int ps = 1; ps < 4; ++ps) {
-    if (res[ps].dkv == NULL) continue; /* the sm_90a kernel declined */
-    gather3(dkv_ref, res[ps].dkv, Tkv, dkv_st, 1, 0, D);
+  /* the two modes of each variant agree within tolerance (same per-slot math, other sum order) */
+  for (int v = 0; v < 2; ++v) {
+    if (res[v].dkv == NULL || res[v + 2].dkv == NULL) continue; /* the sm_90a kernel declined */
+    gather3(dkv_c, res[v].dkv, Tkv, dkv_st, 1, 0, D);
+    gather3(dkv_ref, res[v + 2].dkv, Tkv, dkv_st, 1, 0, D);
     const double e_modes = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
-    cr_assert(e_modes <= 1e-2, "%s: dkv of passes 0 and %d differ by %g", name, ps, e_modes);
+    cr_assert(e_modes <= 1e-2, "%s: dkv of the two modes (variant %d) differ by %g", name, v + 1,
+              e_modes);
   }
 
   for (int m = 0; m < 4; ++m) {
