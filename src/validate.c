@@ -291,6 +291,10 @@ dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
     DSA_TRY(check_ptr(fn, "dq", c.dq, 16));
     if (c.num_kv > 0) DSA_TRY(check_ptr(fn, "dkv", c.dkv, 16));
     DSA_TRY(check_opt_ptr(fn, "dsink", c.dsink, 4));
+  } else {
+    /* no tokens still writes the gradients (dkv = 0, dsink = 0) through the pointers given */
+    if (c.num_kv > 0) DSA_TRY(check_opt_ptr(fn, "dkv", c.dkv, 16));
+    DSA_TRY(check_opt_ptr(fn, "dsink", c.dsink, 4));
   }
   *r = c;
   return DSA_SUCCESS;
