@@ -572,9 +572,10 @@ constexpr int kMaxHBlocks = DSA_MAX_HEADS / kBlockM; /* 2 */
 /* One CTA per kv row (block-stride): acc[r] = ((acc[r] + c_0) + c_1) + ... over the row's entries of
  * this chunk in sorted order (ascending token, then slot), each entry's head blocks in order 0, 1.
  * Every row is owned by one CTA and every sum has a fixed order: no atomics, bitwise reproducible. */
+template <int NHB>
 __global__ void __launch_bounds__(kRedThreads) bwd_sm90_det_reduce_kernel(const float *contrib, const int64_t *off,
                                                                           const int32_t *vals, float *acc,
-                                                                          int64_t T_kv, int K, int nhb) {
+                                                                          int64_t T_kv, int K) {
   const int d4 = threadIdx.x;
   for (int64_t r = blockIdx.x; r < T_kv; r += gridDim.x) {
     const int64_t e0 = off[r], e1 = off[r + 1];
@@ -582,30 +583,29 @@ __global__ void __launch_bounds__(kRedThreads) bwd_sm90_det_reduce_kernel(const 
     float4 x = ((const float4 *)(acc + r * kD))[d4];
     for (int64_t e = e0; e < e1; e += kRedBatch) {
       const int ne = e1 - e < kRedBatch ? (int)(e1 - e) : kRedBatch;
-      float4 c[kRedBatch * kMaxHBlocks];
+      float4 c[kRedBatch * NHB];
 #pragma unroll
       for (int i = 0; i < kRedBatch; ++i) {
         if (i < ne) {
           const int v = __ldg(vals + e + i);
           const int tl = v / K, j = v - tl * K;
-          const int64_t row = (int64_t)tl * nhb * K + j;
+          const int64_t row = (int64_t)tl * NHB * K + j;
 #pragma unroll
-          for (int hb = 0; hb < kMaxHBlocks; ++hb)
-            if (hb < nhb) c[i * kMaxHBlocks + hb] = __ldcs((const float4 *)(contrib + (row + (int64_t)hb * K) * kD) + d4);
+          for (int hb = 0; hb < NHB; ++hb)
+            c[i * NHB + hb] = __ldcs((const float4 *)(contrib + (row + (int64_t)hb * K) * kD) + d4);
         }
       }
 #pragma unroll
       for (int i = 0; i < kRedBatch; ++i) {
         if (i < ne) {
 #pragma unroll
-          for (int hb = 0; hb < kMaxHBlocks; ++hb)
-            if (hb < nhb) {
-              const float4 y = c[i * kMaxHBlocks + hb];
-              x.x += y.x;
-              x.y += y.y;
-              x.z += y.z;
-              x.w += y.w;
-            }
+          for (int hb = 0; hb < NHB; ++hb) {
+            const float4 y = c[i * NHB + hb];
+            x.x += y.x;
+            x.y += y.y;
+            x.z += y.z;
+            x.w += y.w;
+          }
         }
       }
     }
@@ -794,8 +794,12 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
       bwd_sm90_det_offsets_kernel<<<grid_for(p->num_kv + 1, 256, cap), 256, 0, stream>>>(kb.Current(), n, p->num_kv,
                                                                                        off);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-      bwd_sm90_det_reduce_kernel<<<grid_for(p->num_kv, 1, cap), kRedThreads, 0, stream>>>(
-          args.contrib, off, vb.Current(), acc, p->num_kv, p->topk, num_hblocks);
+      if (num_hblocks == 1)
+        bwd_sm90_det_reduce_kernel<1><<<grid_for(p->num_kv, 1, cap), kRedThreads, 0, stream>>>(
+            args.contrib, off, vb.Current(), acc, p->num_kv, p->topk);
+      else
+        bwd_sm90_det_reduce_kernel<kMaxHBlocks><<<grid_for(p->num_kv, 1, cap), kRedThreads, 0, stream>>>(
+            args.contrib, off, vb.Current(), acc, p->num_kv, p->topk);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
     }
   }
