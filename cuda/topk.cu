@@ -87,6 +87,20 @@ static __device__ __forceinline__ void tk_cp_async_wait(int g) {
 }
 
 #define TK_F_EMIT4 16 /* cached rows: emit 4 columns per lane per step */
+#define TK_F_CAND 32  /* cached rows: pass 1 gathers the threshold bin's keys, pass 2 reads only them */
+#define TK_CAND_CAP ((TK_HC - 1) * TK_BINS) /* candidate keys: the pass-0 sub-histograms 1.. (free then) */
+
+/* One key of a later radix pass over the cache: count its digit when its higher digits match; in
+ * pass 1 with TK_F_CAND also append it (as an int, no type punning) to the candidate list at
+ * s_cand (the order of the list does not matter: pass 2 only counts). */
+static __device__ __forceinline__ void tk_count_key(uint32_t key, int hi_shift, uint32_t want,
+                                                    int shift, int nb, int *s_hist, bool gather,
+                                                    int *s_cand, int *s_ncand) {
+  if ((key >> hi_shift) == want) {
+    atomicAdd(&s_hist[(key >> shift) & (nb - 1)], 1);
+    if (gather) s_cand[atomicAdd(s_ncand, 1)] = (int)key;
+  }
+}
 /* Exclusive block-wide sum over the NT threads (in thread order). */
 template <int NT>
 static __device__ __forceinline__ int tk_block_excl_scan(int v, int *s_scan) {
@@ -332,6 +346,7 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
     uint32_t prefix = 0;
     int rem = k;
     bool compact = false;
+    int cand_n = -1; /* >= 0: pass 1 gathers (and pass 2 reads) this many candidate keys */
     for (int pass = 0; pass < 3; ++pass) {
       const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
       const int bits = pass == 2 ? 10 : 11;
@@ -340,6 +355,7 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
       {
         const int nz = (pass == 0 ? TK_HC : 1) * TK_BINS;
         for (int b = tid; b < nz; b += NT) s_hist[b] = 0;
+        if (pass == 1 && tid == 0) s_ncand = 0;
       }
       __syncthreads();
       if (pass == 0 && cache && ((uintptr_t)src & 15) == 0 && (flags & TK_F_CPASYNC)) {
@@ -428,22 +444,31 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
             }
           }
         }
-      } else {
-        /* later passes over the cache: 4 keys per 16-byte shared read */
+      } else if (pass == 2 && cand_n >= 0) {
+        /* the last pass over the cand_n keys of the top-11-bit bin that pass 1 gathered (every key
+         * the full sweep would count is among them: same histogram, ~1/30 of the reads) */
         const uint32_t want = prefix >> hi_shift;
-        const int64_t n4 = L >> 2;
+        const int *s_cand = s_hist + TK_BINS;
+        for (int i = tid; i < cand_n; i += NT)
+          tk_count_key((uint32_t)s_cand[i], hi_shift, want, shift, nb, s_hist, false, NULL, NULL);
+      } else {
+        /* later passes over the cache: 4 keys per 16-byte shared read (32-bit indices: a cached
+         * row has at most TK_MAX_CACHE_KEYS keys); pass 1 with cand_n >= 0 also gathers the keys
+         * of the top-11-bit bin (exactly cand_n of them: pass 0 counted the same cached keys) */
+        const uint32_t want = prefix >> hi_shift;
+        const bool gather = pass == 1 && cand_n >= 0;
+        int *const s_cand = s_hist + TK_BINS;
+        const int n4 = (int)(L >> 2), nl = (int)L;
         const uint4 *k4 = (const uint4 *)s_keys;
-        for (int64_t i = tid; i < n4; i += NT) {
+        for (int i = tid; i < n4; i += NT) {
           const uint4 kk = k4[i];
-          if ((kk.x >> hi_shift) == want) atomicAdd(&s_hist[(kk.x >> shift) & (nb - 1)], 1);
-          if ((kk.y >> hi_shift) == want) atomicAdd(&s_hist[(kk.y >> shift) & (nb - 1)], 1);
-          if ((kk.z >> hi_shift) == want) atomicAdd(&s_hist[(kk.z >> shift) & (nb - 1)], 1);
-          if ((kk.w >> hi_shift) == want) atomicAdd(&s_hist[(kk.w >> shift) & (nb - 1)], 1);
+          tk_count_key(kk.x, hi_shift, want, shift, nb, s_hist, gather, s_cand, &s_ncand);
+          tk_count_key(kk.y, hi_shift, want, shift, nb, s_hist, gather, s_cand, &s_ncand);
+          tk_count_key(kk.z, hi_shift, want, shift, nb, s_hist, gather, s_cand, &s_ncand);
+          tk_count_key(kk.w, hi_shift, want, shift, nb, s_hist, gather, s_cand, &s_ncand);
         }
-        for (int64_t c = (n4 << 2) + tid; c < L; c += NT) {
-          const uint32_t key = s_keys[c];
-          if ((key >> hi_shift) == want) atomicAdd(&s_hist[(key >> shift) & (nb - 1)], 1);
-        }
+        for (int c = (n4 << 2) + tid; c < nl; c += NT)
+          tk_count_key(s_keys[c], hi_shift, want, shift, nb, s_hist, gather, s_cand, &s_ncand);
       }
       __syncthreads();
       if (pass == 0) { /* fold the sub-histograms into the first */
@@ -475,6 +500,9 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
       __syncthreads();
       prefix = s_prefix;
       rem = s_rem;
+      /* block-uniform; s_nc (the bin's count) is not rewritten before pass 1's find-bin, which
+       * follows two more barriers */
+      if (pass == 0 && cache && (flags & TK_F_CAND) && s_nc <= TK_CAND_CAP) cand_n = s_nc;
       if (pass == 0 && !cache && compact_ok && TK_OBUF + 2 * (int64_t)s_nc <= cache_cap) {
         compact = true; /* block-uniform */
         break;
@@ -612,8 +640,11 @@ static int64_t tk_cache_cap(const dsa_context *ctx, const dsa_topk_launch *a) {
 
 /* The variant (measured on the H200, see the header): TK_F_* bits and threads per CTA; -D overrides
  * for experiments. Tests run the default. */
+#ifndef TK_USE_CAND /* -DTK_USE_CAND=0: the previous variant (pass 2 sweeps the whole cache) */
+#define TK_USE_CAND 1
+#endif
 #ifndef TK_FLAGS_DEFAULT
-#define TK_FLAGS_DEFAULT (TK_F_CPASYNC | TK_F_HC | TK_F_PREFETCH | TK_F_EMIT4)
+#define TK_FLAGS_DEFAULT (TK_F_CPASYNC | TK_F_HC | TK_F_PREFETCH | TK_F_EMIT4 | (TK_USE_CAND ? TK_F_CAND : 0))
 #endif
 #ifndef TK_THREADS_DEFAULT
 #define TK_THREADS_DEFAULT 1024
