@@ -89,6 +89,21 @@ static __device__ __forceinline__ void tk_cp_async_wait(int g) {
 #define TK_F_EMIT4 16 /* cached rows: emit 4 columns per lane per step */
 #define TK_F_CAND 32  /* cached rows: pass 1 gathers the threshold bin's keys, pass 2 reads only them */
 #define TK_CAND_CAP ((TK_HC - 1) * TK_BINS) /* candidate keys: the pass-0 sub-histograms 1.. (free then) */
+#define TK_F_CNT 64   /* with TK_F_CAND: pass 1 sweeps each warp's emit stretch and, with the candidates
+                       * (tagged with the warp), yields the per-warp counts: no counting sweep */
+
+/* Pass 1 of TK_F_CNT (shift 10, 11 bits, higher digit want = b0): counts the key's digit and gathers
+ * it when it is in bin b0, as its low 21 bits | wtag (the warp in bits 21..; the top 11 bits are
+ * b0 for every candidate); returns 1 when the key is above bin b0 (certainly selected). */
+static __device__ __forceinline__ int tk_count_key_cnt(uint32_t key, uint32_t want, int *s_hist,
+                                                       int *s_cand, int *s_ncand, uint32_t wtag) {
+  const uint32_t d = key >> 21;
+  if (d == want) {
+    atomicAdd(&s_hist[(key >> 10) & (TK_BINS - 1)], 1);
+    s_cand[atomicAdd(s_ncand, 1)] = (int)((key & 0x1FFFFFu) | wtag);
+  }
+  return d > want;
+}
 
 /* One key of a later radix pass over the cache: count its digit when its higher digits match; in
  * pass 1 with TK_F_CAND also append it (as an int, no type punning) to the candidate list at
@@ -295,6 +310,7 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
   __shared__ int s_hist[TK_HC * TK_BINS]; /* pass 0: TK_HC sub-histograms; later: the first */
   __shared__ int s_scan[(NT / 32)];
   __shared__ long long s_wgt[(NT / 32)], s_weq[(NT / 32)];
+  __shared__ int s_cgt[(NT / 32)], s_ceq[(NT / 32)]; /* TK_F_CNT per-warp counts */
   __shared__ uint32_t s_prefix;
   __shared__ int s_rem, s_nc, s_nsel, s_ncand;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -341,6 +357,11 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
       }
     }
 #endif
+
+    /* the emit stretch of this warp: columns [c0, c1), a multiple of 32 wide (c1 < c0 possible) */
+    const int64_t per_warp = ((L + (NT / 32) * 32 - 1) / ((NT / 32) * 32)) * 32;
+    const int64_t c0 = (int64_t)warp * per_warp;
+    const int64_t c1 = c0 + per_warp < L ? c0 + per_warp : L;
 
     /* ---- radix select of the k-th largest key ---- */
     uint32_t prefix = 0;
@@ -444,13 +465,39 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
             }
           }
         }
+      } else if (pass == 1 && cand_n >= 0 && (flags & TK_F_CNT)) {
+        /* pass 1 over this warp's emit stretch (4 keys per lane per step, as the counting sweep
+         * did): digit histogram, candidates tagged with the warp, and the keys above bin b0 */
+        const uint32_t want = prefix >> hi_shift; /* b0 */
+        const uint32_t wtag = (uint32_t)warp << 21;
+        int *const s_cand = s_hist + TK_BINS;
+        const int e1 = (int)c1;
+        int above = 0;
+        for (int c = (int)c0 + lane * 4; c < e1; c += 128) {
+          if (c + 4 <= e1) {
+            const uint4 kk = *(const uint4 *)(s_keys + c);
+            above += tk_count_key_cnt(kk.x, want, s_hist, s_cand, &s_ncand, wtag);
+            above += tk_count_key_cnt(kk.y, want, s_hist, s_cand, &s_ncand, wtag);
+            above += tk_count_key_cnt(kk.z, want, s_hist, s_cand, &s_ncand, wtag);
+            above += tk_count_key_cnt(kk.w, want, s_hist, s_cand, &s_ncand, wtag);
+          } else {
+            for (int cc = c; cc < e1; ++cc) above += tk_count_key_cnt(s_keys[cc], want, s_hist, s_cand, &s_ncand, wtag);
+          }
+        }
+        above = (int)__reduce_add_sync(0xffffffffu, (unsigned)above);
+        if (lane == 0) {
+          s_cgt[warp] = above;
+          s_ceq[warp] = 0;
+        }
       } else if (pass == 2 && cand_n >= 0) {
         /* the last pass over the cand_n keys of the top-11-bit bin that pass 1 gathered (every key
-         * the full sweep would count is among them: same histogram, ~1/30 of the reads) */
-        const uint32_t want = prefix >> hi_shift;
+         * the full sweep would count is among them: same histogram, ~1/30 of the reads); the
+         * top 11 bits of each are b0 (TK_F_CNT stores only the low 21 bits) */
+        const uint32_t want = prefix >> hi_shift, top = prefix & 0xFFE00000u;
         const int *s_cand = s_hist + TK_BINS;
         for (int i = tid; i < cand_n; i += NT)
-          tk_count_key((uint32_t)s_cand[i], hi_shift, want, shift, nb, s_hist, false, NULL, NULL);
+          tk_count_key(top | ((uint32_t)s_cand[i] & 0x1FFFFFu), hi_shift, want, shift, nb, s_hist, false,
+                       NULL, NULL);
       } else {
         /* later passes over the cache: 4 keys per 16-byte shared read (32-bit indices: a cached
          * row has at most TK_MAX_CACHE_KEYS keys); pass 1 with cand_n >= 0 also gathers the keys
@@ -516,45 +563,61 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
     const uint32_t thr = prefix;
     const long long need_eq = rem, count_gt = k - rem;
 
-    /* ---- emit in column order: warp w owns columns [c0, c1) ---- */
-    const int64_t per_warp = ((L + (NT / 32) * 32 - 1) / ((NT / 32) * 32)) * 32;
-    const int64_t c0 = (int64_t)warp * per_warp;
-    const int64_t c1 = c0 + per_warp < L ? c0 + per_warp : L;
-    long long n_gt = 0, n_eq = 0;
-    if (cache) { /* counts only: any order, 4 keys per 16-byte read (c0 is a multiple of 32) */
-      int cgt = 0, ceq = 0;
-      for (int64_t c = c0 + lane * 4; c < c1; c += 128) {
-        if (c + 4 <= c1) {
-          const uint4 kk = *(const uint4 *)(s_keys + c);
-          cgt += (kk.x > thr) + (kk.y > thr) + (kk.z > thr) + (kk.w > thr);
-          ceq += (kk.x == thr) + (kk.y == thr) + (kk.z == thr) + (kk.w == thr);
-        } else {
-          for (int64_t cc = c; cc < c1; ++cc) {
-            cgt += s_keys[cc] > thr;
-            ceq += s_keys[cc] == thr;
+    /* ---- emit in column order: warp w owns columns [c0, c1) (defined above) ---- */
+    long long gt_before = 0, eq_before = 0;
+    if (cand_n >= 0 && (flags & TK_F_CNT)) {
+      /* per-warp counts without a sweep: the keys above bin b0 (pass 1 put them in s_cgt) plus the
+       * candidates above / equal to thr, each counted for the warp whose stretch it came from */
+      const int *s_cand = s_hist + TK_BINS;
+      const uint32_t top = thr & 0xFFE00000u;
+      for (int i = tid; i < cand_n; i += NT) {
+        const uint32_t v = (uint32_t)s_cand[i], key = top | (v & 0x1FFFFFu);
+        if (key > thr)
+          atomicAdd(&s_cgt[v >> 21], 1);
+        else if (key == thr)
+          atomicAdd(&s_ceq[v >> 21], 1);
+      }
+      __syncthreads();
+      for (int w = 0; w < warp; ++w) {
+        gt_before += s_cgt[w];
+        eq_before += s_ceq[w];
+      }
+    } else {
+      long long n_gt = 0, n_eq = 0;
+      if (cache) { /* counts only: any order, 4 keys per 16-byte read (c0 is a multiple of 32) */
+        int cgt = 0, ceq = 0;
+        for (int64_t c = c0 + lane * 4; c < c1; c += 128) {
+          if (c + 4 <= c1) {
+            const uint4 kk = *(const uint4 *)(s_keys + c);
+            cgt += (kk.x > thr) + (kk.y > thr) + (kk.z > thr) + (kk.w > thr);
+            ceq += (kk.x == thr) + (kk.y == thr) + (kk.z == thr) + (kk.w == thr);
+          } else {
+            for (int64_t cc = c; cc < c1; ++cc) {
+              cgt += s_keys[cc] > thr;
+              ceq += s_keys[cc] == thr;
+            }
           }
         }
+        n_gt = (long long)__reduce_add_sync(0xffffffffu, (unsigned)cgt);
+        n_eq = (long long)__reduce_add_sync(0xffffffffu, (unsigned)ceq);
+      } else {
+        for (int64_t base = c0; base < c1; base += 32) {
+          const int64_t c = base + lane;
+          uint32_t key = 0;
+          if (c < c1) key = tk_key(__ldg(src + c));
+          n_gt += __popc(__ballot_sync(0xffffffffu, c < c1 && key > thr));
+          n_eq += __popc(__ballot_sync(0xffffffffu, c < c1 && key == thr));
+        }
       }
-      n_gt = (long long)__reduce_add_sync(0xffffffffu, (unsigned)cgt);
-      n_eq = (long long)__reduce_add_sync(0xffffffffu, (unsigned)ceq);
-    } else {
-      for (int64_t base = c0; base < c1; base += 32) {
-        const int64_t c = base + lane;
-        uint32_t key = 0;
-        if (c < c1) key = tk_key(__ldg(src + c));
-        n_gt += __popc(__ballot_sync(0xffffffffu, c < c1 && key > thr));
-        n_eq += __popc(__ballot_sync(0xffffffffu, c < c1 && key == thr));
+      if (lane == 0) {
+        s_wgt[warp] = n_gt;
+        s_weq[warp] = n_eq;
       }
-    }
-    if (lane == 0) {
-      s_wgt[warp] = n_gt;
-      s_weq[warp] = n_eq;
-    }
-    __syncthreads();
-    long long gt_before = 0, eq_before = 0;
-    for (int w = 0; w < warp; ++w) {
-      gt_before += s_wgt[w];
-      eq_before += s_weq[w];
+      __syncthreads();
+      for (int w = 0; w < warp; ++w) {
+        gt_before += s_wgt[w];
+        eq_before += s_weq[w];
+      }
     }
     if (cache && (flags & TK_F_EMIT4)) {
       /* 4 consecutive columns per lane (one 16-byte shared read), 128 per warp step; one packed
@@ -644,7 +707,12 @@ static int64_t tk_cache_cap(const dsa_context *ctx, const dsa_topk_launch *a) {
 #define TK_USE_CAND 1
 #endif
 #ifndef TK_FLAGS_DEFAULT
-#define TK_FLAGS_DEFAULT (TK_F_CPASYNC | TK_F_HC | TK_F_PREFETCH | TK_F_EMIT4 | (TK_USE_CAND ? TK_F_CAND : 0))
+#ifndef TK_USE_CNT /* -DTK_USE_CNT=0: keep the counting sweep before the emit (TK_F_CNT needs TK_F_CAND) */
+#define TK_USE_CNT 1
+#endif
+#define TK_FLAGS_DEFAULT                                                                              \
+  (TK_F_CPASYNC | TK_F_HC | TK_F_PREFETCH | TK_F_EMIT4 | (TK_USE_CAND ? TK_F_CAND : 0) |               \
+   (TK_USE_CAND && TK_USE_CNT ? TK_F_CNT : 0))
 #endif
 #ifndef TK_THREADS_DEFAULT
 #define TK_THREADS_DEFAULT 1024
