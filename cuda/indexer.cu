@@ -111,7 +111,18 @@ extern "C" dsa_status dsa_launch_indexer_reduce(int64_t rows, int32_t heads, int
 #define FX_THREADS 128 /* 4 warps x 32 keys = one 128-key tile */
 #define FX_MT 2        /* m16 tiles per warp: each B fragment read from smem feeds FX_MT mma */
 #define FX_TILE (4 * 16 * FX_MT) /* keys per tile */
+#ifndef FX_TILES
 #define FX_TILES 2     /* tiles per CTA: q is loaded once for 256 keys */
+#endif
+/* 1: cp.async operand loads. Each warp loads only the 32 key rows it turns into A fragments, so a
+ * warp waits for its own rows (cp.async.wait_group + __syncwarp, no block barrier per tile) and, once
+ * its A fragments are in registers, issues the next tile's rows into the same place: the next
+ * tile's load overlaps this tile's mma. The q rows of the CTA go by cp.async too, in flight
+ * together with the first key tile. 0: the previous synchronous loads (uint4 through registers,
+ * two block barriers per tile). */
+#ifndef FX_PIPE
+#define FX_PIPE 1
+#endif
 #define FX_QROWS 128   /* (query, head) rows of q per CTA: 32 KB + padding */
 #define FX_LD 136      /* smem row pitch in bf16: 272 B, so 8 ldmatrix rows hit 8 distinct bank quads */
 #define FX_MAXQ 16     /* queries per CTA at most (H_pad = 8) */
@@ -137,6 +148,39 @@ static __device__ __forceinline__ void fx_mma(float *d, const uint32_t *a, uint3
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
+}
+
+static __device__ __forceinline__ void fx_cp_async16(void *smem, const void *gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(fx_smem(smem)), "l"(gmem) : "memory");
+#endif
+}
+static __device__ __forceinline__ void fx_cp_async_commit(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void fx_cp_async_wait_all(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+/* FX_PIPE: the calling warp's rows [warp * 16 * FX_MT, +16 * FX_MT) of the key tile starting at
+ * column cbase, by cp.async (rows past the window are zeroed with plain stores), one commit group. */
+static __device__ __forceinline__ void fx_load_k_warp(const dsa_indexer_fused_args &a, uint16_t *Ks,
+                                                      int64_t cbase, int warp, int lane) {
+#pragma unroll 4
+  for (int i = lane; i < 16 * FX_MT * 16; i += 32) {
+    const int row = warp * 16 * FX_MT + (i >> 4), v = i & 15;
+    const int64_t col = cbase + row;
+    uint16_t *dst = Ks + row * FX_LD + v * 8;
+    if (col < a.window)
+      fx_cp_async16(dst, a.k + (a.window_start + col) * a.k_stride + v * 8);
+    else
+      *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
+  }
+  fx_cp_async_commit();
 }
 
 static __global__ void __launch_bounds__(FX_THREADS)
@@ -173,8 +217,28 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
     }
   if (uhi <= cb0 || ulo >= cb0 + FX_TILE * FX_TILES) return; /* block-uniform */
 
-  /* q rows (g, h) -> Qs[g * hp + h]; padded heads and missing queries are zero (weight 0) */
   const int nrows = qg * hp;
+#if FX_PIPE
+  /* the first tile that meets [ulo, uhi) (one does: the test above) starts loading now */
+  for (int t = 0; t < FX_TILES; ++t) {
+    const int64_t cb = cb0 + (int64_t)t * FX_TILE;
+    if (!(uhi <= cb || ulo >= cb + FX_TILE)) {
+      fx_load_k_warp(a, Ks, cb, warp, lane);
+      break;
+    }
+  }
+  /* q rows (g, h) -> Qs[g * hp + h] by cp.async; padded heads and missing queries are zero */
+  for (int i = tid; i < nrows * 16; i += FX_THREADS) {
+    const int row = i >> 4, v = i & 15, g = row / hp, h = row - g * hp;
+    uint16_t *dst = Qs + row * FX_LD + v * 8;
+    if (r0 + g < a.rows && h < a.heads)
+      fx_cp_async16(dst, a.q + (r0 + g) * a.q_stride_token + (int64_t)h * a.q_stride_head + v * 8);
+    else
+      *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
+  }
+  fx_cp_async_commit();
+#else
+  /* q rows (g, h) -> Qs[g * hp + h]; padded heads and missing queries are zero (weight 0) */
   for (int i = tid; i < nrows * 16; i += FX_THREADS) {
     const int row = i >> 4, v = i & 15, g = row / hp, h = row - g * hp;
     uint4 x = make_uint4(0, 0, 0, 0);
@@ -182,6 +246,7 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
       x = *(const uint4 *)(a.q + (r0 + g) * a.q_stride_token + (int64_t)h * a.q_stride_head + v * 8);
     *(uint4 *)(Qs + row * FX_LD + v * 8) = x;
   }
+#endif
   for (int i = tid; i < nrows; i += FX_THREADS) {
     const int g = i / hp, h = i - g * hp;
     float w = 0.0f;
@@ -192,10 +257,18 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
     }
     Ws[i] = w;
   }
+#if FX_PIPE
+  fx_cp_async_wait_all(); /* this thread's q rows (and first key rows) have landed */
+  __syncthreads();        /* everyone's Qs / Ws are written */
+#endif
 
   for (int tile = 0; tile < FX_TILES; ++tile) {
     const int64_t cbase = cb0 + (int64_t)tile * FX_TILE;
     if (uhi <= cbase || ulo >= cbase + FX_TILE) continue; /* block-uniform */
+#if FX_PIPE
+    fx_cp_async_wait_all(); /* this lane's copies of the warp's key rows for this tile */
+    __syncwarp();           /* ... and every other lane's (cp.async and zero stores) */
+#else
     __syncthreads(); /* previous tile's readers are done with Ks (and Qs/Ws are written) */
     for (int i = tid; i < FX_TILE * 16; i += FX_THREADS) {
       const int row = i >> 4, v = i & 15;
@@ -205,6 +278,7 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
       *(uint4 *)(Ks + row * FX_LD + v * 8) = x;
     }
     __syncthreads();
+#endif
     /* this warp's 32 keys (two m16 tiles) x 128 dims as 2 x 8 A fragments: each B fragment loaded
      * from shared memory feeds two mma */
     uint32_t af[FX_MT][8][4];
@@ -214,6 +288,18 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
       for (int ks = 0; ks < 8; ++ks)
         fx_ldsm_x4(fx_smem(Ks + (warp * 16 * FX_MT + mt * 16 + (lane & 15)) * FX_LD + ks * 16 + (lane >> 4) * 8),
                    af[mt][ks][0], af[mt][ks][1], af[mt][ks][2], af[mt][ks][3]);
+#if FX_PIPE
+    /* the warp's rows are in registers: once every lane's ldmatrix is done, the next tile that
+     * meets [ulo, uhi) may land in the same rows while this one is computed */
+    __syncwarp();
+    for (int t = tile + 1; t < FX_TILES; ++t) {
+      const int64_t cb = cb0 + (int64_t)t * FX_TILE;
+      if (!(uhi <= cb || ulo >= cb + FX_TILE)) {
+        fx_load_k_warp(a, Ks, cb, warp, lane);
+        break;
+      }
+    }
+#endif
     const int64_t wc0 = cbase + warp * 16 * FX_MT; /* the warp's first column */
     for (int g = 0; g < qg; ++g) {
       if (s_hi[g] <= wc0 || s_lo[g] >= wc0 + 16 * FX_MT) continue; /* warp-uniform */
