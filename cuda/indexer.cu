@@ -18,7 +18,8 @@
  *    the weight are applied to the accumulator in place, the head sum is an in-thread sum over the
  *    thread's two columns of every n-tile plus shfl_xor 1, 2 across the quad. A CTA (4 warps)
  *    holds 128 (query, head) rows of q in shared memory (128 / H_pad queries, H_pad = H rounded up
- *    to 8) and streams 2 tiles of 128 keys; tiles outside every query's visible window, and queries
+ *    to 8) and streams FX_TILES (2) tiles of 128 keys (FX_PIPE: cp.async, each warp loading its own
+ *    32 key rows and prefetching the next tile's while it computes); tiles outside every query's visible window, and queries
  *    that select all their keys (causal_length <= K), are skipped. Summation order is fixed:
  *    deterministic.
  *

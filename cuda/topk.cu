@@ -27,7 +27,12 @@
  * Variant bits (TK_FLAGS_DEFAULT): TK_F_CPASYNC (cached rows: the first read is cp.async straight
  * into the key cache in 4 commit groups, converted to keys in place), TK_F_HC (pass 0 counts into 4
  * lane-indexed sub-histograms), TK_F_PREFETCH (warp 0 prefetches the CTA's next row into L2),
- * TK_F_EMIT4 (cached rows emit 4 columns per lane per step with one packed warp scan).
+ * TK_F_EMIT4 (cached rows emit 4 columns per lane per step with one packed warp scan), TK_F_CAND
+ * (cached rows whose top-11-bit threshold bin holds <= TK_CAND_CAP keys: pass 1 gathers that bin's
+ * keys into the free pass-0 sub-histograms and pass 2 counts only them), TK_F_CNT (with CAND: pass 1
+ * sweeps each warp's emit stretch, counts the keys above the bin and tags each candidate with its
+ * warp, so the per-warp counts before the emit need no sweep). Cached rows then read the key cache
+ * twice after the first read (pass 1, emit) instead of four times (passes 1, 2, count, emit).
  * H200, median of 10, topk-32k causal/full (ms): 0.900/0.925 before; flags 2 (HC): 0.899/0.924;
  * +CPASYNC: 0.902/0.909; +PREFETCH: 0.902/0.909; + 1024 threads: 0.881/0.867; +EMIT4 (the default):
  * 0.782/0.757 (512 threads: 0.821/0.814). topk-128k: 3.37 -> 2.79 (1024 threads only). A
