@@ -94,6 +94,8 @@ static __device__ __forceinline__ void tk_cp_async_wait(int g) {
 #define TK_F_EMIT4 16 /* cached rows: emit 4 columns per lane per step */
 #define TK_F_CAND 32  /* cached rows: pass 1 gathers the threshold bin's keys, pass 2 reads only them */
 #define TK_CAND_CAP ((TK_HC - 1) * TK_BINS) /* candidate keys: the pass-0 sub-histograms 1.. (free then) */
+#define TK_F_V4 128   /* uncached rows: 16-byte loads in pass 0 (aligned rows); the compaction read skips
+                       * the ballots of warp steps with nothing to keep (__any_sync) */
 #define TK_F_CNT 64   /* with TK_F_CAND: pass 1 sweeps each warp's emit stretch and, with the candidates
                        * (tagged with the warp), yields the per-warp counts: no counting sweep */
 
@@ -206,7 +208,7 @@ template <int NT>
 static __device__ void tk_compact_rest(const float *__restrict__ src, int64_t L, int k, int64_t add,
                                        int32_t *out, uint32_t prefix, int rem, int64_t cache_cap,
                                        uint32_t *s_keys, int *s_hist, int *s_scan, uint32_t *s_prefix,
-                                       int *s_rem, int *s_nc, int *s_nsel, int *s_ncand) {
+                                       int *s_rem, int *s_nc, int *s_nsel, int *s_ncand, int flags) {
   const int tid = threadIdx.x, lane = tid & 31;
   const unsigned lt_mask = (1u << lane) - 1u;
   uint32_t *obuf = s_keys;              /* [TK_OBUF] selected columns */
@@ -235,6 +237,8 @@ static __device__ void tk_compact_rest(const float *__restrict__ src, int64_t L,
       const uint32_t key = tk_key(v[j]);
       const bool is_sel = c < L && (key >> 21) > b0;
       const bool is_cand = c < L && (key >> 21) == b0;
+      /* warp-uniform: most steps keep nothing (the whole loop nest is warp-uniform) */
+      if ((flags & TK_F_V4) && !__any_sync(0xffffffffu, is_sel || is_cand)) continue;
       const unsigned ms = __ballot_sync(0xffffffffu, is_sel), mc = __ballot_sync(0xffffffffu, is_cand);
       int bs = 0, bc = 0;
       if (lane == 0) {
@@ -448,6 +452,29 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
           s_keys[c] = key;
           atomicAdd(&hp[key >> 21], 1);
         }
+      } else if (pass == 0 && !cache && ((uintptr_t)src & 15) == 0 && (flags & TK_F_V4)) {
+        /* uncached first pass: 16-byte loads (4 in flight per thread, as the cached variant) */
+        const int64_t n4 = L >> 2;
+        const float4 *s4 = (const float4 *)src;
+        for (int64_t base = 0; base < n4; base += (int64_t)NT * 4) {
+          float4 v[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int64_t i = base + (int64_t)j * NT + tid;
+            v[j] = i < n4 ? __ldg(s4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          }
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int64_t i = base + (int64_t)j * NT + tid;
+            if (i < n4) {
+              atomicAdd(&hp[tk_key(v[j].x) >> 21], 1);
+              atomicAdd(&hp[tk_key(v[j].y) >> 21], 1);
+              atomicAdd(&hp[tk_key(v[j].z) >> 21], 1);
+              atomicAdd(&hp[tk_key(v[j].w) >> 21], 1);
+            }
+          }
+        }
+        for (int64_t c = (n4 << 2) + tid; c < L; c += NT) atomicAdd(&hp[tk_key(__ldg(src + c)) >> 21], 1);
       } else if (pass == 0 || !cache) {
         for (int64_t base = 0; base < L; base += (int64_t)NT * TK_UNROLL) {
           float v[TK_UNROLL];
@@ -562,7 +589,7 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
     }
     if (compact) {
       tk_compact_rest<NT>(src, L, k, add, out, prefix, rem, cache_cap, s_keys, s_hist, s_scan, &s_prefix,
-                      &s_rem, &s_nc, &s_nsel, &s_ncand);
+                      &s_rem, &s_nc, &s_nsel, &s_ncand, flags);
       continue;
     }
     const uint32_t thr = prefix;
@@ -712,12 +739,15 @@ static int64_t tk_cache_cap(const dsa_context *ctx, const dsa_topk_launch *a) {
 #define TK_USE_CAND 1
 #endif
 #ifndef TK_FLAGS_DEFAULT
+#ifndef TK_USE_V4 /* -DTK_USE_V4=0: scalar loads in the uncached first pass, no __any_sync skip */
+#define TK_USE_V4 1
+#endif
 #ifndef TK_USE_CNT /* -DTK_USE_CNT=0: keep the counting sweep before the emit (TK_F_CNT needs TK_F_CAND) */
 #define TK_USE_CNT 1
 #endif
 #define TK_FLAGS_DEFAULT                                                                              \
   (TK_F_CPASYNC | TK_F_HC | TK_F_PREFETCH | TK_F_EMIT4 | (TK_USE_CAND ? TK_F_CAND : 0) |               \
-   (TK_USE_CAND && TK_USE_CNT ? TK_F_CNT : 0))
+   (TK_USE_CAND && TK_USE_CNT ? TK_F_CNT : 0) | (TK_USE_V4 ? TK_F_V4 : 0))
 #endif
 #ifndef TK_THREADS_DEFAULT
 #define TK_THREADS_DEFAULT 1024
