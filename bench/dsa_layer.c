@@ -195,6 +195,51 @@ static int check_index_row(const dsa_indexer_params *hp, const dsa_plan_view *v,
 }
 
 /* ---- the small extra problem that checks dkv (it needs every row) ---- */
+/* Params of a GLM-shaped problem (T queries over T keys, causal indices with topk_length, no sink):
+ * one fill for host pointers (the reference) and device pointers (the GPU op) alike. */
+static dsa_attn_fwd_params layer_fwd_params(int64_t T, int32_t H, int32_t K, const uint16_t *q,
+                                            const uint16_t *kv, const int32_t *idx, const int32_t *len,
+                                            uint16_t *out, float *lse) {
+  dsa_attn_fwd_params p;
+  memset(&p, 0, sizeof p);
+  p.num_tokens = T;
+  p.num_heads = H;
+  p.head_dim = DIM;
+  p.num_kv = T;
+  p.topk = K;
+  p.softmax_scale = SCALE;
+  p.q = q;
+  p.kv = kv;
+  p.indices = idx;
+  p.topk_length = len;
+  p.out = out;
+  p.lse = lse;
+  return p;
+}
+/* The deterministic backward of the forward problem f (its out and lse are the backward's inputs). */
+static dsa_attn_bwd_params layer_bwd_params(const dsa_attn_fwd_params *f, const uint16_t *dout,
+                                            uint16_t *dq, uint16_t *dkv) {
+  dsa_attn_bwd_params p;
+  memset(&p, 0, sizeof p);
+  p.num_tokens = f->num_tokens;
+  p.num_heads = f->num_heads;
+  p.head_dim = f->head_dim;
+  p.num_kv = f->num_kv;
+  p.topk = f->topk;
+  p.softmax_scale = f->softmax_scale;
+  p.deterministic = 1;
+  p.q = f->q;
+  p.kv = f->kv;
+  p.indices = f->indices;
+  p.topk_length = f->topk_length;
+  p.out = f->out;
+  p.dout = dout;
+  p.lse = f->lse;
+  p.dq = dq;
+  p.dkv = dkv;
+  return p;
+}
+
 static void check_dkv_small(dsa_context *ctx, bc_rng *rng, cudaStream_t stream) {
   const int32_t docs[2] = {180, 123};
   const int64_t T = 303;
@@ -213,39 +258,9 @@ static void check_dkv_small(dsa_context *ctx, bc_rng *rng, cudaStream_t stream) 
       bc_causal_row(rng, idx + t * K, K, start, i + 1);
       len[t] = (int32_t)(i + 1 < K ? i + 1 : K);
     }
-  dsa_attn_fwd_params fp;
-  memset(&fp, 0, sizeof fp);
-  fp.num_tokens = T;
-  fp.num_heads = H;
-  fp.head_dim = DIM;
-  fp.num_kv = T;
-  fp.topk = K;
-  fp.softmax_scale = SCALE;
-  fp.q = q;
-  fp.kv = kv;
-  fp.indices = idx;
-  fp.topk_length = len;
-  fp.out = out;
-  fp.lse = lse;
+  dsa_attn_fwd_params fp = layer_fwd_params(T, H, K, q, kv, idx, len, out, lse);
   if (dsa_ref_sparse_attn_fwd(&fp) != DSA_SUCCESS) bc_die("dsa_ref_sparse_attn_fwd: %s", dsa_last_error_message());
-  dsa_attn_bwd_params bp;
-  memset(&bp, 0, sizeof bp);
-  bp.num_tokens = T;
-  bp.num_heads = H;
-  bp.head_dim = DIM;
-  bp.num_kv = T;
-  bp.topk = K;
-  bp.softmax_scale = SCALE;
-  bp.deterministic = 1;
-  bp.q = q;
-  bp.kv = kv;
-  bp.indices = idx;
-  bp.topk_length = len;
-  bp.out = out;
-  bp.dout = dout;
-  bp.lse = lse;
-  bp.dq = dq_ref;
-  bp.dkv = dkv_ref;
+  dsa_attn_bwd_params bp = layer_bwd_params(&fp, dout, dq_ref, dkv_ref);
   if (dsa_ref_sparse_attn_bwd(&bp) != DSA_SUCCESS) bc_die("dsa_ref_sparse_attn_bwd: %s", dsa_last_error_message());
 
   /* The same on the GPU. */
@@ -259,15 +274,8 @@ static void check_dkv_small(dsa_context *ctx, bc_rng *rng, cudaStream_t stream) 
   BC_CUDA(cudaMemcpy(d_lse, lse, nl * 4, cudaMemcpyHostToDevice));
   BC_CUDA(cudaMemcpy(d_idx, idx, (size_t)T * K * 4, cudaMemcpyHostToDevice));
   BC_CUDA(cudaMemcpy(d_len, len, (size_t)T * 4, cudaMemcpyHostToDevice));
-  bp.q = d_q;
-  bp.kv = d_kv;
-  bp.indices = d_idx;
-  bp.topk_length = d_len;
-  bp.out = d_out;
-  bp.dout = d_dout;
-  bp.lse = d_lse;
-  bp.dq = d_dq;
-  bp.dkv = d_dkv;
+  dsa_attn_fwd_params dfp = layer_fwd_params(T, H, K, d_q, d_kv, d_idx, d_len, d_out, d_lse);
+  bp = layer_bwd_params(&dfp, d_dout, d_dq, d_dkv);
   size_t ws_bytes = 0;
   dsa_status st = dsa_sparse_attn_bwd(ctx, &bp, NULL, &ws_bytes, stream);
   if (st == DSA_SUCCESS) {
@@ -721,20 +729,7 @@ static int run_cpu_small(bc_rng *rng) {
   printf("  indexer top-k (ref)  %8.3f ms  topk_length histogram: 1-16: %d, 17-32: %d, 33-48: %d, 49-%d: %d, "
          "=%d: %d (sum %.0f)\n", (bc_now_s() - t0) * 1e3, hist[0], hist[1], hist[2], K - 1, hist[3], K, hist[4], slots);
 
-  dsa_attn_fwd_params fp;
-  memset(&fp, 0, sizeof fp);
-  fp.num_tokens = T;
-  fp.num_heads = H;
-  fp.head_dim = DIM;
-  fp.num_kv = T;
-  fp.topk = K;
-  fp.softmax_scale = SCALE;
-  fp.q = q;
-  fp.kv = kv;
-  fp.indices = idx;
-  fp.topk_length = len;
-  fp.out = out;
-  fp.lse = lse;
+  dsa_attn_fwd_params fp = layer_fwd_params(T, H, K, q, kv, idx, len, out, lse);
   t0 = bc_now_s();
   st = dsa_ref_sparse_attn_fwd(&fp);
   if (st != DSA_SUCCESS) {
@@ -749,24 +744,7 @@ static int run_cpu_small(bc_rng *rng) {
   printf("  sparse forward (ref) %8.3f ms  lse in [%.4f, %.4f], |out| = %.4f\n", (bc_now_s() - t0) * 1e3, lo, hi,
          norm_bf16(out, n_o));
 
-  dsa_attn_bwd_params bp;
-  memset(&bp, 0, sizeof bp);
-  bp.num_tokens = T;
-  bp.num_heads = H;
-  bp.head_dim = DIM;
-  bp.num_kv = T;
-  bp.topk = K;
-  bp.softmax_scale = SCALE;
-  bp.deterministic = 1;
-  bp.q = q;
-  bp.kv = kv;
-  bp.indices = idx;
-  bp.topk_length = len;
-  bp.out = out;
-  bp.dout = dout;
-  bp.lse = lse;
-  bp.dq = dq;
-  bp.dkv = dkv;
+  dsa_attn_bwd_params bp = layer_bwd_params(&fp, dout, dq, dkv);
   t0 = bc_now_s();
   st = dsa_ref_sparse_attn_bwd(&bp);
   if (st != DSA_SUCCESS) {
