@@ -41,6 +41,10 @@ static void *take(pool *pl, fz_in *in, int64_t elems, size_t esz, size_t offset,
   if (is_out) snapshot(pl, p, bytes);
   return p;
 }
+/* Takes the outputs as they are now as the new "before" (a second call after a successful one). */
+static void resnapshot(pool *pl) {
+  for (int i = 0; i < pl->nout; ++i) memcpy(pl->copy[i], pl->out[i], pl->out_bytes[i]);
+}
 static void outputs_unchanged(const pool *pl, const char *fn) {
   for (int i = 0; i < pl->nout; ++i)
     FZ_CHECK(memcmp(pl->out[i], pl->copy[i], pl->out_bytes[i]) == 0,
@@ -216,7 +220,9 @@ static void ref_indexer(fz_in *in, pool *pl) {
                                   (int64_t)starts[t] + (causal[t] > 0 ? causal[t] : 0), 1);
       FZ_CHECK(n == p.lengths[t], "lengths[%lld]", (long long)t);
     }
-  /* the scores of one row (any row number) into a buffer of exactly its visible length */
+  /* the scores of one row (any row number) into a buffer of exactly its visible length; the top-k
+   * call above may have written indices / lengths, which is not this call's doing */
+  resnapshot(pl);
   const int64_t row = (int64_t)(int8_t)fz_u8(in);
   int64_t vis = row >= 0 && row < Tq && causal[row] > 0 ? causal[row] : 0;
   if (vis > v.total_key_tokens) vis = v.total_key_tokens; /* such a window is rejected anyway */
