@@ -9,7 +9,9 @@
  *   on the first 512 dims);  dsink[h] = -sum_{rows with a valid slot} exp(sink - L')*Delta.
  * Rows without a valid slot, or with lse = +inf, get dq = 0 and contribute nothing.
  *
- * Kernels (all portable: plain fp32 CUDA cores, any arch >= sm_70; tensor cores are the follow-up):
+ * Kernels (all portable: plain fp32 CUDA cores, any arch >= sm_70; the sm_90a tensor-core variant is
+ * cuda/attn_bwd_sm90.cu). prep, convert, keys, offsets and dsink are defined once, in
+ * cuda/attn_bwd_common.cuh, and shared with that variant; main and the key-major dkv kernel are here.
  *  - prep:      one CTA per token (block-stride loop): Delta, L' and the per-(t,h) dsink partial into
  *               the workspace.
  *  - main<HG>:  one CTA per (token, group of HG heads). The kv rows of NS slots at a time are gathered
@@ -45,11 +47,8 @@
 #include <math.h>
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
-#include <cub/device/device_radix_sort.cuh>
 #include "internal.h"
-
-/* CUB lives in dsa_cub::cub (-DCUB_WRAPPED_NAMESPACE); CUB_NS_QUALIFIER names it either way. */
-namespace cub = CUB_NS_QUALIFIER;
+#include "attn_bwd_common.cuh" /* prep, convert, dsink, keys, offsets (shared with attn_bwd_sm90.cu) */
 
 namespace {
 
@@ -61,7 +60,7 @@ constexpr int kNE = 8;         /* token entries per step of the deterministic dk
 constexpr int kValueDim = 512;
 constexpr int kMaxD = 576;
 constexpr int kMaxHeads = 128;
-constexpr size_t kAlign = 256;
+constexpr size_t kAlign = kBwdAlign;
 
 struct BwdArgs {
   int64_t T, T_kv;
@@ -80,9 +79,6 @@ struct BwdArgs {
   float *dsink;
 };
 
-__device__ __forceinline__ float bf2f(uint16_t x) { return __uint_as_float((uint32_t)x << 16); }
-__device__ __forceinline__ uint16_t f2bf(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -99,41 +95,6 @@ __device__ __forceinline__ int slot_idx(const BwdArgs &a, int64_t t, int j, int 
   if (j >= len) return -1;
   int v = a.idx[t * a.idx_s + j];
   return (v >= 0 && (int64_t)v < a.T_kv) ? v : -1;
-}
-
-/* ---- prep: Delta, L', dsink partials ---------------------------------------------------------- */
-__global__ void __launch_bounds__(kThreads) bwd_prep_kernel(BwdArgs a, float *delta, float *lp,
-                                                           float *part) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (int64_t t = blockIdx.x; t < a.T; t += gridDim.x) {
-    const int len = eff_len(a, t);
-    int any = 0;
-    for (int j = tid; j < len && !any; j += kThreads) any = slot_idx(a, t, j, len) >= 0;
-    any = __syncthreads_or(any);
-    for (int h = warp; h < a.H; h += kWarps) {
-      const uint16_t *o = a.out + t * a.out_st + (int64_t)h * a.out_sh;
-      const uint16_t *g = a.dout + t * a.dout_st + (int64_t)h * a.dout_sh;
-      float s = 0.f;
-      for (int d = lane; d < kValueDim; d += 32) s += bf2f(o[d]) * bf2f(g[d]);
-      s = warp_sum(s);
-      if (lane == 0) {
-        const int64_t th = t * a.H + h;
-        const float L = a.lse[th];
-        const float sk = a.sink ? a.sink[h] : -INFINITY;
-        float Lp = INFINITY;
-        if (any && L != INFINITY) {
-          if (sk == -INFINITY) Lp = L;
-          else Lp = fmaxf(L, sk) + log1pf(expf(-fabsf(L - sk)));
-        }
-        float pt = 0.f;
-        if (any && isfinite(sk) && Lp != INFINITY) pt = expf(sk - Lp) * s;
-        delta[th] = s;
-        lp[th] = Lp;
-        part[th] = pt;
-      }
-    }
-    __syncthreads();
-  }
 }
 
 /* ---- main: dq (+ atomic dkv) per (token, head group) ----------------------------------------- */
@@ -280,42 +241,7 @@ __global__ void __launch_bounds__(kThreads) bwd_main_kernel(BwdArgs a, const flo
   }
 }
 
-/* ---- fp32 accumulator -> bf16 dkv (src NULL: zeros) ------------------------------------------ */
-__global__ void bwd_convert_kernel(BwdArgs a, const float *src) {
-  const int64_t n = a.T_kv * a.D;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t r = i / a.D, d = i - r * a.D;
-    a.dkv[r * a.dkv_s + d] = src ? f2bf(src[i]) : (uint16_t)0;
-  }
-}
-
-/* ---- deterministic dkv: keys, offsets, key-major sum ----------------------------------------- */
-__global__ void bwd_keys_kernel(BwdArgs a, uint32_t *keys, int32_t *vals) {
-  const int64_t n = a.T * a.K;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t t = i / a.K;
-    const int j = (int)(i - t * a.K);
-    const int r = slot_idx(a, t, j, eff_len(a, t));
-    keys[i] = r >= 0 ? (uint32_t)r : (uint32_t)a.T_kv;
-    vals[i] = (int32_t)t;
-  }
-}
-
-__global__ void bwd_offsets_kernel(const uint32_t *keys, int64_t n, int64_t T_kv, int64_t *off) {
-  for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r <= T_kv;
-       r += (int64_t)gridDim.x * blockDim.x) {
-    int64_t lo = 0, hi = n; /* first position with key >= r */
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) >> 1;
-      if ((int64_t)keys[mid] < r) lo = mid + 1;
-      else hi = mid;
-    }
-    off[r] = lo;
-  }
-}
-
+/* ---- deterministic dkv: key-major sum over the sorted (token) lists of cuda/attn_bwd_common.cuh -- */
 __global__ void __launch_bounds__(kThreads) bwd_dkv_det_kernel(BwdArgs a, const float *delta,
                                                               const float *lp, const int64_t *off,
                                                               const int32_t *vals) {
@@ -386,24 +312,6 @@ __global__ void __launch_bounds__(kThreads) bwd_dkv_det_kernel(BwdArgs a, const 
   }
 }
 
-/* ---- dsink: fixed-order per-head reduction ---------------------------------------------------- */
-__global__ void __launch_bounds__(kThreads) bwd_dsink_kernel(BwdArgs a, const float *part) {
-  __shared__ float red[kThreads];
-  const int h = blockIdx.x, tid = threadIdx.x;
-  float s = 0.f;
-  for (int64_t t = tid; t < a.T; t += kThreads) s += part[t * a.H + h];
-  red[tid] = s;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w >>= 1) {
-    if (tid < w) red[tid] += red[tid + w];
-    __syncthreads();
-  }
-  if (tid == 0) {
-    const float sk = a.sink ? a.sink[h] : -INFINITY;
-    a.dsink[h] = (a.sink && isfinite(sk) && a.T > 0) ? -red[0] : 0.f;
-  }
-}
-
 /* ---- host side -------------------------------------------------------------------------------- */
 struct Layout {
   size_t delta, lp, part, acc, keys0, keys1, vals0, vals1, off, temp;
@@ -411,48 +319,31 @@ struct Layout {
   int end_bit;
 };
 
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
 dsa_status make_layout(const dsa_attn_bwd_params *p, Layout *L) {
   const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
   size_t o = 0;
   *L = Layout();
-  L->delta = o; o += align_up(th * 4);
-  L->lp = o; o += align_up(th * 4);
-  L->part = o; o += align_up(th * 4);
+  L->delta = o; o += bwd_align_up(th * 4);
+  L->lp = o; o += bwd_align_up(th * 4);
+  L->part = o; o += bwd_align_up(th * 4);
   if (!p->deterministic) {
-    L->acc = o; o += align_up((size_t)p->num_kv * (size_t)p->head_dim * 4);
+    L->acc = o; o += bwd_align_up((size_t)p->num_kv * (size_t)p->head_dim * 4);
   } else {
     if (p->num_tokens > INT32_MAX)
       return dsa_fail(DSA_ERROR_UNSUPPORTED,
                       "dsa_sparse_attn_bwd: num_tokens = %lld exceeds 2^31-1 in deterministic mode",
                       (long long)p->num_tokens);
     const int64_t n = p->num_tokens * (int64_t)p->topk;
-    int bits = 1;
-    while (bits < 32 && ((uint64_t)p->num_kv >> bits) != 0) ++bits; /* sentinel num_kv fits */
-    L->end_bit = bits;
-    L->keys0 = o; o += align_up((size_t)n * 4);
-    L->keys1 = o; o += align_up((size_t)n * 4);
-    L->vals0 = o; o += align_up((size_t)n * 4);
-    L->vals1 = o; o += align_up((size_t)n * 4);
-    L->off = o; o += align_up(((size_t)p->num_kv + 1) * 8);
+    L->end_bit = bwd_key_bits(p->num_kv); /* the sentinel num_kv fits */
+    L->keys0 = o; o += bwd_align_up((size_t)n * 4);
+    L->keys1 = o; o += bwd_align_up((size_t)n * 4);
+    L->vals0 = o; o += bwd_align_up((size_t)n * 4);
+    L->vals1 = o; o += bwd_align_up((size_t)n * 4);
+    L->off = o; o += bwd_align_up(((size_t)p->num_kv + 1) * 8);
     size_t temp = 0;
-    if (n > 0 && p->num_kv > 0) {
-      cub::DoubleBuffer<uint32_t> kb(nullptr, nullptr);
-      cub::DoubleBuffer<int32_t> vb(nullptr, nullptr);
-      cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, temp, kb, vb, n, 0, bits);
-      if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        /* CUB picks its tuning (and so its temp size) from the current device. */
-        if (e == cudaErrorNoDevice || e == cudaErrorInvalidDevice || e == cudaErrorInsufficientDriver)
-          return dsa_fail(DSA_ERROR_NO_DEVICE,
-                          "dsa_sparse_attn_bwd: the deterministic mode's workspace size needs a "
-                          "CUDA device (radix sort size query: %s)", cudaGetErrorString(e));
-        return dsa_cuda_status(e, "dsa_sparse_attn_bwd: radix sort size query");
-      }
-    }
+    if (n > 0 && p->num_kv > 0) DSA_TRY(bwd_sort_temp_bytes(n, L->end_bit, &temp));
     L->temp_bytes = temp;
-    L->temp = o; o += align_up(temp);
+    L->temp = o; o += bwd_align_up(temp);
   }
   L->total = o + kAlign; /* slack: the caller's pointer is aligned up inside */
   return DSA_SUCCESS;
@@ -475,26 +366,21 @@ BwdArgs make_args(const dsa_attn_bwd_params *p) {
   return a;
 }
 
-unsigned grid_for(int64_t n, int64_t per_block, int64_t cap) {
-  int64_t g = (n + per_block - 1) / per_block;
-  if (g > cap) g = cap;
-  if (g < 1) g = 1;
-  return (unsigned)g;
+/* Dynamic shared memory of bwd_main_kernel<HG> at head dim D: at most 45216 B (HG = 16, D = 576),
+ * under the 48 KB every device grants without opting in, so no cudaFuncSetAttribute is ever needed
+ * (asserted here; the launcher runs none). */
+constexpr size_t main_smem_bytes(int HG, int D) {
+  return (size_t)HG * (D + kValueDim) * 2 + (size_t)kNS * D * 2 + (size_t)(2 * kNS * HG + 2 * HG) * 4 + kNS * 4;
 }
+static_assert(main_smem_bytes(16, kMaxD) <= 48 * 1024, "portable main kernel: no opt-in shared memory");
 
 template <int HG>
 cudaError_t launch_main(const BwdArgs &a, const float *delta, const float *lp, float *acc,
                         int kv_vec, cudaStream_t stream) {
-  const size_t smem = (size_t)HG * (a.D + kValueDim) * 2 + (size_t)kNS * a.D * 2 +
-                      (size_t)(2 * kNS * HG + 2 * HG) * 4 + kNS * 4;
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(bwd_main_kernel<HG>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-  }
+  const size_t smem = main_smem_bytes(HG, a.D);
   const int G = (a.H + HG - 1) / HG;
-  bwd_main_kernel<HG><<<grid_for(a.T * G, 1, INT32_MAX), kThreads, smem, stream>>>(a, delta, lp,
-                                                                                  acc, kv_vec);
+  bwd_main_kernel<HG><<<bwd_grid_for(a.T * G, 1, INT32_MAX), kThreads, smem, stream>>>(a, delta, lp,
+                                                                                      acc, kv_vec);
   return cudaGetLastError();
 }
 
@@ -515,25 +401,17 @@ extern "C" dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn
   const BwdArgs a = make_args(p);
   unsigned char *ws = (unsigned char *)(((uintptr_t)workspace + kAlign - 1) & ~(uintptr_t)(kAlign - 1));
   float *delta = (float *)(ws + L.delta), *lp = (float *)(ws + L.lp), *part = (float *)(ws + L.part);
-  const unsigned cap = 1u << 20;
   cudaError_t e;
 
   if (a.T == 0) {
     /* The outputs are still defined: dkv = 0 on all rows, dsink = 0. The checks accept NULL
      * pointers for zero-size work, so a NULL dkv / dsink is simply not written. */
-    if (a.T_kv > 0 && a.dkv != nullptr) {
-      bwd_convert_kernel<<<grid_for(a.T_kv * a.D, kThreads, cap), kThreads, 0, stream>>>(a, nullptr);
-      DSA_TRY(dsa_cuda_status(cudaGetLastError(), fn));
-    }
-    if (a.dsink) {
-      bwd_dsink_kernel<<<a.H, kThreads, 0, stream>>>(a, part);
-      DSA_TRY(dsa_cuda_status(cudaGetLastError(), fn));
-    }
+    if (a.T_kv > 0 && a.dkv != nullptr) DSA_TRY(bwd_launch_convert(p, nullptr, stream));
+    if (a.dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
     return DSA_SUCCESS;
   }
 
-  bwd_prep_kernel<<<grid_for(a.T, 1, cap), kThreads, 0, stream>>>(a, delta, lp, part);
-  DSA_TRY(dsa_cuda_status(cudaGetLastError(), fn));
+  DSA_TRY(bwd_launch_prep(p, delta, lp, part, stream));
 
   float *acc = p->deterministic ? nullptr : (float *)(ws + L.acc);
   if (acc != nullptr && a.T_kv > 0)
@@ -550,32 +428,20 @@ extern "C" dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn
 
   if (a.T_kv > 0) {
     if (!p->deterministic) {
-      bwd_convert_kernel<<<grid_for(a.T_kv * a.D, kThreads, cap), kThreads, 0, stream>>>(a, acc);
-      DSA_TRY(dsa_cuda_status(cudaGetLastError(), fn));
+      DSA_TRY(bwd_launch_convert(p, acc, stream));
     } else {
+      /* keys = kv rows of all T * K slots, values = tokens; stable sort; then one CTA per kv row */
       const int64_t n = a.T * (int64_t)a.K;
-      uint32_t *k0 = (uint32_t *)(ws + L.keys0), *k1 = (uint32_t *)(ws + L.keys1);
-      int32_t *v0 = (int32_t *)(ws + L.vals0), *v1 = (int32_t *)(ws + L.vals1);
+      const int32_t *vals = nullptr;
       int64_t *off = (int64_t *)(ws + L.off);
-      bwd_keys_kernel<<<grid_for(n, kThreads, cap), kThreads, 0, stream>>>(a, k0, v0);
-      DSA_TRY(dsa_cuda_status(cudaGetLastError(), fn));
-      cub::DoubleBuffer<uint32_t> kb(k0, k1);
-      cub::DoubleBuffer<int32_t> vb(v0, v1);
-      size_t temp = L.temp_bytes;
-      e = cub::DeviceRadixSort::SortPairs(ws + L.temp, temp, kb, vb, n, 0, L.end_bit, stream);
-      DSA_TRY(dsa_cuda_status(e, fn));
-      bwd_offsets_kernel<<<grid_for(a.T_kv + 1, kThreads, cap), kThreads, 0, stream>>>(
-          kb.Current(), n, a.T_kv, off);
-      DSA_TRY(dsa_cuda_status(cudaGetLastError(), fn));
-      bwd_dkv_det_kernel<<<grid_for(a.T_kv, 1, cap), kThreads, 0, stream>>>(a, delta, lp, off,
-                                                                          vb.Current());
+      DSA_TRY(bwd_launch_sorted_keys(p, 0, n, 1, (uint32_t *)(ws + L.keys0), (uint32_t *)(ws + L.keys1),
+                                     (int32_t *)(ws + L.vals0), (int32_t *)(ws + L.vals1), ws + L.temp,
+                                     L.temp_bytes, L.end_bit, off, &vals, stream));
+      bwd_dkv_det_kernel<<<bwd_grid_for(a.T_kv, 1, kBwdGridCap), kThreads, 0, stream>>>(a, delta, lp, off, vals);
       DSA_TRY(dsa_cuda_status(cudaGetLastError(), fn));
     }
   }
-  if (a.dsink) {
-    bwd_dsink_kernel<<<a.H, kThreads, 0, stream>>>(a, part);
-    DSA_TRY(dsa_cuda_status(cudaGetLastError(), fn));
-  }
+  if (a.dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
   (void)ctx;
   return DSA_SUCCESS;
 }

@@ -9,8 +9,14 @@
  * Delta = sum_{d<512} out*dout, L' = logaddexp(lse, sink) (+inf for rows that contribute nothing)
  * and the dsink partials; the main pass accumulates dkv in an fp32 [T_kv, D] workspace buffer with
  * atomics; a convert pass writes bf16 dkv; a fixed-order per-head reduction writes dsink. The small
- * passes are copies of the portable ones (same layout: delta, lp, part, acc, each 256-B aligned);
- * only the main pass differs.
+ * passes (prep, convert, dsink, and the deterministic mode's keys / offsets) are the portable
+ * launcher's own, defined once in cuda/attn_bwd_common.cuh (same layout: delta, lp, part, acc, each
+ * 256-B aligned); only the main pass (and the deterministic mode's reduction) differ.
+ *
+ * Head dims: D = 576 and D = 512, one instantiation each of a template parameter NBT = D / 64 (9 or
+ * 8 64-column blocks per q / kv row). At D = 512 there is no rope part: the KV tile is V itself, S
+ * and dP read the same 8 blocks, and every dkv column is a value column (dS^T Q + P^T dO on all 8
+ * blocks). The two warpgroups split the blocks 4 + 5 (D = 576) or 4 + 4 (D = 512).
  *
  * Main kernel: one CTA = one query token x one block of 64 heads (H = 128: two CTAs per token,
  * adjacent in the 1-D grid; H not a multiple of 64: the missing head rows are zero-filled and get
@@ -18,55 +24,60 @@
  * every thread issues cp.async for the gathers, both WGs run wgmma. Heads are the M of the products
  * with heads on M; keys are the M of the dkv products.
  * Shared memory (every tile 1024-B aligned, 128B swizzle, [rows][64-column blocks of 8 KB]):
- *   Q [64 heads x 576] 72 KB, dO [64 heads x 512] 64 KB (loaded once), KV tile [64 keys x 576]
- *   72 KB (single buffer), P and dS [64 heads x 64 keys] bf16 8 KB each, indices [2][64], L' and
- *   Delta [64]: 230400 B + 1024 B alignment slack.
+ *   Q [64 heads x D] 72 / 64 KB, dO [64 heads x 512] 64 KB (loaded once), KV tile [64 keys x D]
+ *   72 / 64 KB (single buffer), P and dS [64 heads x 64 keys] bf16 8 KB each, indices [2][64], L'
+ *   and Delta [64]: 230400 B (D = 576) / 214016 B (D = 512) + 1024 B alignment slack. D = 512 leaves
+ *   16 KB unused: not enough for a second KV buffer (64 KB).
  * Per 64-key tile n (WG c = 0, 1):
  *   1. S = Q K^T and dP = dO V^T for keys [32 c, 32 c + 32): SS wgmma m64n32k16, both operands
- *      K-major (36 + 32 k-steps).
+ *      K-major (36 / 32 + 32 k-steps).
  *   2. P = exp2(S * scale * log2e - L' * log2e) (0 for invalid slots), dS = scale * P * (dP - Delta);
  *      both rounded to bf16 and written with stmatrix into the shared P / dS tiles (K-major: rows =
  *      heads, columns = keys). Barrier (both WGs' halves).
  *   3. dQ += dS K: SS wgmma, A = dS tile (K-major), B = KV tile read MN-major (tB = 1). WG0 owns dims
- *      [0, 256) (one m64n256 per k16: 128 registers), WG1 dims [256, 576) (m64n256 + m64n64: 160).
+ *      [0, 256) (one m64n256 per k16: 128 registers), WG1 dims [256, 576) (m64n256 + m64n64: 160)
+ *      or [256, 512) (m64n256: 128).
  *   4. Barrier; the KV tile is no longer read: the gather of tile n + 1 is issued now and lands
  *      while step 5 runs.
  *   5. dKV_tile = dS^T Q + P^T dO (keys on M): per 64-dim block b of this WG's dims, SS wgmma
  *      m64n64k16 with A = dS / P tile read M-major (tA = 1, +2048 B per k16 of heads) and B = Q / dO
- *      read MN-major (tB = 1), 4 + 4 k-steps (block 8 has no dO part); then vector fp32 atomics
+ *      read MN-major (tB = 1), 4 + 4 k-steps (block 8 of D = 576 has no dO part); then vector fp32 atomics
  *      (atomicAdd on float2 = red.global.add.v2.f32, sm_90) into acc[idx[key]] for valid keys.
  * dQ is written (bf16 pairs) from registers after the last tile.
- * ptxas (nvcc 13, -Xptxas -v): 226 registers (deterministic instantiation: 230; __launch_bounds__(256, 1)), no spills, no C7511/C7515;
- * two C7519 notes (warpgroup.arrive injected around the optional P^T dO chain of the dKV block).
- * SASS per CTA: 136 HGMMA.64x32x16 (S, dP), 8 HGMMA.64x256x16 + 4 HGMMA.64x64x16 (dQ), 16
+ * ptxas (nvcc 13, -Xptxas -v, __launch_bounds__(256, 1)), no spills, no C7511/C7515 in any of the
+ * four instantiations: D = 576 226 registers (deterministic: 230), two C7519 notes each
+ * (warpgroup.arrive injected around the optional P^T dO chain of block 8's dKV); D = 512 196
+ * registers (deterministic: 198), no C7519 (the dO chain is unconditional there).
+ * SASS per CTA (D = 576): 136 HGMMA.64x32x16 (S, dP), 8 HGMMA.64x256x16 + 4 HGMMA.64x64x16 (dQ), 16
  * HGMMA.64x64x16 with tnspA.tnspB (dKV), STSM, LDGSTS, REDG.E.ADD.F32x2 (both warpgroups' code).
  * Deterministic mode (same main kernel, template kDet = true; all five products on wgmma):
- *   tokens are processed in chunks of C (C = 2 GiB / (ceil(H / 64) * K * 576 * 4), clamped to
+ *   tokens are processed in chunks of C (C = 2 GiB / (ceil(H / 64) * K * D * 4), clamped to
  *   1..T; dsa_attn_bwd_det_chunk_tokens > 0 overrides it, tests use it to force many chunks). Per
  *   chunk starting at token t0:
  *   1. main kernel over the chunk's CTAs (blockIdx.x = token_in_chunk * ceil(H / 64) + head block):
- *      step 5 stores each valid slot's fp32 dKV row (64 x 576 per tile, as computed for the
- *      atomics) to contrib[blockIdx.x * K + slot][576] instead of adding it (dq as before: every
+ *      step 5 stores each valid slot's fp32 dKV row (64 x D per tile, as computed for the
+ *      atomics) to contrib[blockIdx.x * K + slot][D] instead of adding it (dq as before: every
  *      CTA writes its own token's dq rows, no cross-CTA accumulation);
- *   2. keys kernel: entry i = token_in_chunk * K + slot -> key = kv row of a valid slot (the main
- *      kernel's exact validity test) or the sentinel T_kv, value = i;
+ *   2. keys kernel (cuda/attn_bwd_common.cuh, values = entry ids): entry i = token_in_chunk * K +
+ *      slot -> key = kv row of a valid slot (the main kernel's exact validity test) or the sentinel
+ *      T_kv, value = i;
  *   3. CUB stable radix sort (pairs, bits just covering T_kv): each row's entries in ascending
  *      (token, slot) order; offsets kernel (binary search) -> off[0..T_kv];
- *   4. reduce kernel: one CTA (144 threads x float4) per kv row, acc[r] += the row's entries in
+ *   4. reduce kernel: one CTA (D / 4 threads x float4) per kv row, acc[r] += the row's entries in
  *      sorted order, each entry's head blocks in order 0, 1 (no atomics).
  *   Then the fp32 -> bf16 convert. Every row's sum is ((0 + c_0) + c_1) + ... over its contributions
  *   in ascending (token, slot, head block) order; an fp32 store / load between chunks is exact, so
  *   the result is bitwise the same run to run AND for every chunk size C (the tests check both).
  *   Workspace (det_layout; offsets from the 256-B aligned base, every region 256-B aligned):
- *     delta, lp, part [T, H] f32; acc [T_kv, 576] f32       (as in the non-deterministic layout)
- *     contrib [C * ceil(H / 64) * K, 576] f32                 (<= 2 GiB unless one token exceeds it)
+ *     delta, lp, part [T, H] f32; acc [T_kv, D] f32         (as in the non-deterministic layout)
+ *     contrib [C * ceil(H / 64) * K, D] f32                   (<= 2 GiB unless one token exceeds it)
  *     keys0, keys1 [C * K] u32; vals0, vals1 [C * K] i32; off [T_kv + 1] i64; CUB temp (C * K items)
  *   The op's deterministic size (src/attn_bwd.c) is the larger of this and the portable layout (the
  *   op falls back to the portable path where this kernel declines at launch).
  *   Expected cost, bwd-glm-4k (T 4096, H 64, K 2048, causal topk_length): 9 chunks of 455 tokens;
  *   ~6.3 M valid slots x 2304 B = ~14.5 GB written by the main kernels and read back by the
  *   reductions, on top of the ~8.3 ms of the atomic variant: predicted 15-20 ms (not measured).
- * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D != 576,
+ * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D other than 576 / 512,
  * q / kv / dout rows not 16-B aligned, dq rows not 4-B aligned, T * ceil(H / 64) above 2^31 - 1,
  * shared memory above the device's opt-in limit.
  * v1 trade-offs, next steps in order:
@@ -75,43 +86,42 @@
  *     double-buffer KV, and a producer warpgroup with mbarriers as in attn_fwd_sm90.cu.
  *   - every wgmma group is waited on at once (no overlap of the atomics of block b with the wgmma of
  *     block b + 1). Next: two 32-register dKV accumulators in flight.
- *   - WG1 does 5/4 of WG0's dQ and dKV work (the 576 dims split on 64-dim block boundaries).
- *   - dkv atomics: 64 keys x 576 fp32 per tile per head block (H = 128 doubles them).
+ *   - D = 576: WG1 does 5/4 of WG0's dQ and dKV work (the 576 dims split on 64-dim block
+ *     boundaries); D = 512 is balanced.
+ *   - dkv atomics: 64 keys x D fp32 per tile per head block (H = 128 doubles them).
+ * The main kernel's max-dynamic-smem attribute is set once per (D, mode, device) (prepare_main).
  */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
 
-#include <cub/device/device_radix_sort.cuh>
-
 #include "internal.h"
 #include "sm90_common.cuh"
-
-/* CUB lives in dsa_cub::cub (-DCUB_WRAPPED_NAMESPACE); CUB_NS_QUALIFIER names it either way. */
-namespace cub = CUB_NS_QUALIFIER;
+#include "attn_bwd_common.cuh" /* prep, convert, dsink, keys, offsets (shared with attn_bwd.cu) */
 
 namespace {
 
 constexpr int kThreads = 256;        /* two warpgroups */
 constexpr int kBlockM = 64;          /* heads per CTA: the M of one wgmma */
 constexpr int kBlockN = 64;          /* keys per KV tile */
-constexpr int kD = 576;              /* head dim handled: nine 64-column blocks */
-constexpr int kNB = kD / 64;         /* 9 */
+/* Head dims: NB 64-column blocks per q / kv row, a template parameter: 9 (D = 576: 512 latent + 64
+ * rope) or 8 (D = 512: no rope part, every dim is a value dim). */
 constexpr int kNBV = DSA_VALUE_DIM / 64; /* 8 value blocks */
 constexpr int kBlkBytes = 64 * 128;  /* one 64 x 64 bf16 SW128 block: 8 atoms of 1024 B */
-constexpr int kPrepThreads = 256;
-constexpr size_t kAlign = 256;       /* workspace region alignment (cuda/attn_bwd.cu) */
+constexpr size_t kAlign = kBwdAlign; /* workspace region alignment (cuda/attn_bwd_common.cuh) */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr size_t kDetContribBudget = (size_t)2 << 30; /* deterministic mode: contrib bytes per chunk */
 [[maybe_unused]] constexpr int kBar = 1; /* named barrier over the CTA's 256 threads */
 
-/* Shared-memory layout (byte offsets from the 1024-B aligned base). */
+/* Shared-memory layout for NB 64-column blocks per row (byte offsets from the 1024-B aligned base):
+ * 231424 B at NB = 9, 215040 B at NB = 8 (each with 1024 B of alignment slack). */
+template <int NB>
 struct Smem {
   static constexpr int kQ = 0;
-  static constexpr int kDO = kQ + kNB * kBlkBytes;
+  static constexpr int kDO = kQ + NB * kBlkBytes;
   static constexpr int kKV = kDO + kNBV * kBlkBytes;
-  static constexpr int kP = kKV + kNB * kBlkBytes;
+  static constexpr int kP = kKV + NB * kBlkBytes;
   static constexpr int kDS = kP + kBlkBytes;
   static constexpr int kIdx = kDS + kBlkBytes;       /* int32 [2][64]: kv row or -1 */
   static constexpr int kLp = kIdx + 2 * kBlockN * 4; /* f32 [64]: L' * log2e, +inf for dead rows */
@@ -119,14 +129,16 @@ struct Smem {
   static constexpr int kEnd = kDelta + kBlockM * 4;
   static constexpr int kBytes = kEnd + 1024;         /* + slack to align the base */
 };
-static_assert(Smem::kKV % 1024 == 0 && Smem::kP % 1024 == 0 && Smem::kDS % 1024 == 0, "1024-B tiles");
-static_assert(Smem::kBytes <= 232448, "fits the 227 KB opt-in");
+static_assert(Smem<9>::kKV % 1024 == 0 && Smem<9>::kP % 1024 == 0 && Smem<9>::kDS % 1024 == 0, "1024-B tiles");
+static_assert(Smem<8>::kKV % 1024 == 0 && Smem<8>::kP % 1024 == 0 && Smem<8>::kDS % 1024 == 0, "1024-B tiles");
+static_assert(Smem<9>::kBytes == 231424 && Smem<8>::kBytes == 215040, "the sizes the comments quote");
+static_assert(Smem<9>::kBytes <= 232448 && Smem<8>::kBytes <= 232448, "fits the 227 KB opt-in");
 
 struct MainArgs {
   dsa_attn_bwd_params p;
   const float *delta, *lp; /* [T, H] from the prep pass */
-  float *acc;              /* [T_kv, 576] fp32 (non-deterministic mode: the atomics' target) */
-  float *contrib;          /* deterministic mode: [chunk CTAs][K][576] fp32 per-slot dKV rows */
+  float *acc;              /* [T_kv, D] fp32 (non-deterministic mode: the atomics' target) */
+  float *contrib;          /* deterministic mode: [chunk CTAs][K][D] fp32 per-slot dKV rows */
   int64_t tok0;            /* deterministic mode: first token of this chunk (0 otherwise) */
   float scale, scale_log2;
   int num_hblocks;
@@ -163,13 +175,17 @@ __device__ __forceinline__ void bwd_wgmma_ss_m64n64k16_tb1(float *d, uint64_t de
 #endif
 
 /* One consumer warpgroup's share of a tile loop: dQ and dKV over NB 64-dim blocks starting at block
- * B0 (WG0: <4, 0>, WG1: <5, 4>). Both warpgroups run the same sequence of named barriers. */
-template <int NB, int B0, bool kDet>
+ * B0 of the NBT blocks of a row (NBT = 9: WG0 <4, 0>, WG1 <5, 4>; NBT = 8: WG0 <4, 0>, WG1 <4, 4>).
+ * Both warpgroups run the same sequence of named barriers, each from its own instantiation (different
+ * instructions), hence the non-.aligned sm90_named_bar_sync_any (synccheck rejects bar.sync there). */
+template <int NBT, int NB, int B0, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t *smem, int wg, int ntiles,
                                                   int64_t tok, int h0, int klen) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(NB == 4 || NB == 5, "dQ: one m64n256 (+ one m64n64) per k16");
-  typedef Smem L;
+  static_assert(B0 + NB <= NBT && NBT >= kNBV, "blocks of this WG inside the row; dP reads the 8 value blocks");
+  typedef Smem<NBT> L;
+  constexpr int kD = 64 * NBT; /* head dim: row stride of acc / contrib */
   const dsa_attn_bwd_params &p = args.p;
   const int tid = threadIdx.x, t = tid & 127, warp = t >> 5, lane = t & 31;
   const int g = tid >> 3, j = tid & 7; /* gather: chunk j of rows g and g + 32 (same r % 8) */
@@ -198,7 +214,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
     }
     sm90_cp_async_wait_all();  /* this thread's copies of tile n (and of Q / dO) have landed */
     sm90_fence_proxy_async();  /* cp.async (generic proxy) -> wgmma (async proxy) */
-    sm90_named_bar_sync(kBar, kThreads);
+    sm90_named_bar_sync_any(kBar, kThreads);
 
     /* ---- 1. S = Q K^T, dP = dO V^T for keys [key0, key0 + 32): K-major SW128, LBO 16 (unused),
      * SBO 1024, +32 B per k16, +8 KB per 64-column block; B starts at key row key0 (4096 B). */
@@ -212,7 +228,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
     }
     sm90_wgmma_fence();
 #pragma unroll
-    for (int b = 0; b < kNB; ++b)
+    for (int b = 0; b < NBT; ++b)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint32_t off = b * kBlkBytes + k * 32;
@@ -276,7 +292,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
       }
     }
     sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
-    sm90_named_bar_sync(kBar, kThreads);
+    sm90_named_bar_sync_any(kBar, kThreads);
 
     /* ---- 3. dQ += dS K: A = dS tile K-major (+32 B per k16 of keys); B = KV tile dims
      * [64 B0, 64 (B0 + NB)) read MN-major: LBO 8192 between 64-dim blocks, SBO 1024 between 8-key
@@ -301,7 +317,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
     /* ---- 4. both WGs are done reading the KV tile: gather tile n + 1 into it now. Its indices go
      * to the other half of sidx, last read by tile n - 1's atomics (before this tile's first
      * barrier). */
-    sm90_named_bar_sync(kBar, kThreads);
+    sm90_named_bar_sync_any(kBar, kThreads);
     if (n + 1 < ntiles) {
       const int sn = (n + 1) & 1;
 #pragma unroll
@@ -312,7 +328,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
         /* an invalid slot copies 0 bytes from a harmless address */
         const uint16_t *src = ok ? p.kv + (int64_t)idx * p.kv_stride + j * 8 : p.q + j * 8;
 #pragma unroll
-        for (int b = 0; b < kNB; ++b)
+        for (int b = 0; b < NBT; ++b)
           sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
         if (j == 0) sidx[sn * kBlockN + r] = ok ? idx : -1;
       }
@@ -394,10 +410,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 #endif
 }
 
-template <bool kDet>
+template <int NBT, bool kDet>
 __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid_constant__ MainArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  typedef Smem L;
+  typedef Smem<NBT> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const dsa_attn_bwd_params &p = args.p;
@@ -422,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid
       const uint16_t *qs = p.q + tok * p.q_stride_token + (int64_t)hh * p.q_stride_head + j * 8;
       const uint16_t *gs = p.dout + tok * p.dout_stride_token + (int64_t)hh * p.dout_stride_head + j * 8;
 #pragma unroll
-      for (int b = 0; b < kNB; ++b)
+      for (int b = 0; b < NBT; ++b)
         sm90_cp_async16(sq + b * kBlkBytes + sm90_sw128_chunk_off(r, j), qs + b * 64, ok ? 16u : 0u);
 #pragma unroll
       for (int b = 0; b < kNBV; ++b)
@@ -437,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid
       const bool ok = idx >= 0 && (int64_t)idx < p.num_kv;
       const uint16_t *src = ok ? p.kv + (int64_t)idx * p.kv_stride + j * 8 : p.q + j * 8;
 #pragma unroll
-      for (int b = 0; b < kNB; ++b)
+      for (int b = 0; b < NBT; ++b)
         sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
       if (j == 0) sidx[r] = ok ? idx : -1;
     }
@@ -450,137 +466,32 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid
     }
   }
   if (wg == 0)
-    bwd_sm90_consumer<4, 0, kDet>(args, smem, 0, ntiles, tok, h0, klen);
+    bwd_sm90_consumer<NBT, 4, 0, kDet>(args, smem, 0, ntiles, tok, h0, klen);
   else
-    bwd_sm90_consumer<5, 4, kDet>(args, smem, 1, ntiles, tok, h0, klen);
+    bwd_sm90_consumer<NBT, NBT - 4, 4, kDet>(args, smem, 1, ntiles, tok, h0, klen);
   sm90_cp_async_wait_all();
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
 #endif
 }
 
-/* ---- the small passes, copies of cuda/attn_bwd.cu's (same math, same workspace layout) ---------- */
-__device__ __forceinline__ float bf2f(uint16_t x) { return __uint_as_float((uint32_t)x << 16); }
-
-__device__ __forceinline__ int eff_len(const dsa_attn_bwd_params &p, int64_t t) {
-  if (p.topk_length == nullptr) return p.topk;
-  const int l = p.topk_length[t];
-  return l < 0 ? 0 : (l > p.topk ? p.topk : l);
-}
-
-/* Delta, L', dsink partials: one CTA per token (block-stride loop), one warp per head. */
-__global__ void __launch_bounds__(kPrepThreads) bwd_sm90_prep_kernel(const __grid_constant__ dsa_attn_bwd_params p,
-                                                                      float *delta, float *lp, float *part) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
-    const int len = eff_len(p, t);
-    int any = 0;
-    for (int j = tid; j < len && !any; j += kPrepThreads) {
-      const int v = p.indices[t * p.indices_stride + j];
-      any = v >= 0 && (int64_t)v < p.num_kv;
-    }
-    any = __syncthreads_or(any);
-    for (int h = warp; h < p.num_heads; h += kPrepThreads / 32) {
-      const uint16_t *o = p.out + t * p.out_stride_token + (int64_t)h * p.out_stride_head;
-      const uint16_t *g = p.dout + t * p.dout_stride_token + (int64_t)h * p.dout_stride_head;
-      float s = 0.f;
-      for (int d = lane; d < DSA_VALUE_DIM; d += 32) s += bf2f(o[d]) * bf2f(g[d]);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (lane == 0) {
-        const int64_t th = t * p.num_heads + h;
-        const float L = p.lse[th];
-        const float sk = p.sink ? p.sink[h] : -INFINITY;
-        float Lp = INFINITY;
-        if (any && L != INFINITY) {
-          if (sk == -INFINITY) Lp = L;
-          else Lp = fmaxf(L, sk) + log1pf(expf(-fabsf(L - sk)));
-        }
-        float pt = 0.f;
-        if (any && isfinite(sk) && Lp != INFINITY) pt = expf(sk - Lp) * s;
-        delta[th] = s;
-        lp[th] = Lp;
-        part[th] = pt;
-      }
-    }
-    __syncthreads();
-  }
-}
-
-/* fp32 accumulator -> bf16 dkv (src NULL: zeros). */
-__global__ void bwd_sm90_convert_kernel(const __grid_constant__ dsa_attn_bwd_params p, const float *src) {
-  const int64_t n = p.num_kv * p.head_dim;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t r = i / p.head_dim, d = i - r * p.head_dim;
-    const uint16_t v = src ? __bfloat16_as_ushort(__float2bfloat16_rn(src[i])) : (uint16_t)0;
-    p.dkv[r * p.dkv_stride + d] = v;
-  }
-}
-
-/* dsink: one CTA per head sums the per-token partials in a fixed order. */
-__global__ void __launch_bounds__(kPrepThreads) bwd_sm90_dsink_kernel(const __grid_constant__ dsa_attn_bwd_params p,
-                                                                       const float *part) {
-  __shared__ float red[kPrepThreads];
-  const int h = blockIdx.x, tid = threadIdx.x;
-  float s = 0.f;
-  for (int64_t t = tid; t < p.num_tokens; t += kPrepThreads) s += part[t * p.num_heads + h];
-  red[tid] = s;
-  __syncthreads();
-  for (int w = kPrepThreads / 2; w > 0; w >>= 1) {
-    if (tid < w) red[tid] += red[tid + w];
-    __syncthreads();
-  }
-  if (tid == 0) {
-    const float sk = p.sink ? p.sink[h] : -INFINITY;
-    p.dsink[h] = (p.sink && isfinite(sk) && p.num_tokens > 0) ? -red[0] : 0.f;
-  }
-}
-
-/* ---- deterministic mode: per-chunk key list and fixed-order dKV reduction -------------------- */
-/* Entry i = tl * K + j of the chunk starting at token tok0: key = the kv row of slot j of token
- * tok0 + tl when the slot is valid (exactly the main kernel's test: j < clamp(len), 0 <= idx < T_kv),
- * else the sentinel T_kv; value = i. A stable sort by key keeps each row's values ascending. */
-__global__ void bwd_sm90_det_keys_kernel(const __grid_constant__ dsa_attn_bwd_params p, int64_t tok0, int64_t n,
-                                         uint32_t *keys, int32_t *vals) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t tl = i / p.topk;
-    const int j = (int)(i - tl * p.topk);
-    const int64_t t = tok0 + tl;
-    const int v = j < eff_len(p, t) ? p.indices[t * p.indices_stride + j] : -1;
-    keys[i] = (v >= 0 && (int64_t)v < p.num_kv) ? (uint32_t)v : (uint32_t)p.num_kv;
-    vals[i] = (int32_t)i;
-  }
-}
-
-/* off[r] = first position of the sorted keys with key >= r, r = 0..T_kv. */
-__global__ void bwd_sm90_det_offsets_kernel(const uint32_t *keys, int64_t n, int64_t T_kv, int64_t *off) {
-  for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r <= T_kv; r += (int64_t)gridDim.x * blockDim.x) {
-    int64_t lo = 0, hi = n;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) >> 1;
-      if ((int64_t)keys[mid] < r) lo = mid + 1;
-      else hi = mid;
-    }
-    off[r] = lo;
-  }
-}
-
-constexpr int kRedThreads = kD / 4; /* 144: one float4 of the 576 dims per thread */
+/* ---- deterministic mode: fixed-order dKV reduction (key lists: cuda/attn_bwd_common.cuh) ------- */
 constexpr int kRedBatch = 8;        /* entries whose loads are in flight together */
 constexpr int kMaxHBlocks = DSA_MAX_HEADS / kBlockM; /* 2 */
 
-/* One CTA per kv row (block-stride): acc[r] = ((acc[r] + c_0) + c_1) + ... over the row's entries of
- * this chunk in sorted order (ascending token, then slot), each entry's head blocks in order 0, 1.
- * Every row is owned by one CTA and every sum has a fixed order: no atomics, bitwise reproducible. */
-template <int NHB>
-__global__ void __launch_bounds__(kRedThreads) bwd_sm90_det_reduce_kernel(const float *contrib, const int64_t *off,
-                                                                          const int32_t *vals, float *acc,
-                                                                          int64_t T_kv, int K) {
+/* One CTA of D / 4 threads (one float4 of the D dims each: 144 at D = 576, 128 at D = 512) per kv row
+ * (block-stride): acc[r] = ((acc[r] + c_0) + c_1) + ... over the row's entries of this chunk in
+ * sorted order (ascending token, then slot), each entry's head blocks in order 0, 1. Every row is
+ * owned by one CTA and every sum has a fixed order: no atomics, bitwise reproducible. */
+template <int D, int NHB>
+__global__ void __launch_bounds__(D / 4) bwd_sm90_det_reduce_kernel(const float *contrib, const int64_t *off,
+                                                                    const int32_t *vals, float *acc, int64_t T_kv,
+                                                                    int K) {
   const int d4 = threadIdx.x;
   for (int64_t r = blockIdx.x; r < T_kv; r += gridDim.x) {
     const int64_t e0 = off[r], e1 = off[r + 1];
     if (e0 == e1) continue;
-    float4 x = ((const float4 *)(acc + r * kD))[d4];
+    float4 x = ((const float4 *)(acc + r * D))[d4];
     for (int64_t e = e0; e < e1; e += kRedBatch) {
       const int ne = e1 - e < kRedBatch ? (int)(e1 - e) : kRedBatch;
       float4 c[kRedBatch * NHB];
@@ -592,7 +503,7 @@ __global__ void __launch_bounds__(kRedThreads) bwd_sm90_det_reduce_kernel(const 
           const int64_t row = (int64_t)tl * NHB * K + j;
 #pragma unroll
           for (int hb = 0; hb < NHB; ++hb)
-            c[i * NHB + hb] = __ldcs((const float4 *)(contrib + (row + (int64_t)hb * K) * kD) + d4);
+            c[i * NHB + hb] = __ldcs((const float4 *)(contrib + (row + (int64_t)hb * K) * D) + d4);
         }
       }
 #pragma unroll
@@ -609,15 +520,13 @@ __global__ void __launch_bounds__(kRedThreads) bwd_sm90_det_reduce_kernel(const 
         }
       }
     }
-    ((float4 *)(acc + r * kD))[d4] = x;
+    ((float4 *)(acc + r * D))[d4] = x;
   }
 }
 
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
 /* Deterministic-mode workspace (offsets from the 256-B aligned base; every region 256-B aligned):
- * delta, lp, part [T, H] f32 and acc [T_kv, 576] f32 exactly as in the non-deterministic layout,
- * then contrib [C * ceil(H / 64) * K * 576] f32, keys0, keys1 [C * K] u32, vals0, vals1 [C * K] i32,
+ * delta, lp, part [T, H] f32 and acc [T_kv, D] f32 exactly as in the non-deterministic layout,
+ * then contrib [C * ceil(H / 64) * K * D] f32, keys0, keys1 [C * K] u32, vals0, vals1 [C * K] i32,
  * off [T_kv + 1] i64, CUB radix-sort temp for C * K items; C = tokens per chunk. */
 struct DetLayout {
   size_t delta, lp, part, acc, contrib, keys0, keys1, vals0, vals1, off, temp;
@@ -628,8 +537,9 @@ struct DetLayout {
 
 dsa_status det_layout(const dsa_attn_bwd_params *p, DetLayout *L) {
   const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
+  const size_t D = (size_t)p->head_dim;
   const int nhb = (p->num_heads + kBlockM - 1) / kBlockM;
-  const size_t per_tok = (size_t)nhb * (size_t)p->topk * kD * 4;
+  const size_t per_tok = (size_t)nhb * (size_t)p->topk * D * 4;
   int64_t C = dsa_attn_bwd_det_chunk_tokens > 0 ? (int64_t)dsa_attn_bwd_det_chunk_tokens
                                                  : (int64_t)(kDetContribBudget / per_tok);
   if (C < 1) C = 1;
@@ -639,44 +549,124 @@ dsa_status det_layout(const dsa_attn_bwd_params *p, DetLayout *L) {
   size_t o = 0;
   *L = DetLayout();
   L->chunk = C;
-  L->delta = o; o += align_up(th * 4);
-  L->lp = o; o += align_up(th * 4);
-  L->part = o; o += align_up(th * 4);
-  L->acc = o; o += align_up((size_t)p->num_kv * kD * 4);
-  L->contrib = o; o += align_up((size_t)C * per_tok);
-  int bits = 1;
-  while (bits < 32 && ((uint64_t)p->num_kv >> bits) != 0) ++bits; /* the sentinel num_kv fits */
-  L->end_bit = bits;
-  L->keys0 = o; o += align_up((size_t)n * 4);
-  L->keys1 = o; o += align_up((size_t)n * 4);
-  L->vals0 = o; o += align_up((size_t)n * 4);
-  L->vals1 = o; o += align_up((size_t)n * 4);
-  L->off = o; o += align_up(((size_t)p->num_kv + 1) * 8);
+  L->delta = o; o += bwd_align_up(th * 4);
+  L->lp = o; o += bwd_align_up(th * 4);
+  L->part = o; o += bwd_align_up(th * 4);
+  L->acc = o; o += bwd_align_up((size_t)p->num_kv * D * 4);
+  L->contrib = o; o += bwd_align_up((size_t)C * per_tok);
+  L->end_bit = bwd_key_bits(p->num_kv); /* the sentinel num_kv fits */
+  L->keys0 = o; o += bwd_align_up((size_t)n * 4);
+  L->keys1 = o; o += bwd_align_up((size_t)n * 4);
+  L->vals0 = o; o += bwd_align_up((size_t)n * 4);
+  L->vals1 = o; o += bwd_align_up((size_t)n * 4);
+  L->off = o; o += bwd_align_up(((size_t)p->num_kv + 1) * 8);
   size_t temp = 0;
-  if (n > 0 && p->num_kv > 0) {
-    cub::DoubleBuffer<uint32_t> kb(nullptr, nullptr);
-    cub::DoubleBuffer<int32_t> vb(nullptr, nullptr);
-    cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, temp, kb, vb, n, 0, bits);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      if (e == cudaErrorNoDevice || e == cudaErrorInvalidDevice || e == cudaErrorInsufficientDriver)
-        return dsa_fail(DSA_ERROR_NO_DEVICE,
-                        "dsa_sparse_attn_bwd: the deterministic mode's workspace size needs a CUDA device "
-                        "(radix sort size query: %s)", cudaGetErrorString(e));
-      return dsa_cuda_status((int)e, "dsa_sparse_attn_bwd: radix sort size query");
-    }
-  }
+  if (n > 0 && p->num_kv > 0) DSA_TRY(bwd_sort_temp_bytes(n, L->end_bit, &temp));
   L->temp_bytes = temp;
-  L->temp = o; o += align_up(temp);
+  L->temp = o; o += bwd_align_up(temp);
   L->total = o + kAlign; /* slack: the caller's pointer is aligned up inside */
   return DSA_SUCCESS;
 }
 
-unsigned grid_for(int64_t n, int64_t per_block, int64_t cap) {
-  int64_t g = (n + per_block - 1) / per_block;
-  if (g > cap) g = cap;
-  if (g < 1) g = 1;
-  return (unsigned)g;
+/* The main kernel's dynamic shared memory limit is a per-device attribute: raise it once per (head
+ * dim, mode, device). A flag is set only after a successful call; two threads racing on the first
+ * call only repeat the same harmless call (as in cuda/attn_fwd_sm90.cu). */
+constexpr int kTrackedDevices = 64;
+unsigned char g_attr_done[2][2][kTrackedDevices]; /* [NBT == 9][kDet][device] */
+
+template <int NBT, bool kDet>
+dsa_status prepare_main(int dev) {
+  const int tracked = dev >= 0 && dev < kTrackedDevices;
+  unsigned char *done = tracked ? &g_attr_done[NBT == 9][kDet][dev] : nullptr;
+  if (done && *done) return DSA_SUCCESS;
+  DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_bwd_sm90_kernel<NBT, kDet>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<NBT>::kBytes),
+                          "dsa_sparse_attn_bwd: cudaFuncSetAttribute"));
+  if (done) *done = 1;
+  return DSA_SUCCESS;
+}
+
+/* Everything after the checks, for D = 64 * NBT (one instantiation per head dim). */
+template <int NBT>
+dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, void *workspace, cudaStream_t stream,
+                       int num_hblocks) {
+  static const char fn[] = "dsa_sparse_attn_bwd";
+  constexpr int kD = 64 * NBT;
+  const int smem_bytes = Smem<NBT>::kBytes;
+
+  /* workspace regions: delta, lp, part, acc as in cuda/attn_bwd.cu's make_layout (non-deterministic
+   * mode); the deterministic mode's det_layout keeps those four and appends its own regions */
+  const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
+  unsigned char *ws = (unsigned char *)(((uintptr_t)workspace + kAlign - 1) & ~(uintptr_t)(kAlign - 1));
+  float *delta = (float *)ws, *lp = (float *)(ws + bwd_align_up(th * 4));
+  float *part = (float *)(ws + 2 * bwd_align_up(th * 4));
+  float *acc = (float *)(ws + 3 * bwd_align_up(th * 4));
+
+  if (p->num_tokens == 0) { /* dkv = 0 on all rows, dsink = 0 */
+    if (p->num_kv > 0 && p->dkv != nullptr) DSA_TRY(bwd_launch_convert(p, nullptr, stream));
+    if (p->dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
+    return DSA_SUCCESS;
+  }
+
+  const int det = p->deterministic ? 1 : 0;
+  DetLayout DL;
+  if (det) {
+    DSA_TRY(det_layout(p, &DL));
+    /* det_layout puts delta, lp, part and acc at the offsets used above (same construction) */
+    DSA_TRY((prepare_main<NBT, true>(ctx->device)));
+  } else {
+    DSA_TRY((prepare_main<NBT, false>(ctx->device)));
+  }
+
+  DSA_TRY(bwd_launch_prep(p, delta, lp, part, stream));
+  if (p->num_kv > 0)
+    DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(acc, 0, (size_t)p->num_kv * kD * 4, stream), fn));
+
+  MainArgs args;
+  args.p = *p;
+  args.delta = delta;
+  args.lp = lp;
+  args.acc = acc;
+  args.contrib = nullptr;
+  args.tok0 = 0;
+  args.scale = p->softmax_scale;
+  args.scale_log2 = p->softmax_scale * kLog2e;
+  args.num_hblocks = num_hblocks;
+  if (!det) {
+    attn_bwd_sm90_kernel<NBT, false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+    DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  } else {
+    /* chunks of C tokens in ascending order: the main kernel writes the chunk's per-slot dKV rows to
+     * contrib; the chunk's valid (token, slot) entries are stably sorted by kv row; the reduction
+     * adds them into acc row by row in sorted order. The order of every fp32 sum is fixed by the
+     * inputs and C alone. */
+    args.contrib = (float *)(ws + DL.contrib);
+    uint32_t *k0 = (uint32_t *)(ws + DL.keys0), *k1 = (uint32_t *)(ws + DL.keys1);
+    int32_t *v0 = (int32_t *)(ws + DL.vals0), *v1 = (int32_t *)(ws + DL.vals1);
+    int64_t *off = (int64_t *)(ws + DL.off);
+    for (int64_t t0 = 0; t0 < p->num_tokens; t0 += DL.chunk) {
+      const int64_t nt = p->num_tokens - t0 < DL.chunk ? p->num_tokens - t0 : DL.chunk;
+      args.tok0 = t0;
+      attn_bwd_sm90_kernel<NBT, true><<<(unsigned)(nt * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+      if (p->num_kv == 0) continue; /* every slot invalid: dq only */
+      const int64_t n = nt * (int64_t)p->topk;
+      const int32_t *vals = nullptr;
+      DSA_TRY(bwd_launch_sorted_keys(p, t0, n, 0, k0, k1, v0, v1, ws + DL.temp, DL.temp_bytes, DL.end_bit, off, &vals,
+                                     stream));
+      if (num_hblocks == 1)
+        bwd_sm90_det_reduce_kernel<kD, 1><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), kD / 4, 0, stream>>>(
+            args.contrib, off, vals, acc, p->num_kv, p->topk);
+      else
+        bwd_sm90_det_reduce_kernel<kD, kMaxHBlocks><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), kD / 4, 0, stream>>>(
+            args.contrib, off, vals, acc, p->num_kv, p->topk);
+      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+    }
+  }
+
+  if (p->num_kv > 0) DSA_TRY(bwd_launch_convert(p, acc, stream));
+  if (p->dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
+  return DSA_SUCCESS;
 }
 
 }  // namespace
@@ -687,8 +677,8 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
   if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
                     ctx->cc_major, ctx->cc_minor);
-  if (p->head_dim != kD)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports head_dim 576, not %d", fn,
+  if (p->head_dim != 576 && p->head_dim != 512)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports head_dim 576 and 512, not %d", fn,
                     (int)p->head_dim);
   if (p->num_heads < 1 || p->num_heads > DSA_MAX_HEADS)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports num_heads 1..%d, not %d", fn,
@@ -709,115 +699,19 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
   if (p->num_tokens > (int64_t)0x7fffffff / num_hblocks)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
                     0x7fffffff / num_hblocks, (long long)p->num_tokens);
-  const int smem_bytes = Smem::kBytes;
+  const int smem_bytes = p->head_dim == 576 ? Smem<9>::kBytes : Smem<8>::kBytes;
   if (smem_bytes > ctx->max_smem_optin)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d",
                     fn, smem_bytes, ctx->max_smem_optin);
-
-  /* workspace regions: delta, lp, part, acc as in cuda/attn_bwd.cu's make_layout (non-deterministic
-   * mode); the deterministic mode's det_layout keeps those four and appends its own regions */
-  const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
-  unsigned char *ws = (unsigned char *)(((uintptr_t)workspace + kAlign - 1) & ~(uintptr_t)(kAlign - 1));
-  float *delta = (float *)ws, *lp = (float *)(ws + align_up(th * 4)), *part = (float *)(ws + 2 * align_up(th * 4));
-  float *acc = (float *)(ws + 3 * align_up(th * 4));
-  const unsigned cap = 1u << 20;
-
-  if (p->num_tokens == 0) { /* dkv = 0 on all rows, dsink = 0 */
-    if (p->num_kv > 0 && p->dkv != nullptr) {
-      bwd_sm90_convert_kernel<<<grid_for(p->num_kv * p->head_dim, 256, cap), 256, 0, stream>>>(*p, nullptr);
-      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-    }
-    if (p->dsink) {
-      bwd_sm90_dsink_kernel<<<p->num_heads, kPrepThreads, 0, stream>>>(*p, part);
-      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-    }
-    return DSA_SUCCESS;
-  }
-
-  const int det = p->deterministic ? 1 : 0;
-  DetLayout DL;
-  if (det) {
-    DSA_TRY(det_layout(p, &DL));
-    /* det_layout puts delta, lp, part and acc at the offsets used above (same construction) */
-  }
-
-  static unsigned char attr_done[2][64];
-  const int dev = ctx->device;
-  if (dev < 0 || dev >= 64 || !attr_done[det][dev]) {
-    DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(det ? attn_bwd_sm90_kernel<true> : attn_bwd_sm90_kernel<false>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-                            fn));
-    if (dev >= 0 && dev < 64) attr_done[det][dev] = 1;
-  }
-
-  bwd_sm90_prep_kernel<<<grid_for(p->num_tokens, 1, cap), kPrepThreads, 0, stream>>>(*p, delta, lp, part);
-  DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-  if (p->num_kv > 0)
-    DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(acc, 0, (size_t)p->num_kv * kD * 4, stream), fn));
-
-  MainArgs args;
-  args.p = *p;
-  args.delta = delta;
-  args.lp = lp;
-  args.acc = acc;
-  args.contrib = nullptr;
-  args.tok0 = 0;
-  args.scale = p->softmax_scale;
-  args.scale_log2 = p->softmax_scale * kLog2e;
-  args.num_hblocks = num_hblocks;
-  if (!det) {
-    attn_bwd_sm90_kernel<false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
-    DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-  } else {
-    /* chunks of C tokens in ascending order: the main kernel writes the chunk's per-slot dKV rows to
-     * contrib; the chunk's valid (token, slot) entries are stably sorted by kv row; the reduction
-     * adds them into acc row by row in sorted order. The order of every fp32 sum is fixed by the
-     * inputs and C alone. */
-    args.contrib = (float *)(ws + DL.contrib);
-    uint32_t *k0 = (uint32_t *)(ws + DL.keys0), *k1 = (uint32_t *)(ws + DL.keys1);
-    int32_t *v0 = (int32_t *)(ws + DL.vals0), *v1 = (int32_t *)(ws + DL.vals1);
-    int64_t *off = (int64_t *)(ws + DL.off);
-    for (int64_t t0 = 0; t0 < p->num_tokens; t0 += DL.chunk) {
-      const int64_t nt = p->num_tokens - t0 < DL.chunk ? p->num_tokens - t0 : DL.chunk;
-      args.tok0 = t0;
-      attn_bwd_sm90_kernel<true><<<(unsigned)(nt * num_hblocks), kThreads, smem_bytes, stream>>>(args);
-      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-      if (p->num_kv == 0) continue; /* every slot invalid: dq only */
-      const int64_t n = nt * (int64_t)p->topk;
-      bwd_sm90_det_keys_kernel<<<grid_for(n, 256, cap), 256, 0, stream>>>(*p, t0, n, k0, v0);
-      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-      cub::DoubleBuffer<uint32_t> kb(k0, k1);
-      cub::DoubleBuffer<int32_t> vb(v0, v1);
-      size_t temp = DL.temp_bytes;
-      DSA_TRY(dsa_cuda_status((int)cub::DeviceRadixSort::SortPairs(ws + DL.temp, temp, kb, vb, n, 0, DL.end_bit, stream),
-                              fn));
-      bwd_sm90_det_offsets_kernel<<<grid_for(p->num_kv + 1, 256, cap), 256, 0, stream>>>(kb.Current(), n, p->num_kv,
-                                                                                       off);
-      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-      if (num_hblocks == 1)
-        bwd_sm90_det_reduce_kernel<1><<<grid_for(p->num_kv, 1, cap), kRedThreads, 0, stream>>>(
-            args.contrib, off, vb.Current(), acc, p->num_kv, p->topk);
-      else
-        bwd_sm90_det_reduce_kernel<kMaxHBlocks><<<grid_for(p->num_kv, 1, cap), kRedThreads, 0, stream>>>(
-            args.contrib, off, vb.Current(), acc, p->num_kv, p->topk);
-      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-    }
-  }
-
-  if (p->num_kv > 0) {
-    bwd_sm90_convert_kernel<<<grid_for(p->num_kv * p->head_dim, 256, cap), 256, 0, stream>>>(*p, acc);
-    DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-  }
-  if (p->dsink) {
-    bwd_sm90_dsink_kernel<<<p->num_heads, kPrepThreads, 0, stream>>>(*p, part);
-    DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-  }
-  return DSA_SUCCESS;
+  return p->head_dim == 576 ? launch_impl<9>(ctx, p, workspace, stream, num_hblocks)
+                            : launch_impl<8>(ctx, p, workspace, stream, num_hblocks);
 }
 
 extern "C" dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes) {
   *bytes = 0;
-  if (!p->deterministic || p->head_dim != kD || p->num_heads < 1 || p->num_heads > DSA_MAX_HEADS) return DSA_SUCCESS;
+  if (!p->deterministic || (p->head_dim != 576 && p->head_dim != 512) || p->num_heads < 1 ||
+      p->num_heads > DSA_MAX_HEADS)
+    return DSA_SUCCESS;
   DetLayout L;
   DSA_TRY(det_layout(p, &L));
   *bytes = L.total;

@@ -100,9 +100,17 @@ __device__ __forceinline__ void sm90_setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-/* Named barrier `id` (1..15; 0 is __syncthreads) over `count` threads, a multiple of 32. */
+/* Named barrier `id` (1..15; 0 is __syncthreads) over `count` threads, a multiple of 32. bar.sync is
+ * barrier.sync.aligned: every participating warp must reach it at the same instruction. */
 __device__ __forceinline__ void sm90_named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+/* The same barrier for warps that reach it from different code (e.g. two warpgroups running two
+ * template instantiations): the non-.aligned form, which the PTX ISA allows at different
+ * instructions per warp (compute-sanitizer synccheck flags the .aligned form there as "divergent
+ * thread(s) in block"). */
+__device__ __forceinline__ void sm90_named_bar_sync_any(int id, int count) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 /* stmatrix m8n8.x4 (sm_90): lane l gives the row address of matrix l / 8; register m = this thread's
  * pair of matrix m (hopper-notes 2). */

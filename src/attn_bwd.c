@@ -6,8 +6,9 @@
  * the context is entered BEFORE the size is computed (the deterministic mode's size includes CUB's
  * radix-sort temp size, which depends on the device), then the size is compared and the kernels
  * launched. A workspace pointer of any alignment is accepted (aligned up inside; the slack is part
- * of the size). Both modes try the sm_90a kernel first on cc 9.0 (automatic variant); in the
- * deterministic mode the size covers both that kernel's chunked layout and the portable one. */
+ * of the size). Both modes try the sm_90a kernel first on cc 9.0 (automatic variant; it runs both
+ * head dims, 576 and 512); in the deterministic mode the size covers both that kernel's chunked
+ * layout and the portable one. */
 #include <string.h>
 #include "internal.h"
 

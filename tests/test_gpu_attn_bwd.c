@@ -11,7 +11,9 @@
  * 256-byte boundary (the op aligns up inside).
  * Each mode runs twice: on the portable kernels (dsa_attn_bwd_variant 1) and on the sm_90a kernel
  * (variant 2; a configuration it declines with DSA_ERROR_UNSUPPORTED is logged and skipped, and
- * DSA_TEST_REQUIRE_SM90=1 turns "declined D = 576" into a failure). The sm_90a deterministic mode
+ * DSA_TEST_REQUIRE_SM90=1 turns "declined D = 576 or D = 512" into a failure: every case here has
+ * the 16-byte aligned rows that kernel needs, so on an H200 it must run them all). Every suite runs
+ * at both head dims (D = 576, and D = 512: no rope part, all dims are value dims). The sm_90a deterministic mode
  * works in chunks of tokens; its fp32 sums add every kv row's contributions in ascending (token,
  * slot, head block) order whatever the chunk size, so with chunk_sweep its reruns with 1, 2 and 5
  * tokens per chunk (dsa_attn_bwd_det_chunk_tokens) must be bitwise identical to the one-chunk run. */
@@ -239,8 +241,8 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
       dsa_attn_bwd_variant = 0;
       dsa_attn_bwd_det_chunk_tokens = 0;
       if (variant == 2 && st == DSA_ERROR_UNSUPPORTED) {
-        if (D == 576 && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
-          cr_assert_fail("%s: the sm_90a kernel declined D=576 (it must run it): %s", name,
+        if ((D == 576 || D == 512) && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
+          cr_assert_fail("%s: the sm_90a kernel declined D=%d (it must run it): %s", name, (int)D,
                          dsa_last_error_message());
         cr_log_info("%s: the sm_90a kernel declined this configuration: %s", name,
                     dsa_last_error_message());
@@ -327,60 +329,74 @@ static int64_t pick_T(int H, int K) {
   return T < 1 ? 1 : T > 37 ? 37 : T;
 }
 
-static void shapes_for_heads(int H) {
+/* K = 1, 63, 64, 100 (not multiples of the 64-key tile but 64) and 2048; len NULL or random (with
+ * values below 0 and above K), sinks NULL or finite, 10% invalid, duplicate and empty rows. */
+static void shapes_for_heads(int H, int D) {
   static const int Ks[] = {1, 63, 64, 100, 2048};
-  tc_rng rng = tc_seed("gpu_attn_bwd/heads");
+  tc_rng rng = tc_seed(D == 576 ? "gpu_attn_bwd/heads" : "gpu_attn_bwd/heads_d512");
   for (size_t i = 0; i < sizeof Ks / sizeof Ks[0]; ++i) {
     const int K = Ks[i];
-    bwd_case c = {.T = pick_T(H, K), .H = H, .D = 576, .Tkv = 61 + K / 3, .K = K,
+    bwd_case c = {.T = pick_T(H, K), .H = H, .D = D, .Tkv = 61 + K / 3, .K = K,
                   .len = (i % 2 || K == 2048) ? LEN_RANDOM : LEN_NULL, .sink = (i % 3 == 0) ? SINK_NULL : SINK_FINITE,
                   .p_invalid = 0.1, .p_dup = 0.1, .p_empty = 0.1};
     char name[64];
-    snprintf(name, sizeof name, "H=%d K=%d", H, K);
+    snprintf(name, sizeof name, "D=%d H=%d K=%d", D, H, K);
     run_case(&c, &rng, name);
   }
 }
 
-Test(gpu_attn_bwd, heads_1) { TC_REQUIRE_GPU(); shapes_for_heads(1); }
-Test(gpu_attn_bwd, heads_3) { TC_REQUIRE_GPU(); shapes_for_heads(3); }
-Test(gpu_attn_bwd, heads_8) { TC_REQUIRE_GPU(); shapes_for_heads(8); }
-Test(gpu_attn_bwd, heads_16) { TC_REQUIRE_GPU(); shapes_for_heads(16); }
-Test(gpu_attn_bwd, heads_64) { TC_REQUIRE_GPU(); shapes_for_heads(64); }
-Test(gpu_attn_bwd, heads_128) { TC_REQUIRE_GPU(); shapes_for_heads(128); }
+Test(gpu_attn_bwd, heads_1) { TC_REQUIRE_GPU(); shapes_for_heads(1, 576); }
+Test(gpu_attn_bwd, heads_3) { TC_REQUIRE_GPU(); shapes_for_heads(3, 576); }
+Test(gpu_attn_bwd, heads_8) { TC_REQUIRE_GPU(); shapes_for_heads(8, 576); }
+Test(gpu_attn_bwd, heads_16) { TC_REQUIRE_GPU(); shapes_for_heads(16, 576); }
+Test(gpu_attn_bwd, heads_64) { TC_REQUIRE_GPU(); shapes_for_heads(64, 576); }
+Test(gpu_attn_bwd, heads_100) { TC_REQUIRE_GPU(); shapes_for_heads(100, 576); }
+Test(gpu_attn_bwd, heads_128) { TC_REQUIRE_GPU(); shapes_for_heads(128, 576); }
+/* D = 512 (sm_90a: the 8-block instantiation) */
+Test(gpu_attn_bwd, d512_heads_1) { TC_REQUIRE_GPU(); shapes_for_heads(1, 512); }
+Test(gpu_attn_bwd, d512_heads_3) { TC_REQUIRE_GPU(); shapes_for_heads(3, 512); }
+Test(gpu_attn_bwd, d512_heads_16) { TC_REQUIRE_GPU(); shapes_for_heads(16, 512); }
+Test(gpu_attn_bwd, d512_heads_64) { TC_REQUIRE_GPU(); shapes_for_heads(64, 512); }
+Test(gpu_attn_bwd, d512_heads_100) { TC_REQUIRE_GPU(); shapes_for_heads(100, 512); }
+Test(gpu_attn_bwd, d512_heads_128) { TC_REQUIRE_GPU(); shapes_for_heads(128, 512); }
 
-Test(gpu_attn_bwd, invalid_duplicate_and_empty_slots) {
-  TC_REQUIRE_GPU();
-  tc_rng rng = tc_seed("gpu_attn_bwd/invalid");
-  bwd_case a = {.T = 29, .H = 5, .D = 576, .Tkv = 40, .K = 77, .len = LEN_RANDOM,
+static void invalid_cases(int D) {
+  tc_rng rng = tc_seed(D == 576 ? "gpu_attn_bwd/invalid" : "gpu_attn_bwd/invalid_d512");
+  bwd_case a = {.T = 29, .H = 5, .D = D, .Tkv = 40, .K = 77, .len = LEN_RANDOM,
                 .sink = SINK_FINITE, .p_invalid = 0.3, .p_dup = 0.3, .p_empty = 0.25};
   run_case(&a, &rng, "invalid/dup/empty, len random");
   bwd_case b = a;
   b.len = LEN_NULL;
   run_case(&b, &rng, "invalid/dup/empty, len NULL");
   /* heavy duplicates: 3 kv rows for every slot of every row (long key-major lists) */
-  bwd_case d = {.T = 33, .H = 7, .D = 576, .Tkv = 3, .K = 130, .len = LEN_FULL,
+  bwd_case d = {.T = 33, .H = 7, .D = D, .Tkv = 3, .K = 130, .len = LEN_FULL,
                 .sink = SINK_FINITE, .p_dup = 0.5};
   run_case(&d, &rng, "3 kv rows");
   /* every row empty */
-  bwd_case e = {.T = 9, .H = 4, .D = 576, .Tkv = 20, .K = 16, .len = LEN_FULL,
+  bwd_case e = {.T = 9, .H = 4, .D = D, .Tkv = 20, .K = 16, .len = LEN_FULL,
                 .sink = SINK_FINITE, .p_empty = 1.0};
   run_case(&e, &rng, "all rows empty");
 }
 
-Test(gpu_attn_bwd, topk_length_and_sink_modes) {
-  TC_REQUIRE_GPU();
-  tc_rng rng = tc_seed("gpu_attn_bwd/len_sink");
+Test(gpu_attn_bwd, invalid_duplicate_and_empty_slots) { TC_REQUIRE_GPU(); invalid_cases(576); }
+Test(gpu_attn_bwd, d512_invalid_duplicate_and_empty_slots) { TC_REQUIRE_GPU(); invalid_cases(512); }
+
+static void len_sink_cases(int D) {
+  tc_rng rng = tc_seed(D == 576 ? "gpu_attn_bwd/len_sink" : "gpu_attn_bwd/len_sink_d512");
   static const len_mode lens[] = {LEN_NULL, LEN_ZERO, LEN_FULL, LEN_RANDOM};
   static const sink_mode sinks[] = {SINK_NULL, SINK_FINITE, SINK_POS_INF, SINK_NEG_INF, SINK_MIX};
   for (int l = 0; l < 4; ++l)
     for (int s = 0; s < 5; ++s) {
-      bwd_case c = {.T = 13, .H = 6, .D = 576, .Tkv = 50, .K = 45, .len = lens[l],
+      bwd_case c = {.T = 13, .H = 6, .D = D, .Tkv = 50, .K = 45, .len = lens[l],
                     .sink = sinks[s], .p_invalid = 0.1, .p_dup = 0.1, .p_empty = 0.1};
       char name[64];
-      snprintf(name, sizeof name, "len %d sink %d", l, s);
+      snprintf(name, sizeof name, "D=%d len %d sink %d", D, l, s);
       run_case(&c, &rng, name);
     }
 }
+
+Test(gpu_attn_bwd, topk_length_and_sink_modes) { TC_REQUIRE_GPU(); len_sink_cases(576); }
+Test(gpu_attn_bwd, d512_topk_length_and_sink_modes) { TC_REQUIRE_GPU(); len_sink_cases(512); }
 
 Test(gpu_attn_bwd, strided_and_d512) {
   TC_REQUIRE_GPU();
@@ -412,23 +428,29 @@ Test(gpu_attn_bwd, many_tokens) {
 
 /* The sm_90a deterministic mode over many chunks: the one-chunk run and the runs with 1, 2 and 5
  * tokens per chunk must give bitwise identical dq, dkv and dsink (and match the reference). */
-Test(gpu_attn_bwd, det_chunks) {
-  TC_REQUIRE_GPU();
-  tc_rng rng = tc_seed("gpu_attn_bwd/det_chunks");
-  bwd_case a = {.T = 11, .H = 64, .D = 576, .Tkv = 50, .K = 45, .len = LEN_RANDOM,
+static void det_chunk_cases(int D) {
+  tc_rng rng = tc_seed(D == 576 ? "gpu_attn_bwd/det_chunks" : "gpu_attn_bwd/det_chunks_d512");
+  bwd_case a = {.T = 11, .H = 64, .D = D, .Tkv = 50, .K = 45, .len = LEN_RANDOM,
                 .sink = SINK_FINITE, .p_invalid = 0.1, .p_dup = 0.2, .p_empty = 0.1, .chunk_sweep = 1};
   run_case(&a, &rng, "chunks H=64 K=45");
-  bwd_case b = {.T = 5, .H = 128, .D = 576, .Tkv = 70, .K = 65, .len = LEN_FULL,
+  bwd_case b = {.T = 5, .H = 128, .D = D, .Tkv = 70, .K = 65, .len = LEN_FULL,
                 .sink = SINK_MIX, .p_invalid = 0.1, .p_dup = 0.1, .strided = 1, .chunk_sweep = 1};
   run_case(&b, &rng, "chunks H=128 K=65 strided");
   /* long key-major lists (3 kv rows) crossing chunks, H not a multiple of 64 */
-  bwd_case d = {.T = 17, .H = 7, .D = 576, .Tkv = 3, .K = 65, .len = LEN_FULL,
+  bwd_case d = {.T = 17, .H = 7, .D = D, .Tkv = 3, .K = 65, .len = LEN_FULL,
                 .sink = SINK_FINITE, .p_dup = 0.5, .chunk_sweep = 1};
   run_case(&d, &rng, "chunks 3 kv rows");
-  bwd_case e = {.T = 6, .H = 3, .D = 576, .Tkv = 900, .K = 2048, .len = LEN_RANDOM,
+  bwd_case e = {.T = 6, .H = 3, .D = D, .Tkv = 900, .K = 2048, .len = LEN_RANDOM,
                 .sink = SINK_NULL, .p_invalid = 0.05, .p_empty = 0.2, .chunk_sweep = 1};
   run_case(&e, &rng, "chunks K=2048");
+  /* H = 100: two head blocks, the second with 28 zero-filled rows */
+  bwd_case f = {.T = 4, .H = 100, .D = D, .Tkv = 40, .K = 100, .len = LEN_RANDOM,
+                .sink = SINK_FINITE, .p_invalid = 0.1, .p_dup = 0.2, .p_empty = 0.1, .chunk_sweep = 1};
+  run_case(&f, &rng, "chunks H=100 K=100");
 }
+
+Test(gpu_attn_bwd, det_chunks) { TC_REQUIRE_GPU(); det_chunk_cases(576); }
+Test(gpu_attn_bwd, d512_det_chunks) { TC_REQUIRE_GPU(); det_chunk_cases(512); }
 
 Test(gpu_attn_bwd, zero_sizes) {
   TC_REQUIRE_GPU();
@@ -437,6 +459,12 @@ Test(gpu_attn_bwd, zero_sizes) {
   run_case(&a, &rng, "T=0: dkv = 0, dsink = 0");
   bwd_case b = {.T = 5, .H = 4, .D = 576, .Tkv = 0, .K = 8, .len = LEN_FULL, .sink = SINK_FINITE};
   run_case(&b, &rng, "T_kv=0: every slot invalid");
+  bwd_case c = a;
+  c.D = 512;
+  run_case(&c, &rng, "D=512 T=0");
+  bwd_case d = b;
+  d.D = 512;
+  run_case(&d, &rng, "D=512 T_kv=0");
 }
 
 Test(gpu_attn_bwd, workspace_contract) {

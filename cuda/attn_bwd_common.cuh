@@ -1,0 +1,233 @@
+/*
+ * attn_bwd_common.cuh - the small passes of dsa_sparse_attn_bwd, shared by the portable launcher
+ * (cuda/attn_bwd.cu) and the sm_90a one (cuda/attn_bwd_sm90.cu). One source definition: both files
+ * include this header, and each compiles its own copy of these kernels (anonymous namespace, no
+ * relocatable device code, so no symbol crosses a translation unit). Both launchers therefore run the
+ * very same arithmetic for Delta, L', the dsink partials, the fp32 -> bf16 conversion, dsink and the
+ * deterministic modes' key lists.
+ *
+ *  - prep:    one CTA per token (block-stride loop), one warp per head: Delta = sum_{d<512} out*dout,
+ *             L' = logaddexp(lse, sink) (+inf for rows that contribute nothing: no valid slot, or
+ *             lse = +inf), part = exp(sink - L') * Delta (0 where excluded).
+ *  - convert: fp32 accumulator [T_kv, D] (row stride D) -> bf16 dkv; a NULL source writes zeros.
+ *  - dsink:   one CTA per head sums the per-token partials in a fixed order (deterministic in both
+ *             modes).
+ *  - keys:    entry i < n of a token range starting at tok0 (token tok0 + i / K, slot i % K):
+ *             key = the kv row of a valid slot (j < clamp(len, 0, K) and 0 <= idx < T_kv), else the
+ *             sentinel T_kv; value = the token (portable key-major path) or i (sm_90a chunked path).
+ *             A stable radix sort by key then keeps each row's entries in ascending (token, slot)
+ *             order.
+ *  - offsets: off[r] = first position of the sorted keys with key >= r, r = 0..T_kv.
+ * Host helpers: 256-B region alignment, grid sizing, the radix sort's key width and temp size.
+ * Workspace prefix of both launchers (every region 256-B aligned from the aligned-up base):
+ * delta, lp, part [T, H] f32 (then acc [T_kv, D] f32 in the modes that use it).
+ */
+#ifndef DSA_ATTN_BWD_COMMON_CUH
+#define DSA_ATTN_BWD_COMMON_CUH
+
+#include <stdint.h>
+#include <math.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cub/device/device_radix_sort.cuh>
+
+#include "internal.h"
+
+/* CUB lives in dsa_cub::cub (-DCUB_WRAPPED_NAMESPACE); CUB_NS_QUALIFIER names it either way. */
+namespace cub = CUB_NS_QUALIFIER;
+
+namespace {
+
+constexpr int kBwdSmallThreads = 256; /* prep (8 warps), convert, keys, offsets, dsink */
+constexpr size_t kBwdAlign = 256;     /* workspace region alignment */
+
+__device__ __forceinline__ float bf2f(uint16_t x) { return __uint_as_float((uint32_t)x << 16); }
+__device__ __forceinline__ uint16_t f2bf(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+
+/* topk_length[t] clamped to [0, K] (K without topk_length). */
+__device__ __forceinline__ int bwd_eff_len(const dsa_attn_bwd_params &p, int64_t t) {
+  if (p.topk_length == nullptr) return p.topk;
+  const int l = p.topk_length[t];
+  return l < 0 ? 0 : (l > p.topk ? p.topk : l);
+}
+
+/* The kv row of slot j of token t, or -1 when the slot is invalid (j >= len, idx outside [0, T_kv)). */
+__device__ __forceinline__ int bwd_slot_row(const dsa_attn_bwd_params &p, int64_t t, int j, int len) {
+  if (j >= len) return -1;
+  const int v = p.indices[t * p.indices_stride + j];
+  return (v >= 0 && (int64_t)v < p.num_kv) ? v : -1;
+}
+
+/* ---- prep: Delta, L', dsink partials ---------------------------------------------------------- */
+__global__ void __launch_bounds__(kBwdSmallThreads) bwd_prep_kernel(const __grid_constant__ dsa_attn_bwd_params p,
+                                                                    float *delta, float *lp, float *part) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    const int len = bwd_eff_len(p, t);
+    int any = 0;
+    for (int j = tid; j < len && !any; j += kBwdSmallThreads) any = bwd_slot_row(p, t, j, len) >= 0;
+    any = __syncthreads_or(any);
+    for (int h = warp; h < p.num_heads; h += kBwdSmallThreads / 32) {
+      const uint16_t *o = p.out + t * p.out_stride_token + (int64_t)h * p.out_stride_head;
+      const uint16_t *g = p.dout + t * p.dout_stride_token + (int64_t)h * p.dout_stride_head;
+      float s = 0.f;
+      for (int d = lane; d < DSA_VALUE_DIM; d += 32) s += bf2f(o[d]) * bf2f(g[d]);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (lane == 0) {
+        const int64_t th = t * p.num_heads + h;
+        const float L = p.lse[th];
+        const float sk = p.sink ? p.sink[h] : -INFINITY;
+        float Lp = INFINITY;
+        if (any && L != INFINITY) {
+          if (sk == -INFINITY) Lp = L;
+          else Lp = fmaxf(L, sk) + log1pf(expf(-fabsf(L - sk)));
+        }
+        float pt = 0.f;
+        if (any && isfinite(sk) && Lp != INFINITY) pt = expf(sk - Lp) * s;
+        delta[th] = s;
+        lp[th] = Lp;
+        part[th] = pt;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+/* ---- fp32 accumulator [T_kv, D] (row stride D) -> bf16 dkv (src NULL: zeros) ------------------- */
+__global__ void bwd_convert_kernel(const __grid_constant__ dsa_attn_bwd_params p, const float *src) {
+  const int64_t n = p.num_kv * p.head_dim;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / p.head_dim, d = i - r * p.head_dim;
+    p.dkv[r * p.dkv_stride + d] = src ? f2bf(src[i]) : (uint16_t)0;
+  }
+}
+
+/* ---- dsink: one CTA per head, fixed-order reduction of the per-token partials ------------------ */
+__global__ void __launch_bounds__(kBwdSmallThreads) bwd_dsink_kernel(const __grid_constant__ dsa_attn_bwd_params p,
+                                                                     const float *part) {
+  __shared__ float red[kBwdSmallThreads];
+  const int h = blockIdx.x, tid = threadIdx.x;
+  float s = 0.f;
+  for (int64_t t = tid; t < p.num_tokens; t += kBwdSmallThreads) s += part[t * p.num_heads + h];
+  red[tid] = s;
+  __syncthreads();
+  for (int w = kBwdSmallThreads / 2; w > 0; w >>= 1) {
+    if (tid < w) red[tid] += red[tid + w];
+    __syncthreads();
+  }
+  if (tid == 0) {
+    const float sk = p.sink ? p.sink[h] : -INFINITY;
+    p.dsink[h] = (p.sink && isfinite(sk) && p.num_tokens > 0) ? -red[0] : 0.f;
+  }
+}
+
+/* ---- deterministic modes: key list and offsets ------------------------------------------------ */
+/* Entry i < n: token tok0 + i / K, slot i % K. key = its kv row when valid, else the sentinel T_kv;
+ * value = the token (per_token != 0) or i. */
+__global__ void bwd_keys_kernel(const __grid_constant__ dsa_attn_bwd_params p, int64_t tok0, int64_t n,
+                                int per_token, uint32_t *keys, int32_t *vals) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t tl = i / p.topk;
+    const int j = (int)(i - tl * p.topk);
+    const int64_t t = tok0 + tl;
+    const int r = bwd_slot_row(p, t, j, bwd_eff_len(p, t));
+    keys[i] = r >= 0 ? (uint32_t)r : (uint32_t)p.num_kv;
+    vals[i] = per_token ? (int32_t)t : (int32_t)i;
+  }
+}
+
+/* off[r] = first position of the sorted keys with key >= r, r = 0..T_kv (binary search). */
+__global__ void bwd_offsets_kernel(const uint32_t *keys, int64_t n, int64_t T_kv, int64_t *off) {
+  for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r <= T_kv; r += (int64_t)gridDim.x * blockDim.x) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if ((int64_t)keys[mid] < r) lo = mid + 1;
+      else hi = mid;
+    }
+    off[r] = lo;
+  }
+}
+
+/* ---- host helpers ----------------------------------------------------------------------------- */
+inline size_t bwd_align_up(size_t x) { return (x + kBwdAlign - 1) / kBwdAlign * kBwdAlign; }
+
+inline unsigned bwd_grid_for(int64_t n, int64_t per_block, int64_t cap) {
+  int64_t g = (n + per_block - 1) / per_block;
+  if (g > cap) g = cap;
+  if (g < 1) g = 1;
+  return (unsigned)g;
+}
+
+constexpr unsigned kBwdGridCap = 1u << 20; /* block-stride loops above this */
+
+/* Bits of the radix sort's keys: enough for the sentinel T_kv. */
+inline int bwd_key_bits(int64_t num_kv) {
+  int bits = 1;
+  while (bits < 32 && ((uint64_t)num_kv >> bits) != 0) ++bits;
+  return bits;
+}
+
+/* CUB's radix-sort temp size for n (u32 key, i32 value) pairs; CUB derives it from the current
+ * device, so without one the size query fails with DSA_ERROR_NO_DEVICE. */
+inline dsa_status bwd_sort_temp_bytes(int64_t n, int bits, size_t *temp) {
+  *temp = 0;
+  cub::DoubleBuffer<uint32_t> kb(nullptr, nullptr);
+  cub::DoubleBuffer<int32_t> vb(nullptr, nullptr);
+  const cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, *temp, kb, vb, n, 0, bits);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (e == cudaErrorNoDevice || e == cudaErrorInvalidDevice || e == cudaErrorInsufficientDriver)
+      return dsa_fail(DSA_ERROR_NO_DEVICE,
+                      "dsa_sparse_attn_bwd: the deterministic mode's workspace size needs a CUDA device "
+                      "(radix sort size query: %s)", cudaGetErrorString(e));
+    return dsa_cuda_status((int)e, "dsa_sparse_attn_bwd: radix sort size query");
+  }
+  return DSA_SUCCESS;
+}
+
+/* ---- launch wrappers (params validated and stride-resolved; every launch checked) --------------- */
+inline dsa_status bwd_launch_prep(const dsa_attn_bwd_params *p, float *delta, float *lp, float *part,
+                                  cudaStream_t stream) {
+  bwd_prep_kernel<<<bwd_grid_for(p->num_tokens, 1, kBwdGridCap), kBwdSmallThreads, 0, stream>>>(*p, delta, lp,
+                                                                                              part);
+  return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
+}
+
+/* src NULL: dkv = 0 on every row. */
+inline dsa_status bwd_launch_convert(const dsa_attn_bwd_params *p, const float *src, cudaStream_t stream) {
+  bwd_convert_kernel<<<bwd_grid_for(p->num_kv * p->head_dim, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0,
+                       stream>>>(*p, src);
+  return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
+}
+
+inline dsa_status bwd_launch_dsink(const dsa_attn_bwd_params *p, const float *part, cudaStream_t stream) {
+  bwd_dsink_kernel<<<p->num_heads, kBwdSmallThreads, 0, stream>>>(*p, part);
+  return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
+}
+
+/* Keys of the n entries from token tok0, stable radix sort (double buffers k0/k1, v0/v1, temp of
+ * temp_bytes), offsets off[0..T_kv]. *keys_sorted / *vals_sorted: the buffers holding the result. */
+inline dsa_status bwd_launch_sorted_keys(const dsa_attn_bwd_params *p, int64_t tok0, int64_t n, int per_token,
+                                         uint32_t *k0, uint32_t *k1, int32_t *v0, int32_t *v1, void *temp,
+                                         size_t temp_bytes, int end_bit, int64_t *off, const int32_t **vals_sorted,
+                                         cudaStream_t stream) {
+  static const char fn[] = "dsa_sparse_attn_bwd";
+  bwd_keys_kernel<<<bwd_grid_for(n, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0, stream>>>(*p, tok0, n,
+                                                                                                 per_token, k0, v0);
+  DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  cub::DoubleBuffer<uint32_t> kb(k0, k1);
+  cub::DoubleBuffer<int32_t> vb(v0, v1);
+  size_t tb = temp_bytes;
+  DSA_TRY(dsa_cuda_status((int)cub::DeviceRadixSort::SortPairs(temp, tb, kb, vb, n, 0, end_bit, stream), fn));
+  bwd_offsets_kernel<<<bwd_grid_for(p->num_kv + 1, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0, stream>>>(
+      kb.Current(), n, p->num_kv, off);
+  DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  *vals_sorted = vb.Current();
+  return DSA_SUCCESS;
+}
+
+}  // namespace
+
+#endif /* DSA_ATTN_BWD_COMMON_CUH */
