@@ -4,7 +4,10 @@
  * declines with DSA_ERROR_UNSUPPORTED.
  *
  * One CTA = one query token x one block of 64 heads (H = 128: two CTAs per token, adjacent in the
- * 1-D grid so they share the gathered KV rows in L2). 384 threads, three warpgroups:
+ * 1-D grid so they share the gathered KV rows in L2). A launch covers heads [head_begin, head_end) of
+ * the H heads (the whole H, or [0, 64) when the dispatch gives heads 64..H-1, 64 < H < 128, to the
+ * small-H kernel); heads are addressed by their global index (q / out strides, lse t * H + h, sink h).
+ * 384 threads, three warpgroups:
  *   WG2 (producer, setmaxnreg down): cp.async 16 B with a manual 128B swizzle (hopper-notes 5). Loads
  *        the Q tile [64 heads x D] once, then gathers 64 KV rows per tile into a double buffer.
  *        Invalid slots (beyond topk_length, index < 0 or >= num_kv) are zero-filled (src-size 0) and
@@ -30,8 +33,9 @@
  *     split-S mode removes that at the price of two 256-thread barriers per tile (the WGs run in
  *     lockstep, so one WG's softmax no longer hides behind the other's wgmma).
  *   - no overlap inside a WG: S(n+1) is not issued before softmax(n) / PV(n).
- *   - H < 64 runs with the unused Q rows zero-filled (wasted MMA rows). Next: keys on M
- *     (S^T = K Q^T, wgmma N = H) for small H.
+ *   - a head range that is not a multiple of 64 runs with the unused Q rows zero-filled (wasted MMA
+ *     rows); the automatic dispatch never asks for one (small H and the remainder of H > 64 go to
+ *     attn_fwd_sm90_small.cu, keys on M); variant 2 still does (tests).
  *   - out is written from registers (4-byte stores); an stmatrix + TMA store epilogue is faster.
  *
  * Pipeline barriers (mbarriers in shared memory), parities as in hopper-notes 4:
@@ -102,7 +106,9 @@ struct Smem {
 struct FwdArgs {
   dsa_attn_fwd_params p;
   float scale_log2;  /* softmax_scale * log2(e): the softmax runs on exp2 */
-  int num_hblocks;   /* ceil(H / 64) */
+  int num_hblocks;   /* ceil((head_end - head_begin) / 64) */
+  int head_begin;    /* the launch runs heads [head_begin, head_end) of the H = p.num_heads heads */
+  int head_end;      /* (q / sink / out / lse / max_logits indexed by the global head as always) */
 };
 
 template <int NB, bool SPLIT>
@@ -118,7 +124,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
   const dsa_attn_fwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
   const int64_t tok = blockIdx.x / args.num_hblocks;
-  const int h0 = (int)(blockIdx.x % args.num_hblocks) * kBlockM;
+  const int h0 = args.head_begin + (int)(blockIdx.x % args.num_hblocks) * kBlockM;
+  const int h_end = args.head_end; /* heads h0 + r >= h_end: zero Q rows, never written */
   int klen = p.topk; /* slots [0, klen) may be valid; the rest never are */
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
   const int ntiles = (klen + kBlockN - 1) / kBlockN;
@@ -143,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = g + 16 * i, h = h0 + r;
-      const bool ok = h < p.num_heads; /* heads past H: zero rows, never written out */
+      const bool ok = h < h_end; /* heads past the range: zero rows, never written out */
       const uint16_t *src = p.q + tok * p.q_stride_token + (int64_t)(ok ? h : h0) * p.q_stride_head + j * 8;
 #pragma unroll
       for (int b = 0; b < NB; ++b)
@@ -348,12 +355,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
       const bool empty_row = row_max[hr] == -INFINITY; /* no valid slot */
       const float lse = empty_row ? INFINITY : (row_max[hr] + log2f(l)) * kLn2;
       float f = 0.f;
-      if (!empty_row && h < p.num_heads) {
+      if (!empty_row && h < h_end) {
         f = 1.f / l;
         if (p.sink) f *= 1.f / (1.f + expf(p.sink[h] - lse)); /* -inf sink: 1, +inf: 0 */
       }
       fac[hr] = f;
-      if (c == 0 && (lane & 3) == 0 && h < p.num_heads) {
+      if (c == 0 && (lane & 3) == 0 && h < h_end) {
         const int64_t th = tok * p.num_heads + h;
         p.lse[th] = lse;
         if (p.max_logits) p.max_logits[th] = empty_row ? -INFINITY : row_max[hr] * kLn2;
@@ -362,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
-      if (h >= p.num_heads) continue;
+      if (h >= h_end) continue;
       uint16_t *orow = p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * kDVPerWG +
                        2 * (lane & 3);
 #pragma unroll
@@ -379,7 +386,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
 
 /* One instantiation per supported head dim (D = 64 * NB). */
 template <int NB, bool SPLIT>
-dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int num_hblocks) {
+dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int head_begin,
+                  int head_end, int num_hblocks) {
   const char *fn = "dsa_sparse_attn_fwd";
   const int smem_bytes = Smem<NB, SPLIT>::kBytes;
   if (smem_bytes > ctx->max_smem_optin)
@@ -399,6 +407,8 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   args.p = *p;
   args.scale_log2 = p->softmax_scale * kLog2e;
   args.num_hblocks = num_hblocks;
+  args.head_begin = head_begin;
+  args.head_end = head_end;
   const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
   attn_fwd_sm90_kernel<NB, SPLIT><<<grid, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
@@ -406,8 +416,8 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
 
 }  // namespace
 
-extern "C" dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx, const dsa_attn_fwd_params *p,
-                                               cudaStream_t stream) {
+extern "C" dsa_status dsa_launch_attn_fwd_sm90_heads(const dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                                     int head_begin, int head_count, cudaStream_t stream) {
   const char *fn = "dsa_sparse_attn_fwd";
   if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
@@ -415,9 +425,11 @@ extern "C" dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx, const dsa
   if (p->head_dim != 576 && p->head_dim != 512)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports head_dim 576 or 512, not %d", fn,
                     (int)p->head_dim);
-  if (p->num_heads < 1 || p->num_heads > DSA_MAX_HEADS)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports num_heads 1..128, not %d", fn,
-                    (int)p->num_heads);
+  if (p->num_heads < 1 || p->num_heads > DSA_MAX_HEADS || head_count < 1 || head_begin < 0 ||
+      head_begin > p->num_heads - head_count)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a kernel supports num_heads 1..128 and a head range inside them, not heads "
+                    "[%d, %d) of %d", fn, head_begin, head_begin + head_count, (int)p->num_heads);
   /* cp.async moves 16 B: q / kv rows must start 16-B aligned. out is written as bf16 pairs. */
   if (((uintptr_t)p->q & 15) || ((uintptr_t)p->kv & 15) || (p->q_stride_token & 7) || (p->q_stride_head & 7) ||
       (p->kv_stride & 7))
@@ -431,10 +443,16 @@ extern "C" dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx, const dsa
                     "out_stride_head = %lld)",
                     fn, (long long)p->out_stride_token, (long long)p->out_stride_head);
   if (p->num_tokens <= 0) return DSA_SUCCESS;
-  const int num_hblocks = (p->num_heads + kBlockM - 1) / kBlockM;
+  const int num_hblocks = (head_count + kBlockM - 1) / kBlockM;
   if (p->num_tokens > (int64_t)0x7fffffff / num_hblocks)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
                     0x7fffffff / num_hblocks, (long long)p->num_tokens);
-  return p->head_dim == 576 ? launch<9, kSplitS>(ctx, p, stream, num_hblocks)
-                             : launch<8, kSplitS>(ctx, p, stream, num_hblocks);
+  const int head_end = head_begin + head_count;
+  return p->head_dim == 576 ? launch<9, kSplitS>(ctx, p, stream, head_begin, head_end, num_hblocks)
+                             : launch<8, kSplitS>(ctx, p, stream, head_begin, head_end, num_hblocks);
+}
+
+extern "C" dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                               cudaStream_t stream) {
+  return dsa_launch_attn_fwd_sm90_heads(ctx, p, 0, p->num_heads, stream);
 }

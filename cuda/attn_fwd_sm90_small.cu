@@ -1,8 +1,9 @@
 /*
  * attn_fwd_sm90_small.cu - sparse MLA attention forward on sm_90a tensor cores for few heads
- * (H = 1..32), the small-H variant of dsa_sparse_attn_fwd. Same contract as attn_fwd_sm90.cu (see
- * its top comment and docs/design.md section 5); declines with DSA_ERROR_UNSUPPORTED what it does
- * not run (the caller then falls back to the 64-head sm_90a kernel or the portable one).
+ * (H = 1..64, or any range of up to 64 heads of a larger H), the small-H variant of
+ * dsa_sparse_attn_fwd. Same contract as attn_fwd_sm90.cu (see its top comment and docs/design.md
+ * section 5); declines with DSA_ERROR_UNSUPPORTED what it does not run (the caller then falls back to
+ * the 64-head sm_90a kernel or the portable one).
  *
  * Why a second kernel: the 64-head kernel puts heads on the wgmma M dimension (m64), so H = 8..32
  * does the tensor work of H = 64. Here keys go on M and heads on N (N = H rounded up to 8):
@@ -18,33 +19,51 @@
  * exchange between the 4 warps through shared memory (named barrier). P reaches shared memory with
  * stmatrix .trans (the accumulator fragment is [keys][heads]; .trans writes [heads][keys]).
  *
- * One CTA = one query token, all its heads. 256 threads, two warpgroups:
- *   WG1 (producer): cp.async 16 B with a manual 128B swizzle (hopper-notes 5), exactly as the 64-head
- *        kernel: Q [N x D] once (rows H..N-1 zero-filled), then 64 KV rows per tile into a double
- *        buffer; invalid slots zero-filled and flagged in a per-stage byte mask.
- *   WG0 (consumer): per tile S^T (D/16 HGMMA.64xNx16), mask, online softmax, P -> smem, O^T rescale,
- *        32 HGMMA.64xNx16 for P V. Epilogue: O^T / l * sink factor staged through shared memory
- *        (reusing KV stage 0) as [head][512] bf16 rows, then 16-B coalesced stores to out.
- * No setmaxnreg: with 256 threads and one CTA per SM every thread may hold 255 registers already
- * (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing).
+ * One CTA = one query token, heads [head_begin, head_begin + head_count) of it (the launch's head
+ * range; the whole H unless the dispatch splits H > 64 between this kernel and the 64-head one).
+ * Kernel column h < N is head head_begin + h; columns >= head_count are zero Q rows, never written.
+ * Two shapes (SmallCfg below, one constexpr row per N):
+ *   N <= 32: 256 threads, WG0 consumer (all N columns), WG1 producer. O^T [512 x N] = 8 m64 tiles x
+ *        N/2 registers in the consumer. N <= 16: two CTAs per SM, one KV stage each.
+ *   N = 40..64: 384 threads, WG0 and WG1 consumers, WG2 producer (setmaxnreg 232 / 232 / 40). The N
+ *        columns are split between the consumers: WG0 columns [0, N0), WG1 [N0, N), N0 = 8 ceil(N / 16)
+ *        (40 = 24 + 16, 48 = 24 + 24, 56 = 32 + 24, 64 = 32 + 32). Each consumer runs exactly the
+ *        N <= 32 consumer on its columns (its own S^T, softmax, P tile and O^T [512 x N_c], 4 N_c <= 128
+ *        registers); they share the gathered KV tile and the Q tile, and meet only on the pipeline
+ *        mbarriers (empty[s] counts both) and once in the epilogue. Why not one S^T shared by two WGs
+ *        that split the 512 value dims: that needs a 256-thread barrier per tile (P and the rescale
+ *        factors exchanged), which puts both WGs in lockstep so neither's softmax hides behind the
+ *        other's wgmma; the independent WGs drift and overlap like the two CTAs of the N <= 16 shape
+ *        (which measured -10%), for the price of reading V twice from shared memory.
+ *   WG producer: cp.async 16 B with a manual 128B swizzle (hopper-notes 5), exactly as the 64-head
+ *        kernel: Q [N x D] once (columns >= head_count zero-filled), then 64 KV rows per tile into the
+ *        stages; invalid slots zero-filled and flagged in a per-stage byte mask.
+ *   WG consumer: per tile S^T (D/16 HGMMA.64xN_cx16), mask, online softmax, P -> smem, O^T rescale,
+ *        32 HGMMA.64xN_cx16 for P V. Epilogue: O^T / l * sink factor staged through shared memory
+ *        (reusing the KV stages) as [head][512] bf16 rows, then 16-B coalesced stores to out.
+ * N <= 32 has no setmaxnreg: with 256 threads and one CTA per SM every thread may hold 255 registers
+ * already (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing).
  * ptxas (nvcc 13, -Xptxas -v): 64 / 120 / 168 / 208 registers for N = 8 / 16 / 24 / 32, no spills, no
- * wgmma serialisation warning. SASS per 64-key tile: 36 (D = 576) or 32 (D = 512) HGMMA.64xNx16 for
- * S^T, 32 HGMMA.64xNx16 with gdesc.tnspA for P V, N / 8 STSM.16.MT88.2 (stmatrix x2 .trans).
- * Shared memory at D = 576: 190632 B (N = 32) .. 159144 B (N = 8), one CTA per SM.
+ * wgmma serialisation warning; N = 40..64: 168 at entry (the __launch_bounds__(384, 1) cap), raised
+ * to 232 in the consumers. SASS per 64-key tile and consumer: 36 (D = 576) or 32 (D = 512)
+ * HGMMA.64xN_cx16 for S^T, 32 HGMMA.64xN_cx16 with gdesc.tnspA for P V, N_c / 8 STSM.16.MT88.2.
+ * Shared memory at D = 576: 190632 B (N = 32) .. 159144 B (N = 8), 231592 B (N = 64), one CTA per
+ * SM except N <= 16.
  *
  * Pipeline barriers (mbarriers in shared memory, parities as in hopper-notes 4):
  *   q_full   : 128 .noinc cp.async arrivals (producer threads) -> Q landed.
  *   full[s]  : 128 .noinc cp.async arrivals + 128 plain arrivals (release the mask bytes) -> stage s.
- *   empty[s] : 128 plain arrivals (consumer threads, after their P V wgmma completed) -> stage s free.
- * Named barriers (consumer WG only, 128 threads): kBarMax (column maxima exchanged; also the column
- * sums in the epilogue), kBarP (P tile complete, after each writer's fence.proxy.async; also the
- * staged out tile in the epilogue).
- * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D other than 576 / 512, H > 32,
- * q / kv rows not 16-B aligned, out rows not 4-B aligned, T above 2^31 - 1, shared memory above the
- * device's opt-in limit.
- * v1 trade-offs, next steps in order: the single consumer WG serialises S^T(n) -> softmax -> P V(n)
- * (issue S^T(n+1) before the softmax of n, or a second consumer WG on alternate tiles with a merge at
- * the end); 2 KV stages only (3 x 72 KB + Q does not fit beside the 1 KB alignment slack at D = 576).
+ *   empty[s] : 128 plain arrivals per consumer WG (after its P V wgmma completed) -> stage s free.
+ * Named barriers (128 threads, per consumer WG c: ids 1 + 2c and 2 + 2c): kBarMax (column maxima
+ * exchanged; also the column sums in the epilogue), kBarP (P tile complete, after each writer's
+ * fence.proxy.async; also the staged out tile in the epilogue). N > 32 adds kBarAll (id 5, both
+ * consumer WGs, once in the epilogue: every P V done before the KV stages become the out staging).
+ * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D other than 576 / 512, a head
+ * range of more than 64 heads (or outside 0..H), q / kv rows not 16-B aligned, out rows not 4-B
+ * aligned, T above 2^31 - 1, shared memory above the device's opt-in limit.
+ * v1 trade-offs, next steps in order: a consumer WG serialises S^T(n) -> softmax -> P V(n) (issue
+ * S^T(n+1) before the softmax of n); 2 KV stages only (3 x 72 KB + Q does not fit beside the 1 KB
+ * alignment slack at D = 576); N = 24 / 32 could also take the two-consumer shape (untried).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -57,58 +76,86 @@ namespace {
 
 /* ---- tile and launch configuration ----------------------------------------------------------- */
 constexpr int kBlockK = 64;         /* keys per KV tile: the M of one wgmma (m64) */
-constexpr int kThreads = 256;       /* 1 consumer WG + 1 producer WG */
-constexpr int kMaxN = 32;           /* heads per CTA: wgmma N = H rounded up to 8, at most 32 */
+constexpr int kMaxN = 64;           /* heads per CTA: wgmma N = head count rounded up to 8, at most 64 */
+constexpr int kMaxNOneWG = 32;      /* one consumer WG up to N = 32 (O^T = 4 N registers per thread) */
 constexpr int kDV = DSA_VALUE_DIM;  /* 512 value dims = 8 m64 blocks of O^T */
 constexpr int kDVBlocks = kDV / 64; /* 8 */
 constexpr int kBlkBytes = 64 * 128; /* one 64 x 64 bf16 SW128 block: 8 atoms of 1024 B */
 constexpr int kOutPitch = 1040;     /* staged out row: 1024 B + 16 so the 4 heads of a store are 8 banks apart */
-constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids; 0 is __syncthreads */
+constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids of consumer WG 0 (WG 1: + 2); 0 is __syncthreads */
+constexpr int kBarAll = 5;          /* N > 32: both consumer WGs (256 threads) */
+constexpr int kConsumerRegs = 232;  /* N > 32: O^T 128 + S^T 16 + P 16 + addressing (N_c = 32: 208 uncapped) */
+constexpr int kProducerRegs = 40;   /* N > 32: address math of the gather; 2 x 232 + 40 = 504 <= 512 */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 static_assert(kBlockK == 64, "the fragment maps below assume m64 tiles of 64 keys");
 static_assert(kDVBlocks == 8, "O^T is 8 m64 blocks");
-static_assert(kMaxN * kOutPitch <= 8 * kBlkBytes, "the staged out tile fits in KV stage 0");
-static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP < 16, "named barrier ids 1..15");
+static_assert(kMaxNOneWG * kOutPitch <= 8 * kBlkBytes, "the staged out tile (N <= 32) fits in KV stage 0");
+static_assert(kMaxN * kOutPitch <= 2 * 8 * kBlkBytes, "the staged out tile (N <= 64) fits in two KV stages");
+static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP + 2 < kBarAll && kBarAll < 16,
+              "named barrier ids 1..15, distinct per consumer WG");
+static_assert(2 * kConsumerRegs + kProducerRegs <= 512, "setmaxnreg: 128 x sum of per-WG counts <= 64K");
+static_assert(kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
 static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
 
-/* Pipeline shape per N. N = 24 / 32: one CTA per SM with a KV double buffer (2 x 72 KB + Q <= 36 KB
- * + P fits the 227 KB; 3 stages do not fit at D = 576 beside the 1 KB alignment slack).
- * N <= 16 (DSA_SM90_FWD_SMALL_TWO_CTAS=1, the default since it measured faster on an H200:
- * fwd-tp-h16 1.542 -> 1.372 ms, fwd-tp-h8 1.413 -> 1.267 ms; =0 gives the one-CTA shape): two CTAs
- * per SM with one stage each (<= 97 KB of shared memory, <= 128 registers): the two CTAs overlap each other's gather,
- * softmax and token boundaries instead of one CTA overlapping its own stages. N = 24 / 32 keep the
- * default (two CTAs would need 2 x 116 KB or setmaxnreg). */
+/* Launch shape per N (wgmma N = head count rounded up to 8), one row each:
+ *   N       consumers  columns per WG   CTAs/SM  KV stages  why
+ *   8, 16   1          N                2        1          (DSA_SM90_FWD_SMALL_TWO_CTAS=1, the default
+ *                                                            since it measured faster on an H200:
+ *                                                            fwd-tp-h16 1.542 -> 1.372 ms, fwd-tp-h8
+ *                                                            1.413 -> 1.267 ms; =0 gives the one-CTA
+ *                                                            shape) <= 97 KB of smem and <= 128
+ *                                                            registers: the two CTAs overlap each
+ *                                                            other's gather, softmax and token ends
+ *   24, 32  1          N                1        2          two CTAs would need 2 x 116 KB or
+ *                                                            setmaxnreg; 3 stages do not fit at D = 576
+ *   40..64  2          N0 = 8 ceil(N/16), N - N0  1   2     O^T [512 x N] (4N registers) does not fit
+ *                                                            one WG: each consumer owns N_c <= 32
+ *                                                            columns (the N <= 32 consumer code), no
+ *                                                            barrier between the WGs per tile;
+ *                                                            2 x 72 KB + Q 72 KB fills the 227 KB. */
 #ifndef DSA_SM90_FWD_SMALL_TWO_CTAS
 #define DSA_SM90_FWD_SMALL_TWO_CTAS 1
 #endif
 template <int N>
 struct SmallCfg {
-  static constexpr bool kTwo = DSA_SM90_FWD_SMALL_TWO_CTAS != 0 && N <= 16;
-  static constexpr int kStages = kTwo ? 1 : 2; /* KV stages per CTA */
-  static constexpr int kCtas = kTwo ? 2 : 1;   /* CTAs per SM: __launch_bounds__ min blocks */
+  static constexpr bool kTwo = DSA_SM90_FWD_SMALL_TWO_CTAS != 0 && N <= 16; /* two CTAs per SM */
+  static constexpr bool kTwoWG = N > kMaxNOneWG;         /* two consumer WGs, columns split */
+  static constexpr int kStages = kTwo ? 1 : 2;           /* KV stages per CTA */
+  static constexpr int kCtas = kTwo ? 2 : 1;             /* CTAs per SM: __launch_bounds__ min blocks */
+  static constexpr int kConsumers = kTwoWG ? 2 : 1;      /* consumer WGs; the producer is WG kConsumers */
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kN0 = kTwoWG ? 8 * ((N + 15) / 16) : N; /* columns of consumer WG 0 */
+  static constexpr int kN1 = N - kN0;                          /* columns of consumer WG 1 */
+  static_assert(kN0 % 8 == 0 && kN0 <= kMaxNOneWG && kN1 % 8 == 0 && kN1 <= kMaxNOneWG, "WG column split");
+  static_assert(!kTwoWG || kN1 >= 8, "two consumer WGs only where both have columns");
 };
 
 /* Shared-memory layout for NB 64-column blocks per row (D = 64 NB) and N heads. Every operand tile
- * is 1024-B aligned (SW128 atoms, descriptor base offset 0): N is a multiple of 8, so N * 128 is a
- * multiple of 1024. */
+ * is 1024-B aligned (SW128 atoms, descriptor base offset 0): N and the column split N0 are multiples
+ * of 8, so N * 128 and N0 * 128 are multiples of 1024. */
 template <int NB, int N>
 struct SmallSmem {
+  static constexpr bool kTwoWG = SmallCfg<N>::kTwoWG;
   static constexpr int kStages = SmallCfg<N>::kStages;
   static constexpr int kTileBytes = NB * kBlkBytes;          /* KV stage: [64 keys x D] bf16 */
   static constexpr int kQBlk = N * 128;                      /* one 64-column block of Q: N rows */
   static constexpr int kKV = 0;                              /* stage s at kKV + s * kTileBytes */
   static constexpr int kQ = kKV + kStages * kTileBytes;      /* Q [N x D], block b at kQ + b * kQBlk */
-  static constexpr int kP = kQ + NB * kQBlk;                 /* P [N heads x 64 keys] bf16 SW128 */
+  static constexpr int kP = kQ + NB * kQBlk;                 /* P [N heads x 64 keys] bf16 SW128; WG c
+                                                                owns rows [N0 c, ...) */
   static constexpr int kValid = kP + N * 128;                /* [kStages][64] bytes, 1 = valid slot */
-  static constexpr int kRed = kValid + kStages * kBlockK;    /* f32 red_max[4][N], red_sum[4][N] */
-  static constexpr int kBars = kRed + 2 * 4 * N * 4;         /* q_full, full[kStages], empty[kStages] */
+  static constexpr int kRed = kValid + kStages * kBlockK;    /* f32 red_max[4][N], red_sum[4][N]; two
+                                                                WGs: red_sum aliases red_max (227 KB) */
+  static constexpr int kBars = kRed + (kTwoWG ? 1 : 2) * 4 * N * 4; /* q_full, full[kStages], empty[kStages] */
   static constexpr int kEnd = kBars + 8 * (1 + 2 * kStages);
   static constexpr int kBytes = kEnd + 1024;                 /* + slack to align the base */
-  static_assert(N % 8 == 0 && N >= 8 && N <= kMaxN, "wgmma N: multiple of 8, at most 32 here");
+  static_assert(N % 8 == 0 && N >= 8 && N <= kMaxN, "wgmma N: multiple of 8, at most 64 here");
   static_assert(kBars % 8 == 0, "mbarriers are 8-B aligned");
-  static_assert(N * kOutPitch <= kTileBytes, "staged out tile fits in stage 0");
+  /* one WG: stage 0 is free once the consumer passed its epilogue barrier; two WGs: every stage is
+   * free after kBarAll (all tiles consumed, the producer issues nothing more) */
+  static_assert(N * kOutPitch <= (kTwoWG ? kStages : 1) * kTileBytes, "staged out tile fits in the KV stages");
 };
 
 /* Kernel arguments: the resolved public params plus what the host precomputes. */
@@ -116,6 +163,8 @@ struct SmallArgs {
   dsa_attn_fwd_params p;
   float scale_log2; /* softmax_scale * log2(e): the softmax runs on exp2 */
   int out_vec16;    /* 1: out rows 16-B aligned (uint4 stores), else 4-B stores */
+  int head_begin;   /* kernel column h is head head_begin + h of q / sink / out / lse / max_logits */
+  int head_count;   /* columns [0, head_count) are real heads (<= N); the rest are zero rows */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
@@ -155,25 +204,270 @@ __device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, ui
   asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(addr), "r"(r0), "r"(r1)
                : "memory");
 }
+
+/* The consumer of NW kernel columns [HB, HB + NW) (all N columns when the CTA has one consumer WG):
+ * per tile S^T = K Q_c^T, mask, online softmax per column, P_c -> its rows of the P tile, O^T_c
+ * [512 x NW] += V^T P_c; then the epilogue of its columns. t = thread index in the WG. TWO: the CTA
+ * has two consumer WGs (empty[s] counts both; the epilogue waits for both before reusing the KV
+ * stages; red_sum aliases red_max). */
+template <int NB, int N, int NW, int HB, bool TWO>
+__device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
+  typedef SmallSmem<NB, N> L;
+  constexpr int kStages = L::kStages;
+  constexpr int NR = NW / 2; /* accumulator registers per thread of one m64nNW tile */
+  constexpr int NC = NW / 4; /* distinct columns (heads) per thread */
+  constexpr int kBarMaxW = HB == 0 ? kBarMax : kBarMax + 2; /* this WG's named barriers */
+  constexpr int kBarPW = HB == 0 ? kBarP : kBarP + 2;
+  static_assert(NW % 8 == 0 && NW >= 8 && NW <= kMaxNOneWG && HB % 8 == 0 && HB + NW <= N, "WG columns");
+  static_assert(TWO || (HB == 0 && NW == N), "one consumer WG owns every column");
+  const dsa_attn_fwd_params &p = args.p;
+  const int64_t tok = blockIdx.x;
+  const int Hc = args.head_count, hbeg = args.head_begin;
+  uint8_t *valid = smem + L::kValid;
+  float *red_max = (float *)(smem + L::kRed);    /* [4 warps][N columns], this WG's columns only */
+  float *red_sum = TWO ? red_max : red_max + 4 * N; /* [4 warps][N columns]; alias: see the epilogue */
+  uint64_t *bars = (uint64_t *)(smem + L::kBars);
+  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;
+
+  const int warp = t >> 5, lane = t & 31;
+  const float scale_log2 = args.scale_log2;
+  /* Accumulator map (hopper-notes 2): register i is row 16 warp + lane / 4 + 8 ((i >> 1) & 1),
+   * column 8 (i >> 2) + 2 (lane % 4) + (i & 1). Column slot c = 2 (i >> 2) + (i & 1) (0..NC-1)
+   * names this thread's columns: col(c) = 8 (c >> 1) + 2 (lane % 4) + (c & 1), local to the WG
+   * (kernel column HB + col). */
+#define SLOT_OF(i) (2 * ((i) >> 2) + ((i) & 1))
+#define COL_OF(c) (8 * ((c) >> 1) + 2 * (lane & 3) + ((c) & 1))
+
+  float o[kDVBlocks][NR]; /* O^T: block m = value dims [64 m, 64 m + 64) x NW heads */
+  float sacc[NR];         /* S^T: 64 keys x NW heads */
+#pragma unroll
+  for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+    for (int i = 0; i < NR; ++i) o[m][i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < NR; ++i) sacc[i] = 0.f;
+  /* running column max (log2 units, identical in every thread holding the column) and this
+   * thread's partial column sums over its rows (completed across lanes and warps at the end) */
+  float col_max[NC], col_sum[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    col_max[c] = -INFINITY;
+    col_sum[c] = 0.f;
+  }
+
+  sm90_mbar_wait(q_full, 0);
+  sm90_fence_proxy_async();
+  /* this WG's rows of Q and of P: row HB of a 64-column block sits HB * 128 B in (a multiple of 1024) */
+  const uint32_t sq = sm90_smem_addr(smem + L::kQ) + HB * 128;
+  const uint32_t sp = sm90_smem_addr(smem + L::kP) + HB * 128;
+  const int r0 = 16 * warp + (lane >> 2); /* this thread's rows (keys): r0 and r0 + 8 */
+
+  for (int n = 0; n < ntiles; ++n) {
+    const int s = n % kStages;
+    sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1);
+    sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
+    const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
+
+    /* ---- S^T = K Q^T: both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16; the KV tile
+     * has 8 KB per 64-column block, Q N * 128 B. */
+#pragma unroll
+    for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
+    sm90_wgmma_fence();
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint64_t da = sm90_make_desc_sw128(skv + b * kBlkBytes + k * 32, 16, 1024);
+        const uint64_t db = sm90_make_desc_sw128(sq + b * L::kQBlk + k * 32, 16, 1024);
+        wgmma_ss_nN<NW, 0>(sacc, da, db, (b | k) != 0);
+      }
+    sm90_wgmma_commit();
+    sm90_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
+
+    /* ---- mask (rows = keys) + online softmax per column (head), log2 domain */
+    const uint8_t *vs = valid + s * kBlockK;
+    const bool ok0 = vs[r0] != 0, ok1 = vs[r0 + 8] != 0;
+    float x[NR];
+#pragma unroll
+    for (int i = 0; i < NR; ++i) x[i] = (((i >> 1) & 1) ? ok1 : ok0) ? sacc[i] * scale_log2 : -INFINITY;
+    float mx[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int i = 4 * (c >> 1) + (c & 1); /* rows r0 (i) and r0 + 8 (i + 2) */
+      float v = fmaxf(x[i], x[i + 2]);
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+      mx[c] = v; /* max over this warp's 16 keys */
+    }
+    /* Exchange between the 4 warps. WAR on red_max: every warp reads it before the kBarP barrier
+     * below, which every warp passes before it writes red_max for the next tile. */
+    if (lane < 4) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) red_max[warp * N + HB + COL_OF(c)] = mx[c];
+    }
+    sm90_named_bar_sync(kBarMaxW, 128);
+    float alpha[NC], m_use[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int col = HB + COL_OF(c);
+      float v = fmaxf(fmaxf(red_max[col], red_max[N + col]), fmaxf(red_max[2 * N + col], red_max[3 * N + col]));
+      v = fmaxf(v, col_max[c]);
+      m_use[c] = v == -INFINITY ? 0.f : v; /* no valid slot yet: avoid (-inf) - (-inf) */
+      alpha[c] = exp2f(col_max[c] - m_use[c]);
+      col_max[c] = v;
+    }
+    float psum[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) psum[c] = 0.f;
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+      x[i] = exp2f(x[i] - m_use[SLOT_OF(i)]);
+      psum[SLOT_OF(i)] += x[i];
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) col_sum[c] = col_sum[c] * alpha[c] + psum[c];
+
+    /* ---- P -> shared memory as [NW heads][64 keys] bf16, K-major SW128 (the B operand of P V).
+     * For heads 8j..8j+7 the warp's fragment is two 8 x 8 matrices [keys][heads] (rows r0, r0 + 8);
+     * stmatrix .trans stores each transposed: memory row q = head 8j + q, 16 B = 8 keys, at chunk
+     * 2 warp + (matrix) of the 128-B row, swizzled by q. Lanes 0-7 / 8-15 address matrix 0 / 1.
+     * WAR on the P tile (this WG's rows only): every warp passed its wait on the previous P V before
+     * the kBarMax barrier above. */
+    {
+      const int q = lane & 7, mat = (lane >> 3) & 1;
+      const int chunk = 2 * warp + mat;
+#pragma unroll
+      for (int j = 0; j < NW / 8; ++j) {
+        const int h = 8 * j + q;
+        const uint32_t addr = sp + h * 128 + (((chunk ^ q) & 7) << 4);
+        stmatrix_x2_trans(addr, sm90_pack_bf16x2(x[4 * j], x[4 * j + 1]), sm90_pack_bf16x2(x[4 * j + 2], x[4 * j + 3]));
+      }
+    }
+    sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
+    sm90_named_bar_sync(kBarPW, 128);
+
+    /* ---- O^T = alpha O^T + V^T P. A = the KV tile's 64-column block m read M-major (tA = 1): dims
+     * contiguous in the 128-B rows, keys = rows; LBO 8192 (next 64-wide M block, unused at m64),
+     * SBO 1024 (next 8 keys), +2048 B per k16 of keys. B = P, K-major: +32 B per k16 of keys. */
+#pragma unroll
+    for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+      for (int i = 0; i < NR; ++i) o[m][i] *= alpha[SLOT_OF(i)];
+#pragma unroll
+    for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+      for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+    sm90_wgmma_fence();
+#pragma unroll
+    for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint64_t da = sm90_make_desc_sw128(skv + m * kBlkBytes + kk * 2048, kBlkBytes, 1024);
+        const uint64_t db = sm90_make_desc_sw128(sp + kk * 32, 16, 1024);
+        wgmma_ss_nN<NW, 1>(o[m], da, db, 1);
+      }
+    sm90_wgmma_commit();
+    sm90_wgmma_wait<0>();
+#pragma unroll
+    for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+      for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+    sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
+  }
+
+  /* ---- epilogue: column sums across lanes and warps, lse, max_logits, sink factor */
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    float l = col_sum[c];
+    l += __shfl_xor_sync(0xffffffffu, l, 4);
+    l += __shfl_xor_sync(0xffffffffu, l, 8);
+    l += __shfl_xor_sync(0xffffffffu, l, 16);
+    col_sum[c] = l;
+  }
+  /* TWO: red_sum = red_max, this WG's columns. WAR: every warp of this WG read red_max of the last
+   * tile before that tile's kBarP barrier, which every warp passed before writing here. */
+  if (lane < 4) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) red_sum[warp * N + HB + COL_OF(c)] = col_sum[c];
+  }
+  /* after this barrier every warp of this WG has also finished its last P V */
+  sm90_named_bar_sync(kBarMaxW, 128);
+  float fac[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const int h = HB + COL_OF(c); /* kernel column = head hbeg + h */
+    const float l = red_sum[h] + red_sum[N + h] + red_sum[2 * N + h] + red_sum[3 * N + h];
+    const bool empty_col = col_max[c] == -INFINITY; /* no valid slot */
+    const float lse = empty_col ? INFINITY : (col_max[c] + log2f(l)) * kLn2;
+    float f = 0.f;
+    if (!empty_col && h < Hc) {
+      f = 1.f / l;
+      if (p.sink) f *= 1.f / (1.f + expf(p.sink[hbeg + h] - lse)); /* -inf sink: 1, +inf: 0 */
+    }
+    fac[c] = f;
+    if (warp == 0 && lane < 4 && h < Hc) { /* lanes 0-3 of warp 0 hold every column once */
+      const int64_t th = tok * p.num_heads + hbeg + h;
+      p.lse[th] = lse;
+      if (p.max_logits) p.max_logits[th] = empty_col ? -INFINITY : col_max[c] * kLn2;
+    }
+  }
+  /* TWO: the other consumer WG may still run P V on a KV stage the staged tile overlaps; after
+   * this barrier both have consumed every tile (and the producer issues nothing more). */
+  if constexpr (TWO) sm90_named_bar_sync(kBarAll, 256);
+  /* O^T -> staged out tile [N heads][kOutPitch B] bf16 over the KV stages (this WG's rows). For one
+   * register the 32 lanes write 8 consecutive dims x 4 heads; the 16-B pad puts the heads 8 banks
+   * apart. */
+  uint8_t *stage = smem + L::kKV;
+#pragma unroll
+  for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+      const int dim = 64 * m + r0 + 8 * ((i >> 1) & 1);
+      const int h = HB + COL_OF(SLOT_OF(i));
+      *(uint16_t *)(stage + h * kOutPitch + dim * 2) =
+          (uint16_t)(sm90_pack_bf16x2(o[m][i] * fac[SLOT_OF(i)], 0.f) & 0xffffu);
+    }
+  sm90_named_bar_sync(kBarPW, 128);
+  /* coalesced copy-out: 64 chunks of 16 B per head row, this WG's columns below head_count only */
+  const int cend = min(HB + NW, Hc) * 64;
+  for (int cidx = HB * 64 + t; cidx < cend; cidx += 128) {
+    const int h = cidx >> 6, ch = cidx & 63;
+    const uint4 v = *(const uint4 *)(stage + h * kOutPitch + ch * 16);
+    uint16_t *dst = p.out + tok * p.out_stride_token + (int64_t)(hbeg + h) * p.out_stride_head + ch * 8;
+    if (args.out_vec16) {
+      *(uint4 *)dst = v;
+    } else {
+      uint32_t *d4 = (uint32_t *)dst;
+      d4[0] = v.x;
+      d4[1] = v.y;
+      d4[2] = v.z;
+      d4[3] = v.w;
+    }
+  }
+#undef SLOT_OF
+#undef COL_OF
+}
 #endif
 
 template <int NB, int N>
-__global__ void __launch_bounds__(kThreads, SmallCfg<N>::kCtas) attn_fwd_sm90_small_kernel(const __grid_constant__ SmallArgs args) {
+__global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
+    attn_fwd_sm90_small_kernel(const __grid_constant__ SmallArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   typedef SmallSmem<NB, N> L;
+  typedef SmallCfg<N> C;
   constexpr int kStages = L::kStages;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   uint8_t *valid = smem + L::kValid;
-  float *red_max = (float *)(smem + L::kRed); /* [4 warps][N columns] */
-  float *red_sum = red_max + 4 * N;           /* [4 warps][N columns] */
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;
 
   const dsa_attn_fwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
   const int64_t tok = blockIdx.x;
-  const int H = p.num_heads;
   int klen = p.topk; /* slots [0, klen) may be valid; the rest never are */
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
   const int ntiles = (klen + kBlockK - 1) / kBlockK;
@@ -182,24 +476,27 @@ __global__ void __launch_bounds__(kThreads, SmallCfg<N>::kCtas) attn_fwd_sm90_sm
     sm90_mbar_init(q_full, 128);
     for (int s = 0; s < kStages; ++s) {
       sm90_mbar_init(&full[s], 256);
-      sm90_mbar_init(&empty[s], 128);
+      sm90_mbar_init(&empty[s], 128 * C::kConsumers);
     }
     sm90_mbar_init_fence();
   }
   __syncthreads();
 
-  if (wg == 1) {
+  if (wg == C::kConsumers) {
     /* ================= producer ================= */
+    if constexpr (C::kTwoWG) sm90_setmaxnreg_dec<kProducerRegs>();
     /* Thread (g, j): 16-B chunk j of every 64-column block of rows g, g+16, g+32, g+48 (rows 16
      * apart share r % 8: 8 consecutive threads fill one 128-B swizzled row piece, conflict free). */
     const int g = t >> 3, j = t & 7;
     const uint32_t sq = sm90_smem_addr(smem + L::kQ);
+    const int Hc = args.head_count;
 #pragma unroll
     for (int i = 0; i < (N + 15) / 16; ++i) {
       const int r = g + 16 * i;
       if (r < N) {
-        const bool ok = r < H; /* heads H..N-1: zero rows, never written out */
-        const uint16_t *src = p.q + tok * p.q_stride_token + (int64_t)(ok ? r : 0) * p.q_stride_head + j * 8;
+        const bool ok = r < Hc; /* columns head_count..N-1: zero rows, never written out */
+        const uint16_t *src =
+            p.q + tok * p.q_stride_token + (int64_t)(args.head_begin + (ok ? r : 0)) * p.q_stride_head + j * 8;
 #pragma unroll
         for (int b = 0; b < NB; ++b)
           sm90_cp_async16(sq + b * L::kQBlk + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
@@ -220,230 +517,26 @@ __global__ void __launch_bounds__(kThreads, SmallCfg<N>::kCtas) attn_fwd_sm90_sm
       sm90_mbar_arrive(&full[s]);                /* releases the mask bytes written above */
     }
     sm90_cp_async_wait_all();
+  } else if constexpr (!C::kTwoWG) {
+    /* ================= consumer (all N columns) ================= */
+    small_consumer<NB, N, N, 0, false>(args, smem, t, ntiles);
   } else {
-    /* ================= consumer ================= */
-    constexpr int NR = N / 2; /* accumulator registers per thread of one m64nN tile */
-    constexpr int NC = N / 4; /* distinct columns (heads) per thread */
-    const int warp = t >> 5, lane = t & 31;
-    const float scale_log2 = args.scale_log2;
-    /* Accumulator map (hopper-notes 2): register i is row 16 warp + lane / 4 + 8 ((i >> 1) & 1),
-     * column 8 (i >> 2) + 2 (lane % 4) + (i & 1). Column slot c = 2 (i >> 2) + (i & 1) (0..NC-1)
-     * names this thread's columns: col(c) = 8 (c >> 1) + 2 (lane % 4) + (c & 1). */
-#define SLOT_OF(i) (2 * ((i) >> 2) + ((i) & 1))
-#define COL_OF(c) (8 * ((c) >> 1) + 2 * (lane & 3) + ((c) & 1))
-
-    float o[kDVBlocks][NR]; /* O^T: block m = value dims [64 m, 64 m + 64) x N heads */
-    float sacc[NR];         /* S^T: 64 keys x N heads */
-#pragma unroll
-    for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-      for (int i = 0; i < NR; ++i) o[m][i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < NR; ++i) sacc[i] = 0.f;
-    /* running column max (log2 units, identical in every thread holding the column) and this
-     * thread's partial column sums over its rows (completed across lanes and warps at the end) */
-    float col_max[NC], col_sum[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      col_max[c] = -INFINITY;
-      col_sum[c] = 0.f;
-    }
-
-    sm90_mbar_wait(q_full, 0);
-    sm90_fence_proxy_async();
-    const uint32_t sq = sm90_smem_addr(smem + L::kQ);
-    const uint32_t sp = sm90_smem_addr(smem + L::kP);
-    const int r0 = 16 * warp + (lane >> 2); /* this thread's rows (keys): r0 and r0 + 8 */
-
-    for (int n = 0; n < ntiles; ++n) {
-      const int s = n % kStages;
-      sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1);
-      sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
-      const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
-
-      /* ---- S^T = K Q^T: both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16; the KV tile
-       * has 8 KB per 64-column block, Q N * 128 B. */
-#pragma unroll
-      for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
-      sm90_wgmma_fence();
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint64_t da = sm90_make_desc_sw128(skv + b * kBlkBytes + k * 32, 16, 1024);
-          const uint64_t db = sm90_make_desc_sw128(sq + b * L::kQBlk + k * 32, 16, 1024);
-          wgmma_ss_nN<N, 0>(sacc, da, db, (b | k) != 0);
-        }
-      sm90_wgmma_commit();
-      sm90_wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
-
-      /* ---- mask (rows = keys) + online softmax per column (head), log2 domain */
-      const uint8_t *vs = valid + s * kBlockK;
-      const bool ok0 = vs[r0] != 0, ok1 = vs[r0 + 8] != 0;
-      float x[NR];
-#pragma unroll
-      for (int i = 0; i < NR; ++i) x[i] = (((i >> 1) & 1) ? ok1 : ok0) ? sacc[i] * scale_log2 : -INFINITY;
-      float mx[NC];
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const int i = 4 * (c >> 1) + (c & 1); /* rows r0 (i) and r0 + 8 (i + 2) */
-        float v = fmaxf(x[i], x[i + 2]);
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-        mx[c] = v; /* max over this warp's 16 keys */
-      }
-      /* Exchange between the 4 warps. WAR on red_max: every warp reads it before the kBarP barrier
-       * below, which every warp passes before it writes red_max for the next tile. */
-      if (lane < 4) {
-#pragma unroll
-        for (int c = 0; c < NC; ++c) red_max[warp * N + COL_OF(c)] = mx[c];
-      }
-      sm90_named_bar_sync(kBarMax, 128);
-      float alpha[NC], m_use[NC];
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const int col = COL_OF(c);
-        float v = fmaxf(fmaxf(red_max[col], red_max[N + col]), fmaxf(red_max[2 * N + col], red_max[3 * N + col]));
-        v = fmaxf(v, col_max[c]);
-        m_use[c] = v == -INFINITY ? 0.f : v; /* no valid slot yet: avoid (-inf) - (-inf) */
-        alpha[c] = exp2f(col_max[c] - m_use[c]);
-        col_max[c] = v;
-      }
-      float psum[NC];
-#pragma unroll
-      for (int c = 0; c < NC; ++c) psum[c] = 0.f;
-#pragma unroll
-      for (int i = 0; i < NR; ++i) {
-        x[i] = exp2f(x[i] - m_use[SLOT_OF(i)]);
-        psum[SLOT_OF(i)] += x[i];
-      }
-#pragma unroll
-      for (int c = 0; c < NC; ++c) col_sum[c] = col_sum[c] * alpha[c] + psum[c];
-
-      /* ---- P -> shared memory as [N heads][64 keys] bf16, K-major SW128 (the B operand of P V).
-       * For heads 8j..8j+7 the warp's fragment is two 8 x 8 matrices [keys][heads] (rows r0, r0 + 8);
-       * stmatrix .trans stores each transposed: memory row q = head 8j + q, 16 B = 8 keys, at chunk
-       * 2 warp + (matrix) of the 128-B row, swizzled by q. Lanes 0-7 / 8-15 address matrix 0 / 1.
-       * WAR on the P tile: every warp passed its wait on the previous P V before the kBarMax barrier
-       * above. */
-      {
-        const int q = lane & 7, mat = (lane >> 3) & 1;
-        const int chunk = 2 * warp + mat;
-#pragma unroll
-        for (int j = 0; j < N / 8; ++j) {
-          const int h = 8 * j + q;
-          const uint32_t addr = sp + h * 128 + (((chunk ^ q) & 7) << 4);
-          stmatrix_x2_trans(addr, sm90_pack_bf16x2(x[4 * j], x[4 * j + 1]), sm90_pack_bf16x2(x[4 * j + 2], x[4 * j + 3]));
-        }
-      }
-      sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
-      sm90_named_bar_sync(kBarP, 128);
-
-      /* ---- O^T = alpha O^T + V^T P. A = the KV tile's 64-column block m read M-major (tA = 1): dims
-       * contiguous in the 128-B rows, keys = rows; LBO 8192 (next 64-wide M block, unused at m64),
-       * SBO 1024 (next 8 keys), +2048 B per k16 of keys. B = P, K-major: +32 B per k16 of keys. */
-#pragma unroll
-      for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-        for (int i = 0; i < NR; ++i) o[m][i] *= alpha[SLOT_OF(i)];
-#pragma unroll
-      for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-        for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
-      sm90_wgmma_fence();
-#pragma unroll
-      for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const uint64_t da = sm90_make_desc_sw128(skv + m * kBlkBytes + kk * 2048, kBlkBytes, 1024);
-          const uint64_t db = sm90_make_desc_sw128(sp + kk * 32, 16, 1024);
-          wgmma_ss_nN<N, 1>(o[m], da, db, 1);
-        }
-      sm90_wgmma_commit();
-      sm90_wgmma_wait<0>();
-#pragma unroll
-      for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-        for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
-      sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
-    }
-
-    /* ---- epilogue: column sums across lanes and warps, lse, max_logits, sink factor */
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      float l = col_sum[c];
-      l += __shfl_xor_sync(0xffffffffu, l, 4);
-      l += __shfl_xor_sync(0xffffffffu, l, 8);
-      l += __shfl_xor_sync(0xffffffffu, l, 16);
-      col_sum[c] = l;
-    }
-    if (lane < 4) {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) red_sum[warp * N + COL_OF(c)] = col_sum[c];
-    }
-    /* after this barrier every warp has also finished its last P V: stage 0 may be overwritten */
-    sm90_named_bar_sync(kBarMax, 128);
-    float fac[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      const int h = COL_OF(c);
-      const float l = red_sum[h] + red_sum[N + h] + red_sum[2 * N + h] + red_sum[3 * N + h];
-      const bool empty_col = col_max[c] == -INFINITY; /* no valid slot */
-      const float lse = empty_col ? INFINITY : (col_max[c] + log2f(l)) * kLn2;
-      float f = 0.f;
-      if (!empty_col && h < H) {
-        f = 1.f / l;
-        if (p.sink) f *= 1.f / (1.f + expf(p.sink[h] - lse)); /* -inf sink: 1, +inf: 0 */
-      }
-      fac[c] = f;
-      if (warp == 0 && lane < 4 && h < H) { /* lanes 0-3 of warp 0 hold every column once */
-        const int64_t th = tok * H + h;
-        p.lse[th] = lse;
-        if (p.max_logits) p.max_logits[th] = empty_col ? -INFINITY : col_max[c] * kLn2;
-      }
-    }
-    /* O^T -> staged out tile [N heads][kOutPitch B] bf16 in KV stage 0. For one register the 32
-     * lanes write 8 consecutive dims x 4 heads; the 16-B pad puts the heads 8 banks apart. */
-    uint8_t *stage = smem + L::kKV;
-#pragma unroll
-    for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-      for (int i = 0; i < NR; ++i) {
-        const int dim = 64 * m + r0 + 8 * ((i >> 1) & 1);
-        const int h = COL_OF(SLOT_OF(i));
-        *(uint16_t *)(stage + h * kOutPitch + dim * 2) =
-            (uint16_t)(sm90_pack_bf16x2(o[m][i] * fac[SLOT_OF(i)], 0.f) & 0xffffu);
-      }
-    sm90_named_bar_sync(kBarP, 128);
-    /* coalesced copy-out: 64 chunks of 16 B per head row, heads < H only */
-    for (int cidx = t; cidx < H * 64; cidx += 128) {
-      const int h = cidx >> 6, ch = cidx & 63;
-      const uint4 v = *(const uint4 *)(stage + h * kOutPitch + ch * 16);
-      uint16_t *dst = p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + ch * 8;
-      if (args.out_vec16) {
-        *(uint4 *)dst = v;
-      } else {
-        uint32_t *d4 = (uint32_t *)dst;
-        d4[0] = v.x;
-        d4[1] = v.y;
-        d4[2] = v.z;
-        d4[3] = v.w;
-      }
-    }
-#undef SLOT_OF
-#undef COL_OF
+    /* ================= consumers: WG0 columns [0, N0), WG1 [N0, N) ================= */
+    sm90_setmaxnreg_inc<kConsumerRegs>();
+    if (wg == 0)
+      small_consumer<NB, N, C::kN0, 0, true>(args, smem, t, ntiles);
+    else
+      small_consumer<NB, N, C::kN1, C::kN0, true>(args, smem, t, ntiles);
   }
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run silently (the launcher also checks cc 9.0) */
 #endif
 }
 
-/* One instantiation per (head dim D = 64 NB, N = H rounded up to 8). */
+/* One instantiation per (head dim D = 64 NB, N = head count rounded up to 8). */
 template <int NB, int N>
-dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream) {
+dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
+                  cudaStream_t stream) {
   const char *fn = "dsa_sparse_attn_fwd";
   const int smem_bytes = SmallSmem<NB, N>::kBytes;
   if (smem_bytes > ctx->max_smem_optin)
@@ -468,24 +561,31 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   args.p = *p;
   args.scale_log2 = p->softmax_scale * kLog2e;
   args.out_vec16 = !((uintptr_t)p->out & 15) && !(p->out_stride_token & 7) && !(p->out_stride_head & 7);
-  attn_fwd_sm90_small_kernel<NB, N><<<(unsigned)p->num_tokens, kThreads, smem_bytes, stream>>>(args);
+  args.head_begin = head_begin;
+  args.head_count = head_count;
+  attn_fwd_sm90_small_kernel<NB, N><<<(unsigned)p->num_tokens, SmallCfg<N>::kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
 template <int NB>
-dsa_status launch_nb(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream) {
-  switch ((p->num_heads + 7) / 8) {
-    case 1: return launch<NB, 8>(ctx, p, stream);
-    case 2: return launch<NB, 16>(ctx, p, stream);
-    case 3: return launch<NB, 24>(ctx, p, stream);
-    default: return launch<NB, 32>(ctx, p, stream);
+dsa_status launch_nb(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
+                     cudaStream_t stream) {
+  switch ((head_count + 7) / 8) {
+    case 1: return launch<NB, 8>(ctx, p, head_begin, head_count, stream);
+    case 2: return launch<NB, 16>(ctx, p, head_begin, head_count, stream);
+    case 3: return launch<NB, 24>(ctx, p, head_begin, head_count, stream);
+    case 4: return launch<NB, 32>(ctx, p, head_begin, head_count, stream);
+    case 5: return launch<NB, 40>(ctx, p, head_begin, head_count, stream);
+    case 6: return launch<NB, 48>(ctx, p, head_begin, head_count, stream);
+    case 7: return launch<NB, 56>(ctx, p, head_begin, head_count, stream);
+    default: return launch<NB, 64>(ctx, p, head_begin, head_count, stream);
   }
 }
 
 }  // namespace
 
-extern "C" dsa_status dsa_launch_attn_fwd_sm90_small(const dsa_context *ctx, const dsa_attn_fwd_params *p,
-                                                     cudaStream_t stream) {
+extern "C" dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                                           int head_begin, int head_count, cudaStream_t stream) {
   const char *fn = "dsa_sparse_attn_fwd";
   if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
     return dsa_fail(DSA_ERROR_UNSUPPORTED,
@@ -494,9 +594,10 @@ extern "C" dsa_status dsa_launch_attn_fwd_sm90_small(const dsa_context *ctx, con
   if (p->head_dim != 576 && p->head_dim != 512)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a small-H kernel supports head_dim 576 or 512, not %d", fn,
                     (int)p->head_dim);
-  if (p->num_heads < 1 || p->num_heads > kMaxN)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a small-H kernel supports num_heads 1..%d, not %d", fn,
-                    kMaxN, (int)p->num_heads);
+  if (head_count < 1 || head_count > kMaxN || head_begin < 0 || head_begin > p->num_heads - head_count)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a small-H kernel runs 1..%d heads per launch, not heads [%d, %d) of %d", fn,
+                    kMaxN, head_begin, head_begin + head_count, (int)p->num_heads);
   /* cp.async moves 16 B: q / kv rows must start 16-B aligned. out is written at least 4 B at a time. */
   if (((uintptr_t)p->q & 15) || ((uintptr_t)p->kv & 15) || (p->q_stride_token & 7) || (p->q_stride_head & 7) ||
       (p->kv_stride & 7))
@@ -513,5 +614,11 @@ extern "C" dsa_status dsa_launch_attn_fwd_sm90_small(const dsa_context *ctx, con
   if (p->num_tokens > (int64_t)0x7fffffff)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a small-H kernel handles at most %d tokens, not %lld", fn,
                     0x7fffffff, (long long)p->num_tokens);
-  return p->head_dim == 576 ? launch_nb<9>(ctx, p, stream) : launch_nb<8>(ctx, p, stream);
+  return p->head_dim == 576 ? launch_nb<9>(ctx, p, head_begin, head_count, stream)
+                             : launch_nb<8>(ctx, p, head_begin, head_count, stream);
+}
+
+extern "C" dsa_status dsa_launch_attn_fwd_sm90_small(const dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                                     cudaStream_t stream) {
+  return dsa_launch_attn_fwd_sm90_small_heads(ctx, p, 0, p->num_heads, stream);
 }

@@ -1,11 +1,32 @@
 /* attn_fwd.c - public entry point dsa_sparse_attn_fwd: validation, then dispatch between the
- * sm_90a tensor-core kernel (cuda/attn_fwd_sm90.cu) and the portable kernel (cuda/attn_fwd.cu). */
+ * sm_90a tensor-core kernels (cuda/attn_fwd_sm90.cu: 64 heads on the wgmma M; cuda/attn_fwd_sm90_small.cu:
+ * up to 64 heads on the wgmma N) and the portable kernel (cuda/attn_fwd.cu). */
 #include <string.h>
 #include "internal.h"
 
-/* 0 = automatic, 1 = portable kernel only, 2 = sm_90a kernel only, 3 = sm_90a small-H kernel only
- * (H <= 32; tests and benchmarks). */
+/* 0 = automatic, 1 = portable kernel only, 2 = 64-head sm_90a kernel only (whole H, zero M rows
+ * allowed), 3 = sm_90a small-H kernel only (H <= 64), 4 = the split forced: 64-head kernel on heads
+ * [0, 64 floor(H / 64)), small-H kernel on the rest (tests and benchmarks). */
 int dsa_attn_fwd_variant = 0;
+
+/* Automatic choice on cc 9.0 (docs/design.md section 8 has the table with the reasons):
+ *   H in 1..63     small-H kernel, N = H rounded up to 8 (at most 7 zero columns)
+ *   H = 64, 128    64-head kernel (every M row a real head)
+ *   H in 65..127   64-head kernel on heads [0, 64) + small-H kernel on heads [64, H), two launches
+ *                  on the stream (the outputs are disjoint, so the order does not matter)
+ * Each kernel declines what it does not run with DSA_ERROR_UNSUPPORTED; the choice then falls back
+ * to the 64-head kernel on the whole H, then to the portable kernel. */
+enum { FWD_HEAD_BLOCK = 64 /* heads per CTA of the 64-head kernel */ };
+
+/* Variant 4 and the automatic H in 65..127: the first `big` heads on the 64-head kernel, the rest on
+ * the small-H kernel. The small launch goes first: if it declines, nothing has been written and the
+ * caller can fall back on the whole H. */
+static dsa_status fwd_split(const dsa_context *ctx, const dsa_attn_fwd_params *r, cudaStream_t stream) {
+  const int H = r->num_heads, big = FWD_HEAD_BLOCK * (H / FWD_HEAD_BLOCK);
+  if (big < H) DSA_TRY(dsa_launch_attn_fwd_sm90_small_heads(ctx, r, big, H - big, stream));
+  if (big > 0) DSA_TRY(dsa_launch_attn_fwd_sm90_heads(ctx, r, 0, big, stream));
+  return DSA_SUCCESS;
+}
 
 DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_params *p,
                                        dsa_stream_t stream) {
@@ -16,31 +37,25 @@ DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_para
 
   const int hopper = ctx->cc_major == 9 && ctx->cc_minor == 0; /* sm_90a code runs on 9.0 only */
   if (dsa_attn_fwd_variant == 1) return dsa_launch_attn_fwd_simple(ctx, &r, stream);
-  if (dsa_attn_fwd_variant == 2) {
-    if (!hopper)
-      return dsa_fail(DSA_ERROR_UNSUPPORTED,
-                      "dsa_sparse_attn_fwd: the sm_90a kernel needs compute capability 9.0, the "
-                      "device has %d.%d", ctx->cc_major, ctx->cc_minor);
-    return dsa_launch_attn_fwd_sm90(ctx, &r, stream);
-  }
-  if (dsa_attn_fwd_variant == 3) {
-    if (!hopper)
-      return dsa_fail(DSA_ERROR_UNSUPPORTED,
-                      "dsa_sparse_attn_fwd: the sm_90a small-H kernel needs compute capability 9.0, "
-                      "the device has %d.%d", ctx->cc_major, ctx->cc_minor);
-    return dsa_launch_attn_fwd_sm90_small(ctx, &r, stream);
-  }
+  if (dsa_attn_fwd_variant >= 2 && dsa_attn_fwd_variant <= 4 && !hopper)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "dsa_sparse_attn_fwd: the sm_90a kernels need compute capability 9.0, the "
+                    "device has %d.%d", ctx->cc_major, ctx->cc_minor);
+  if (dsa_attn_fwd_variant == 2) return dsa_launch_attn_fwd_sm90(ctx, &r, stream);
+  if (dsa_attn_fwd_variant == 3) return dsa_launch_attn_fwd_sm90_small(ctx, &r, stream);
+  if (dsa_attn_fwd_variant == 4) return fwd_split(ctx, &r, stream);
   if (hopper) {
     /* The sm_90a kernels decline configurations they do not run with DSA_ERROR_UNSUPPORTED; the
      * call then succeeds on the next one, so its message must not outlive it: keep the thread's
-     * previous message and put it back. H <= 32 tries the small-H kernel (keys on the wgmma M
-     * dimension, no padded heads) first. */
+     * previous message and put it back. */
     char saved[512];
     dsa_status s;
     strncpy(saved, dsa_last_error_message(), sizeof saved - 1);
     saved[sizeof saved - 1] = '\0';
-    if (r.num_heads <= 32) {
-      s = dsa_launch_attn_fwd_sm90_small(ctx, &r, stream);
+    if (r.num_heads % FWD_HEAD_BLOCK != 0) {
+      /* H < 64: the small-H kernel alone; 64 < H < 128: the split (no zero M rows either way) */
+      s = r.num_heads < FWD_HEAD_BLOCK ? dsa_launch_attn_fwd_sm90_small(ctx, &r, stream)
+                                       : fwd_split(ctx, &r, stream);
       if (s != DSA_ERROR_UNSUPPORTED) return s;
       (void)dsa_fail(DSA_SUCCESS, "%s", saved);
     }

@@ -1,7 +1,9 @@
 /* test_gpu_attn_fwd.c - GPU suite gpu_attn_fwd: dsa_sparse_attn_fwd against the CPU reference
- * dsa_ref_sparse_attn_fwd on fresh random inputs, for both kernels (dsa_attn_fwd_variant 1 = the
- * portable kernel, 2 = the sm_90a kernel, 3 = the sm_90a small-H kernel; a configuration an sm_90a
- * kernel declines is logged and skipped for that variant only).
+ * dsa_ref_sparse_attn_fwd on fresh random inputs, for every kernel choice (dsa_attn_fwd_variant
+ * 1 = the portable kernel, 2 = the 64-head sm_90a kernel on the whole H, 3 = the sm_90a small-H
+ * kernel (H <= 64), 4 = the split (64-head kernel on heads [0, 64), small-H kernel on the rest; run
+ * only where it differs from 2 and 3: 64 < H < 128), then 0 = the automatic choice; a configuration
+ * an sm_90a kernel declines is logged and skipped for that variant only).
  *
  * Every run starts from poisoned outputs (NaN bf16 / NaN fp32) over the whole out allocation, gaps
  * of strided layouts included: every (t, h) must be written, every gap must stay untouched. out is
@@ -9,7 +11,8 @@
  * and -inf matched exactly. Large batches compare a random sample of rows: rows are independent,
  * so the reference runs on a gathered sub-batch of just those rows (it is slow by design).
  * DSA_TEST_REQUIRE_SM90=1 turns "the sm_90a kernel declined H = 64 or 128, D = 576, dense layouts"
- * from a warning into a failure. */
+ * from a warning into a failure, and so "the small-H kernel (variant 3) or the split (variant 4)
+ * declined a configuration it must run". */
 #include <limits.h>
 #include "test_common.h"
 #include <criterion/parameterized.h>
@@ -79,11 +82,18 @@ static int required_sm90(const attn_case *c) {
          c->out_layout == LAYOUT_DENSE && c->kv_stride == 0;
 }
 
-/* The small-H kernel (variant 3) must run every H <= 32 with D = 576 or 512 and any layout whose
- * q / kv rows are 16-B aligned (every layout of this suite). */
+/* The small-H kernel (variant 3) must run every H <= 64 with D = 576 or 512 and any layout whose
+ * q / kv rows are 16-B aligned (every layout of this suite); the split (variant 4) every H > 64 under
+ * the same conditions. */
 static int required_small_sm90(const attn_case *c) {
-  return c->H <= 32 && (c->D == 576 || c->D == 512) && c->kv_stride % 8 == 0;
+  return c->H <= 64 && (c->D == 576 || c->D == 512) && c->kv_stride % 8 == 0;
 }
+static int required_split_sm90(const attn_case *c) {
+  return c->H > 64 && (c->D == 576 || c->D == 512) && c->kv_stride % 8 == 0;
+}
+
+/* The order run_case goes through the variants; 0 (automatic) last. */
+static const int variants[] = {1, 2, 3, 4, 0};
 
 static void check_scalar(const char *what, float got, float ref, int64_t t, int h, int variant) {
   if (isinf(ref)) {
@@ -227,7 +237,9 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
   for (size_t i = 0; i < nout; ++i) poison[i] = TC_POISON_BF16;
   tc_poison_f32(nan_f, (size_t)(T * H));
 
-  for (int variant = 1; variant <= 3; ++variant) {
+  for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; ++vi) {
+    const int variant = variants[vi];
+    if (variant == 4 && (H <= 64 || H % 64 == 0)) continue; /* the same launches as 2 or 3 */
     for (int run = 0; run < (c->rerun ? 2 : 1); ++run) {
       TC_CUDA(cudaMemcpy(d_out, poison, nout * 2, cudaMemcpyHostToDevice));
       TC_CUDA(cudaMemcpy(d_lse, nan_f, (size_t)(T * H) * 4, cudaMemcpyHostToDevice));
@@ -236,12 +248,14 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
       dsa_attn_fwd_variant = variant;
       const dsa_status st = dsa_sparse_attn_fwd(ctx, &p, stream);
       dsa_attn_fwd_variant = 0;
-      if (variant == 3 && st == DSA_ERROR_UNSUPPORTED) { /* small-H kernel: H <= 32 only */
-        if (H <= 32 && required_small_sm90(c) && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
-          cr_assert_fail("%s: the sm_90a small-H kernel declined H=%lld, D=%lld (it must run it): %s",
-                         name, (long long)H, (long long)D, dsa_last_error_message());
-        cr_log_info("%s: the sm_90a small-H kernel declined this configuration: %s", name,
-                    dsa_last_error_message());
+      if ((variant == 3 || variant == 4) && st == DSA_ERROR_UNSUPPORTED) { /* 3: H <= 64 only */
+        if ((variant == 3 ? required_small_sm90(c) : required_split_sm90(c)) &&
+            getenv("DSA_TEST_REQUIRE_SM90") != NULL)
+          cr_assert_fail("%s: variant %d (sm_90a %s) declined H=%lld, D=%lld (it must run it): %s",
+                         name, variant, variant == 3 ? "small-H kernel" : "split", (long long)H,
+                         (long long)D, dsa_last_error_message());
+        cr_log_info("%s: variant %d (sm_90a %s) declined this configuration: %s", name, variant,
+                    variant == 3 ? "small-H kernel" : "split", dsa_last_error_message());
         break;
       }
       if (variant == 2 && st == DSA_ERROR_UNSUPPORTED) {
@@ -433,6 +447,56 @@ Test(gpu_attn_fwd, head_dim_512) {
   }
 }
 
+/* ---- 32 < H < 128, H not a multiple of 64: the small-H kernel with two consumer WGs (N = 40..64),
+ * the split (64-head kernel on heads [0, 64) + small-H kernel on [64, H)) and the automatic choice.
+ * Every row compared (sample = T), K not a multiple of 64, invalid slots and empty rows, topk_length,
+ * sinks with +-inf, strided q / out / kv / indices, D = 512, one bitwise rerun per H. ---- */
+ParameterizedTestParameters(gpu_attn_fwd, heads_33_to_127) {
+  static int heads[] = {33, 40, 48, 63, 65, 96, 127};
+  return cr_make_param_array(int, heads, sizeof heads / sizeof heads[0]);
+}
+ParameterizedTest(int *heads, gpu_attn_fwd, heads_33_to_127) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_attn_fwd/heads_33_to_127");
+  const int H = *heads;
+  char name[96];
+  /* a: random topk_length, per-head sink mix (+inf, -inf, finite), token-padded q, head-major out */
+  attn_case c = base_case(37, H, 100);
+  c.len = LEN_RANDOM;
+  c.sink = SINK_MIX;
+  c.p_invalid = 0.1;
+  c.p_empty = 0.1;
+  c.q_layout = LAYOUT_TOKEN_PAD;
+  c.out_layout = LAYOUT_HEAD_MAJOR;
+  c.sample = (int)c.T;
+  c.rerun = 1;
+  snprintf(name, sizeof name, "H=%d K=100 strided q/out, sink mix, rerun", H);
+  run_case(&c, &rng, name);
+  /* b: 5 KV tiles (both stages reused), head-major q, kv stride 640, padded index rows, sink +inf or
+   * -inf for every head, D = 512 for odd H */
+  c = base_case(45, H, 257);
+  c.D = H % 2 ? 512 : 576;
+  c.len = LEN_FULL;
+  c.sink = H % 3 ? SINK_NEG_INF : SINK_POS_INF;
+  c.p_invalid = 0.2;
+  c.q_layout = LAYOUT_HEAD_MAJOR;
+  c.out_layout = LAYOUT_TOKEN_PAD;
+  c.kv_stride = 640;
+  c.idx_pad = 3;
+  c.sample = (int)c.T;
+  snprintf(name, sizeof name, "H=%d D=%d K=257 kv stride 640, sink %s", H, c.D, sink_name[c.sink]);
+  run_case(&c, &rng, name);
+  /* c: no topk_length, finite sinks, dense layouts, no max_logits, many duplicates, 11 KV tiles */
+  c = base_case(37, H, 700);
+  c.sink = SINK_FINITE;
+  c.p_invalid = 0.05;
+  c.p_dup = 0.3;
+  c.no_max_logits = 1;
+  c.sample = (int)c.T;
+  snprintf(name, sizeof name, "H=%d K=700 dense, max_logits NULL", H);
+  run_case(&c, &rng, name);
+}
+
 /* ---- strided q (token stride > H*D, head-major), kv row stride 640, strided out ---- */
 Test(gpu_attn_fwd, strides) {
   TC_REQUIRE_GPU();
@@ -568,7 +632,7 @@ Test(gpu_attn_fwd, bad_inputs_write_nothing) {
   /* zero tokens: success, no launch, any pointer may be NULL */
   dsa_attn_fwd_params z = {.num_tokens = 0, .num_heads = H, .head_dim = 576, .num_kv = 0,
                            .topk = K, .softmax_scale = 1.0f};
-  for (int v = 0; v <= 2; ++v) {
+  for (int v = 0; v <= 4; ++v) {
     dsa_attn_fwd_variant = v;
     TC_OK(dsa_sparse_attn_fwd(ctx, &z, 0));
   }
