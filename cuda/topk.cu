@@ -42,6 +42,11 @@
  * Everything is integer counting, and ties are settled by column: bitwise deterministic and
  * independent of the other rows. No workspace.
  *
+ * dsa_topk_variant (src/internal.h) picks the kernel: 1 = the one above; 2 and 3 = the register-resident
+ * kernels further down (tkr_kernel: the row in registers, plus shared memory for 3, one read, radix
+ * passes on the held keys, bitmap emit; rows of at most 32768 columns, else 1); 0 = automatic (3
+ * where it applies). They exist because the kernel above is one CTA per SM whose barriers idle the
+ * SM; variant 3 runs two independent rows per SM.
  * The same kernel serves the indexer: `starts` gives each row a column offset
  * (starts[r] - start_base) into the scores row and adds starts[r] to every emitted column (global
  * key coordinates); `scores` may be NULL when every row is known to have L <= k.
@@ -718,6 +723,285 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
   }
 }
 
+/* ---- register-resident variants (dsa_topk_variant 2 and 3; rows of at most TKR_MAX_COLS) ----
+ * The row lives in registers (and, for variant 3, half of it in shared memory), one read of the
+ * scores, no key cache sweep: thread t holds the float4 slots q = j * NT + t, j < VR in registers and
+ * VR <= j < VR + VS in shared memory, i.e. columns 4q..4q+3 (coalesced 16-byte loads, all in flight
+ * at once). Columns >= L ("pads") take key 0 (NaN's); pass 0 does not count them one by one (a whole
+ * warp of pads would pile 32 atomics on bin 0) but thread 0 adds their number to bin 0, and passes
+ * 1 and 2 count them as ordinary keys. They can never be selected: L > k valid keys are >= 0 and
+ * have smaller columns. Three radix passes (11 + 11 + 10 bits) histogram the keys straight from
+ * registers / shared memory; the emit marks the selected keys in two bitmaps (key > T, key == T;
+ * bit c % 32 of word c / 32), one block scan of (popc gt, popc eq) over the words in column order
+ * gives each word its output slot and its share of the need_eq ties (smallest columns first): the
+ * output comes out ascending with ~2 bits per word to write.
+ *  - variant 2: 1024 threads x 32 keys in registers, one CTA per SM (64 registers per thread);
+ *  - variant 3: 512 threads x (16 keys in registers + 16 in shared memory, 64 KB), two CTAs per SM
+ *    so one CTA's barriers and load latency overlap the other's work. */
+#define TKR_MAX_COLS 32768 /* NT * (VR + VS) * 4 of both instantiations */
+
+/* the 4 keys of float4 slot c / 4 (c = 4q); columns >= Li give key 0 */
+static __device__ __forceinline__ uint4 tkr_load4(const float *__restrict__ src, int c, int Li, bool vec) {
+  if (vec && c + 4 <= Li) {
+    const float4 v = __ldg((const float4 *)(src + c));
+    return make_uint4(tk_key(v.x), tk_key(v.y), tk_key(v.z), tk_key(v.w));
+  }
+  uint4 r;
+  r.x = c < Li ? tk_key(__ldg(src + c)) : 0u;
+  r.y = c + 1 < Li ? tk_key(__ldg(src + c + 1)) : 0u;
+  r.z = c + 2 < Li ? tk_key(__ldg(src + c + 2)) : 0u;
+  r.w = c + 3 < Li ? tk_key(__ldg(src + c + 3)) : 0u;
+  return r;
+}
+/* pass 0 of one slot: top 11 bits; full (warp-uniform): the warp's 128 columns are all < Li */
+static __device__ __forceinline__ void tkr_hist0(uint4 kk, int c, int Li, bool full, int *h) {
+  if (full) {
+    atomicAdd(&h[kk.x >> 21], 1);
+    atomicAdd(&h[kk.y >> 21], 1);
+    atomicAdd(&h[kk.z >> 21], 1);
+    atomicAdd(&h[kk.w >> 21], 1);
+  } else {
+    if (c < Li) atomicAdd(&h[kk.x >> 21], 1);
+    if (c + 1 < Li) atomicAdd(&h[kk.y >> 21], 1);
+    if (c + 2 < Li) atomicAdd(&h[kk.z >> 21], 1);
+    if (c + 3 < Li) atomicAdd(&h[kk.w >> 21], 1);
+  }
+}
+/* passes 1 and 2: count digit (key >> shift) & mask of the keys whose bits above hs equal want */
+static __device__ __forceinline__ void tkr_hist(uint4 kk, int hs, uint32_t want, int shift, uint32_t mask,
+                                                int *h) {
+  if ((kk.x >> hs) == want) atomicAdd(&h[(kk.x >> shift) & mask], 1);
+  if ((kk.y >> hs) == want) atomicAdd(&h[(kk.y >> shift) & mask], 1);
+  if ((kk.z >> hs) == want) atomicAdd(&h[(kk.z >> shift) & mask], 1);
+  if ((kk.w >> hs) == want) atomicAdd(&h[(kk.w >> shift) & mask], 1);
+}
+/* emit marks of one slot q (word q / 8, nibble q % 8) */
+static __device__ __forceinline__ void tkr_mark(uint4 kk, uint32_t thr, int q, uint32_t *s_g, uint32_t *s_e) {
+  const unsigned g = (unsigned)(kk.x > thr) | ((unsigned)(kk.y > thr) << 1) | ((unsigned)(kk.z > thr) << 2) |
+                     ((unsigned)(kk.w > thr) << 3);
+  const unsigned e = (unsigned)(kk.x == thr) | ((unsigned)(kk.y == thr) << 1) | ((unsigned)(kk.z == thr) << 2) |
+                     ((unsigned)(kk.w == thr) << 3);
+  const int sh = (q & 7) * 4;
+  if (g) atomicOr(&s_g[q >> 3], g << sh);
+  if (e) atomicOr(&s_e[q >> 3], e << sh);
+}
+
+/* L2 prefetch of row nr (whole 16-byte granules inside it), by one warp; nothing for rows <= k */
+static __device__ __forceinline__ void tkr_prefetch_row(const dsa_topk_launch &a, int64_t nr, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  int64_t nL = a.columns, noff = 0;
+  if (a.lengths != NULL) {
+    const int64_t l = a.lengths[nr];
+    nL = l < 0 ? 0 : (l > a.columns ? a.columns : l);
+  }
+  if (a.starts != NULL) noff = a.starts[nr] - a.start_base;
+  if (nL > a.k) {
+    const uintptr_t p0 = (uintptr_t)(a.scores + nr * a.scores_stride + noff);
+    const uintptr_t b0 = (p0 + 15) & ~(uintptr_t)15, b1 = (p0 + (uintptr_t)nL * 4) & ~(uintptr_t)15;
+    for (uintptr_t p = b0 + (uintptr_t)lane * 32768; p < b1; p += 32 * 32768) {
+      const unsigned n = (unsigned)(b1 - p < 32768 ? b1 - p : 32768);
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
+    }
+  }
+#else
+  (void)a;
+  (void)nr;
+  (void)lane;
+#endif
+}
+
+/* NT threads, VR float4 slots per thread in registers, VS in shared memory (dynamic, VS * NT * 16
+ * bytes); every row has L <= NT * (VR + VS) * 4 (the launcher checks columns). */
+template <int NT, int VR, int VS, int MINB>
+static __global__ void __launch_bounds__(NT, MINB) tkr_kernel(dsa_topk_launch a) {
+  constexpr int V = VR + VS;       /* float4 slots per thread */
+  constexpr int NW = NT * V / 8;   /* bitmap words: 32 columns each */
+  constexpr int WPT = V / 8;       /* words per thread in the emit scan */
+  static_assert(V % 8 == 0 && NT % 32 == 0, "whole bitmap words per thread");
+  extern __shared__ __align__(16) uint32_t tkr_smem[]; /* [VS * NT * 4] keys of slots VR.. */
+  __shared__ int s_h0[TK_BINS], s_h1[TK_BINS], s_h2[TK_BINS / 2];
+  __shared__ uint32_t s_g[NW], s_e[NW];
+  __shared__ int s_scan[NT / 32];
+  __shared__ uint32_t s_prefix;
+  __shared__ int s_rem, s_nc;
+  uint4 *const s_k4 = (uint4 *)tkr_smem;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int k = a.k;
+
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    int64_t L = a.columns;
+    if (a.lengths != NULL) {
+      const int64_t l = a.lengths[row];
+      L = l < 0 ? 0 : (l > a.columns ? a.columns : l);
+    }
+    int64_t add = 0, off = 0;
+    if (a.starts != NULL) {
+      add = a.starts[row];
+      off = add - a.start_base;
+    }
+    int32_t *out = a.indices + row * a.indices_stride;
+    if (a.out_lengths != NULL && tid == 0) a.out_lengths[row] = (int32_t)(L < k ? L : k);
+    if (L <= k) {
+      for (int j = tid; j < k; j += NT) out[j] = j < L ? (int32_t)(j + add) : -1;
+      continue; /* block-uniform */
+    }
+    const float *src = a.scores + row * a.scores_stride + off;
+    const int Li = (int)L;                                /* <= TKR_MAX_COLS */
+    const int jmax = (Li + NT * 4 - 1) / (NT * 4);        /* slots j >= jmax are all pads: skipped */
+    const bool vec = ((uintptr_t)src & 15) == 0;
+    if (warp == 0 && row + gridDim.x < a.rows) tkr_prefetch_row(a, row + gridDim.x, lane);
+
+    /* the previous row's last reads of this shared state came before its emit scan's barriers */
+    for (int i = tid; i < TK_BINS; i += NT) {
+      s_h0[i] = 0;
+      s_h1[i] = 0;
+    }
+    for (int i = tid; i < TK_BINS / 2; i += NT) s_h2[i] = 0;
+    for (int i = tid; i < NW; i += NT) {
+      s_g[i] = 0;
+      s_e[i] = 0;
+    }
+    __syncthreads();
+    if (tid == 0 && jmax * NT * 4 > Li) atomicAdd(&s_h0[0], jmax * NT * 4 - Li); /* pads of slots < jmax */
+
+    /* ---- the one read + pass 0: the whole slots of the shared-memory part go by cp.async
+     * (no registers), then the register slots are loaded (all in flight), then the shared-memory
+     * slots are converted in place (each thread its own: no barrier) and counted ---- */
+    if (VS > 0 && vec) {
+#pragma unroll
+      for (int j = 0; j < VS; ++j) {
+        const int q = (VR + j) * NT + tid;
+        if (VR + j < jmax && 4 * q + 4 <= Li) tk_cp_async16(s_k4 + j * NT + tid, src + 4 * q);
+      }
+      tk_cp_async_commit();
+    }
+    uint4 kr[VR];
+#pragma unroll
+    for (int j = 0; j < VR; ++j) {
+      const int q = j * NT + tid;
+      kr[j] = make_uint4(0u, 0u, 0u, 0u);
+      if (j < jmax) kr[j] = tkr_load4(src, 4 * q, Li, vec);
+    }
+    if (VS > 0) {
+      if (vec) tk_cp_async_wait<0>(0);
+#pragma unroll
+      for (int j = 0; j < VS; ++j) {
+        const int q = (VR + j) * NT + tid;
+        if (VR + j < jmax) {
+          uint4 kk;
+          if (vec && 4 * q + 4 <= Li) {
+            const float4 v = *(const float4 *)(s_k4 + j * NT + tid);
+            kk = make_uint4(tk_key(v.x), tk_key(v.y), tk_key(v.z), tk_key(v.w));
+          } else {
+            kk = tkr_load4(src, 4 * q, Li, false);
+          }
+          s_k4[j * NT + tid] = kk;
+          tkr_hist0(kk, 4 * q, Li, 4 * ((VR + j) * NT + warp * 32 + 32) <= Li, s_h0);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < VR; ++j) {
+      const int q = j * NT + tid;
+      if (j < jmax) tkr_hist0(kr[j], 4 * q, Li, 4 * (j * NT + warp * 32 + 32) <= Li, s_h0);
+    }
+    __syncthreads();
+    uint32_t prefix = 0;
+    int rem = k, nc;
+    tk_find_bin<NT>(TK_BINS, 21, prefix, rem, nc, s_h0, s_scan, &s_prefix, &s_rem, &s_nc);
+
+    /* ---- passes 1 and 2 over the keys whose higher digits match ---- */
+#pragma unroll 1
+    for (int pass = 1; pass < 3; ++pass) {
+      const int shift = pass == 1 ? 10 : 0, hs = pass == 1 ? 21 : 10;
+      const uint32_t want = prefix >> hs, mask = pass == 1 ? TK_BINS - 1 : TK_BINS / 2 - 1;
+      int *const h = pass == 1 ? s_h1 : s_h2;
+#pragma unroll
+      for (int j = 0; j < VR; ++j)
+        if (j < jmax) tkr_hist(kr[j], hs, want, shift, mask, h);
+#pragma unroll
+      for (int j = 0; j < VS; ++j)
+        if (VR + j < jmax) tkr_hist(s_k4[j * NT + tid], hs, want, shift, mask, h);
+      __syncthreads();
+      tk_find_bin<NT>(pass == 1 ? TK_BINS : TK_BINS / 2, shift, prefix, rem, nc, h, s_scan, &s_prefix, &s_rem,
+                      &s_nc);
+    }
+    const uint32_t thr = prefix; /* the k-th largest key */
+    const int need_eq = rem;     /* >= 1 keys == thr to take, smallest columns first */
+
+    /* ---- emit: bitmaps, one scan over the words in column order, set bits to slots ---- */
+#pragma unroll
+    for (int j = 0; j < VR; ++j)
+      if (j < jmax) tkr_mark(kr[j], thr, j * NT + tid, s_g, s_e);
+#pragma unroll
+    for (int j = 0; j < VS; ++j)
+      if (VR + j < jmax) tkr_mark(s_k4[j * NT + tid], thr, (VR + j) * NT + tid, s_g, s_e);
+    __syncthreads();
+    uint32_t gw[WPT], ew[WPT];
+    int packed = 0; /* gt count << 16 | eq count: gt < k <= 2048, eq <= TKR_MAX_COLS < 65536 */
+#pragma unroll
+    for (int w = 0; w < WPT; ++w) {
+      gw[w] = s_g[tid * WPT + w];
+      ew[w] = s_e[tid * WPT + w];
+      packed += (__popc(gw[w]) << 16) + __popc(ew[w]);
+    }
+    const int excl = tk_block_excl_scan<NT>(packed, s_scan);
+    int gb = excl >> 16, eb = excl & 0xFFFF;
+#pragma unroll
+    for (int w = 0; w < WPT; ++w) {
+      uint32_t sel = gw[w];
+      const int ne = __popc(ew[w]);
+      const int take = need_eq - eb; /* ties this word may still take */
+      if (take >= ne) {
+        sel |= ew[w];
+      } else if (take > 0) { /* the lowest `take` set bits (one word per row gets here) */
+        uint32_t x = ew[w];
+        for (int n = 0; n < take; ++n) {
+          sel |= x & (0u - x);
+          x &= x - 1u;
+        }
+      }
+      int pos = gb + (eb < need_eq ? eb : need_eq);
+      const int cbase = (tid * WPT + w) * 32;
+      while (sel) {
+        const int b = __ffs(sel) - 1;
+        out[pos++] = (int32_t)(cbase + b + add);
+        sel &= sel - 1u;
+      }
+      gb += __popc(gw[w]);
+      eb += ne;
+    }
+  }
+}
+
+/* 1 = the shared-memory key cache kernel above (tk_radix_kernel), 2 = register-resident, 1024
+ * threads, 3 = registers + shared memory, 512 threads, two CTAs per SM; 0 = automatic (3 where the
+ * row fits: columns <= TKR_MAX_COLS and the device has the shared memory, else 1). 2 and 3 fall
+ * back to 1 where they do not apply. Tests and dsa_bench (DSA_TOPK_VARIANT) set it. */
+int dsa_topk_variant = 0;
+
+#define TKR3_SMEM (8 * 512 * 16) /* variant 3: VS * NT * 16 bytes of keys */
+
+/* Launches variant 2 or 3 for a launch whose every row has at most TKR_MAX_COLS columns. */
+static dsa_status tkr_launch(const dsa_context *ctx, const dsa_topk_launch *a, int variant,
+                             cudaStream_t stream) {
+  cudaError_t e;
+  int64_t grid;
+  if (variant == 2) {
+    grid = a->rows < ctx->sm_count ? a->rows : ctx->sm_count;
+    tkr_kernel<1024, 8, 0, 1><<<(unsigned)grid, 1024, 0, stream>>>(*a);
+  } else {
+    e = cudaFuncSetAttribute(tkr_kernel<512, 8, 8, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, TKR3_SMEM);
+    if (e != cudaSuccess) return dsa_cuda_status(e, "dsa_topk (cudaFuncSetAttribute)");
+    e = cudaFuncSetAttribute(tkr_kernel<512, 8, 8, 2>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             (int)cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess) return dsa_cuda_status(e, "dsa_topk (cudaFuncSetAttribute)");
+    grid = a->rows < 2 * (int64_t)ctx->sm_count ? a->rows : 2 * (int64_t)ctx->sm_count;
+    tkr_kernel<512, 8, 8, 2><<<(unsigned)grid, 512, TKR3_SMEM, stream>>>(*a);
+  }
+  return dsa_cuda_status(cudaGetLastError(), "dsa_topk (kernel launch)");
+}
+
 /* 1: rows too long for the key cache take the two-read compaction path when their candidates fit
  * (tests set 0 to run the five-read path). */
 int dsa_topk_compact_long_rows = 1;
@@ -773,7 +1057,12 @@ extern "C" dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_lau
   int64_t cap;
   size_t smem;
   const int flags = TK_FLAGS_DEFAULT;
+  int variant = dsa_topk_variant == 0 ? 3 : dsa_topk_variant;
   if (a->rows <= 0) return DSA_SUCCESS;
+  /* variants 2 and 3: rows of at most TKR_MAX_COLS; 3 needs 2 x (64 + 29) KB of shared memory per SM */
+  if (variant == 3 && ctx->max_smem_optin < TKR3_SMEM + 32 * 1024) variant = 1;
+  if ((variant == 2 || variant == 3) && a->scores != NULL && a->columns <= TKR_MAX_COLS)
+    return tkr_launch(ctx, a, variant, stream);
   cap = tk_cache_cap(ctx, a);
   /* whole 16-byte granules: the counting sweep reads the cache as uint4 and the compiler widens
    * the scalar tail (up to 3 keys) into one vector read of its aligned granule, which must stay

@@ -4,9 +4,14 @@
  * lengths NULL; one row of 2^20 columns (the uncached global-memory path); rows above the cached
  * limit; more than 65535 rows; strided scores and indices (gaps stay untouched); bitwise reruns;
  * a row alone equals the same row inside a batch; the workspace contract; bad arguments; CUDA graph
- * capture. */
+ * capture; the indexer's launch interface (per-row column offsets, out_lengths). Every comparison
+ * runs each kernel variant (dsa_topk_variant 1, 2, 3; 2 and 3 apply to rows of <= 32768 columns and
+ * fall back to 1 beyond). */
 #include "test_common.h"
-#include "internal.h" /* dsa_topk_compact_long_rows: both long-row paths are tested */
+#include "internal.h" /* dsa_topk_compact_long_rows, dsa_topk_variant: every path is tested */
+
+static const int tk_variants[] = {1, 2, 3};
+#define TK_NVARIANTS 3
 
 typedef struct {
   dsa_context *ctx;
@@ -101,14 +106,19 @@ static void check_topk(tk_env *e, const dsa_topk_params *p, const char *what) {
   for (size_t i = 0; i < n; ++i) want[i] = TC_POISON_I32;
   h.indices = want;
   TC_OK(dsa_ref_topk(&h));
-  gpu_topk(e, p, got);
-  for (int64_t r = 0; r < p->rows; ++r)
-    for (int64_t j = 0; j < ist; ++j) {
-      int64_t i = r * ist + j;
-      cr_assert_eq(got[i], want[i], "%s: rows %lld cols %lld k %d: row %lld slot %lld is %d, want %d",
-                   what, (long long)p->rows, (long long)p->columns, p->k, (long long)r, (long long)j,
-                   got[i], want[i]);
-    }
+  for (int vi = 0; vi < TK_NVARIANTS; ++vi) {
+    dsa_topk_variant = tk_variants[vi];
+    gpu_topk(e, p, got); /* poisons the device output first */
+    dsa_topk_variant = 0;
+    for (int64_t r = 0; r < p->rows; ++r)
+      for (int64_t j = 0; j < ist; ++j) {
+        int64_t i = r * ist + j;
+        cr_assert_eq(got[i], want[i],
+                     "%s (variant %d): rows %lld cols %lld k %d: row %lld slot %lld is %d, want %d", what,
+                     tk_variants[vi], (long long)p->rows, (long long)p->columns, p->k, (long long)r,
+                     (long long)j, got[i], want[i]);
+      }
+  }
   free(got);
   free(want);
 }
@@ -158,6 +168,24 @@ Test(gpu_topk, k_values_modes_and_lengths) {
     run_case(&e, &r, 11, ks[ki] + 1, ks[ki], FILL_TIES, 0, 0, 0, "columns = k + 1");
     run_case(&e, &r, 5, ks[ki], ks[ki], FILL_TIES, 0, 0, 0, "columns = k");
   }
+  tk_close(&e);
+}
+
+/* The register-resident variants' limit (32768 columns: every slot of every thread) and around it. */
+Test(gpu_topk, rows_at_32k) {
+  TC_REQUIRE_GPU();
+  tk_env e = tk_open();
+  tc_rng r = tc_seed("gpu_topk.rows_at_32k");
+  static const int32_t ks[] = {1, 7, 64, 100, 2048};
+  for (int ki = 0; ki < 5; ++ki) {
+    run_case(&e, &r, 9, 32768, ks[ki], FILL_RANDOM, 1, 0, 0, "32768 columns, random");
+    run_case(&e, &r, 9, 32768, ks[ki], FILL_TIES, 1, 0, 0, "32768 columns, ties");
+    run_case(&e, &r, 7, 32768, ks[ki], FILL_CONST, 0, 0, 0, "32768 columns, constant");
+    run_case(&e, &r, 7, 32767, ks[ki], FILL_MIXED, 1, 1, 3, "32767 columns, unaligned rows");
+    run_case(&e, &r, 5, 32769, ks[ki], FILL_MIXED, 1, 0, 0, "32769 columns (variants 2, 3 fall back)");
+  }
+  run_case(&e, &r, 9, 16385, 2048, FILL_TIES, 1, 0, 0, "16385 columns");
+  run_case(&e, &r, 9, 4097, 2048, FILL_RANDOM, 1, 0, 0, "4097 columns");
   tk_close(&e);
 }
 
@@ -239,18 +267,22 @@ Test(gpu_topk, deterministic_and_batch_independent) {
   p.k = k;
   p.scores = s;
   p.lengths = len;
-  gpu_topk(&e, &p, a);
-  gpu_topk(&e, &p, b);
-  cr_assert(memcmp(a, b, (size_t)(rows * k) * 4) == 0, "two runs differ");
-  for (int64_t i = 0; i < rows; i += 9) {
-    dsa_topk_params q = p;
-    q.rows = 1;
-    q.scores = s + i * cols;
-    q.lengths = len + i;
-    gpu_topk(&e, &q, one);
-    cr_assert(memcmp(one, a + i * k, (size_t)k * 4) == 0, "row %lld alone differs from the batch",
-              (long long)i);
+  for (int vi = 0; vi < TK_NVARIANTS; ++vi) {
+    dsa_topk_variant = tk_variants[vi];
+    gpu_topk(&e, &p, a);
+    gpu_topk(&e, &p, b);
+    cr_assert(memcmp(a, b, (size_t)(rows * k) * 4) == 0, "variant %d: two runs differ", tk_variants[vi]);
+    for (int64_t i = 0; i < rows; i += 9) {
+      dsa_topk_params q = p;
+      q.rows = 1;
+      q.scores = s + i * cols;
+      q.lengths = len + i;
+      gpu_topk(&e, &q, one);
+      cr_assert(memcmp(one, a + i * k, (size_t)k * 4) == 0, "variant %d: row %lld alone differs from the batch",
+                tk_variants[vi], (long long)i);
+    }
   }
+  dsa_topk_variant = 0;
   free(s);
   free(len);
   free(a);
@@ -360,8 +392,11 @@ Test(gpu_topk, graph_capture) {
   p.indices = di;
   TC_OK(dsa_topk(e.ctx, &p, NULL, &wsb, e.stream));
   TC_CUDA(cudaMalloc((void **)&ws, wsb));
-  for (int pass = 0; pass < 2; ++pass) { /* 32K columns (cached, opt-in smem) then 60001 */
-    p.columns = pass == 0 ? 32768 : cols;
+  for (int pass = 0; pass < 2 * TK_NVARIANTS; ++pass) { /* 32K columns (cached, opt-in smem) then 60001 */
+    dsa_topk_variant = tk_variants[pass >> 1];
+    p.columns = (pass & 1) == 0 ? 32768 : cols;
+    TC_CUDA(cudaMemset(di, 0x5A, (size_t)(rows * k) * 4));
+    TC_CUDA(cudaDeviceSynchronize());
     p.scores_stride = cols;
     {
       dsa_topk_params h = p;
@@ -372,13 +407,14 @@ Test(gpu_topk, graph_capture) {
     TC_CUDA(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeGlobal));
     TC_OK(dsa_topk(e.ctx, &p, ws, &wsb, e.stream));
     TC_CUDA(cudaStreamEndCapture(e.stream, &g));
+    dsa_topk_variant = 0; /* the graph keeps the captured kernel */
     TC_CUDA(cudaGraphInstantiate(&ge, g, 0));
     TC_CUDA(cudaGraphLaunch(ge, e.stream));
     TC_CUDA(cudaStreamSynchronize(e.stream));
     TC_CUDA(cudaMemcpy(got, di, (size_t)(rows * k) * 4, cudaMemcpyDeviceToHost));
     for (int64_t i = 0; i < rows * k; ++i)
-      cr_assert_eq(got[i], want[i], "graph replay (columns %lld): element %lld is %d, want %d",
-                   (long long)p.columns, (long long)i, got[i], want[i]);
+      cr_assert_eq(got[i], want[i], "graph replay (variant %d, columns %lld): element %lld is %d, want %d",
+                   tk_variants[pass >> 1], (long long)p.columns, (long long)i, got[i], want[i]);
     TC_CUDA(cudaGraphExecDestroy(ge));
     TC_CUDA(cudaGraphDestroy(g));
   }
@@ -388,5 +424,97 @@ Test(gpu_topk, graph_capture) {
   free(s);
   free(want);
   free(got);
+  tk_close(&e);
+}
+
+/* The indexer's launch (dsa_launch_topk with starts): row r reads its L_r columns at offset
+ * starts[r] - start_base (any alignment) of its scores row, emits column + starts[r], and writes
+ * min(L_r, k) to out_lengths; compared with the reference on the same row slice, every variant. */
+Test(gpu_topk, indexer_launch_interface) {
+  TC_REQUIRE_GPU();
+  tk_env e = tk_open();
+  tc_rng r = tc_seed("gpu_topk.indexer_launch_interface");
+  static const int64_t colss[] = {5000, 32768};
+  static const int32_t ks[] = {7, 2048};
+  for (int ci = 0; ci < 2; ++ci)
+    for (int ki = 0; ki < 2; ++ki) {
+      const int64_t rows = 33, cols = colss[ci], ld = cols + 64, base = 1000;
+      const int32_t k = ks[ki];
+      float *s = (float *)malloc((size_t)(rows * ld) * 4), *ds = NULL;
+      int32_t *len = (int32_t *)malloc(rows * 4), *st = (int32_t *)malloc(rows * 4);
+      int32_t *want = (int32_t *)malloc((size_t)(rows * k) * 4), *got = (int32_t *)malloc((size_t)(rows * k) * 4);
+      int32_t gotlen[33];
+      int32_t *dlen = NULL, *dst = NULL, *di = NULL, *dol = NULL;
+      fill_rows(&r, s, rows, ld, ld, FILL_MIXED);
+      for (int64_t i = 0; i < rows; ++i) {
+        st[i] = (int32_t)(base + tc_below(&r, 65)); /* off_r = 0..64: unaligned rows too */
+        len[i] = i % 5 == 0 ? (int32_t)tc_below(&r, k + 1) : (int32_t)(k + 1 + tc_below(&r, cols - k));
+        if (i == 1) len[i] = (int32_t)cols;
+      }
+      for (int64_t i = 0; i < rows; ++i) { /* reference: row i's slice, then + starts[i] */
+        dsa_topk_params h;
+        memset(&h, 0, sizeof h);
+        h.rows = 1;
+        h.columns = cols;
+        h.k = k;
+        h.scores = s + i * ld + (st[i] - base);
+        h.lengths = len + i;
+        h.indices = want + i * k;
+        TC_OK(dsa_ref_topk(&h));
+        for (int32_t j = 0; j < k; ++j)
+          if (want[i * k + j] >= 0) want[i * k + j] += st[i];
+      }
+      TC_CUDA(cudaMalloc((void **)&ds, (size_t)(rows * ld) * 4));
+      TC_CUDA(cudaMalloc((void **)&dlen, rows * 4));
+      TC_CUDA(cudaMalloc((void **)&dst, rows * 4));
+      TC_CUDA(cudaMalloc((void **)&dol, rows * 4));
+      TC_CUDA(cudaMalloc((void **)&di, (size_t)(rows * k) * 4));
+      TC_CUDA(cudaMemcpy(ds, s, (size_t)(rows * ld) * 4, cudaMemcpyHostToDevice));
+      TC_CUDA(cudaMemcpy(dlen, len, rows * 4, cudaMemcpyHostToDevice));
+      TC_CUDA(cudaMemcpy(dst, st, rows * 4, cudaMemcpyHostToDevice));
+      for (int vi = 0; vi < TK_NVARIANTS; ++vi) {
+        dsa_topk_launch a;
+        TC_CUDA(cudaMemset(di, 0x5A, (size_t)(rows * k) * 4));
+        TC_CUDA(cudaMemset(dol, 0x5A, rows * 4));
+        TC_CUDA(cudaDeviceSynchronize());
+        memset(&a, 0, sizeof a);
+        a.rows = rows;
+        a.columns = cols;
+        a.k = k;
+        a.scores = ds;
+        a.scores_stride = ld;
+        a.lengths = dlen;
+        a.starts = dst;
+        a.start_base = base;
+        a.indices = di;
+        a.indices_stride = k;
+        a.out_lengths = dol;
+        dsa_topk_variant = tk_variants[vi];
+        TC_OK(dsa_launch_topk(e.ctx, &a, e.stream));
+        dsa_topk_variant = 0;
+        TC_CUDA(cudaStreamSynchronize(e.stream));
+        TC_CUDA(cudaMemcpy(got, di, (size_t)(rows * k) * 4, cudaMemcpyDeviceToHost));
+        TC_CUDA(cudaMemcpy(gotlen, dol, rows * 4, cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < rows; ++i) {
+          const int32_t wl = len[i] < 0 ? 0 : (len[i] < k ? len[i] : k);
+          cr_assert_eq(gotlen[i], wl, "variant %d cols %lld k %d: out_lengths[%lld] = %d, want %d",
+                       tk_variants[vi], (long long)cols, k, (long long)i, gotlen[i], wl);
+          for (int32_t j = 0; j < k; ++j)
+            cr_assert_eq(got[i * k + j], want[i * k + j],
+                         "variant %d cols %lld k %d: row %lld slot %d is %d, want %d", tk_variants[vi],
+                         (long long)cols, k, (long long)i, j, got[i * k + j], want[i * k + j]);
+        }
+      }
+      cudaFree(ds);
+      cudaFree(dlen);
+      cudaFree(dst);
+      cudaFree(dol);
+      cudaFree(di);
+      free(s);
+      free(len);
+      free(st);
+      free(want);
+      free(got);
+    }
   tk_close(&e);
 }
