@@ -82,6 +82,8 @@ void bc_measure_ceilings(bc_timer *t, bc_ceilings *c);
 /* ---- counting rules (targets.md) ---- */
 static inline double bc_flops_fwd(double slots, int heads) { return 2.0 * heads * slots * (576 + 512); }
 static inline double bc_flops_bwd(double slots, int heads) { return 2.0 * heads * slots * 2752; }
+/* the same five products at head dim d (d = 576: 2752; d = 512 has no rope part: 3*512 + 2*512) */
+static inline double bc_flops_bwd_d(double slots, int heads, int d) { return 2.0 * heads * slots * (3.0 * d + 2 * 512); }
 static inline double bc_flops_idx(double pairs, int idx_heads) { return 2.0 * idx_heads * 128 * pairs; }
 static inline double bc_bytes_topk(double rows, double columns) { return rows * columns * 4; }
 

@@ -19,6 +19,10 @@
  * in the shared library but resolvable in this static link; weak so the bench links without it. */
 extern int dsa_attn_fwd_variant __attribute__((weak));
 static int fwd_variant_forced; /* 0: automatic */
+/* The top-k kernel switch (src/internal.h dsa_topk_variant), from DSA_TOPK_VARIANT (unset: automatic);
+ * top-k rows then get ",v<N>" in their variant. */
+extern int dsa_topk_variant __attribute__((weak));
+static int topk_variant_forced; /* 0: automatic */
 
 /* ---------------------------------------------------------------------------------------------
  * Canonical shapes (names are stable: results are compared over time by name).
@@ -35,28 +39,33 @@ typedef struct shape {
   int64_t keys;        /* s_kv / T_k / columns */
   int v32;             /* 1: random distinct indices over all keys + sink (DeepSeek V3.2 shapes) */
   const char *desc;
+  int d;               /* attention head dim; 0 = 576 */
 } shape;
 
 /* GLM shapes with keys > tokens are the last context-parallel rank: query_start = keys - tokens. */
 static const shape shapes[] = {
-    {"fwd-v32-8k", OP_FWD, 4096, 128, 2048, 8192, 1, "T=4096 H=128 K=2048 s_kv=8192, random distinct indices, sink"},
-    {"fwd-v32-32k", OP_FWD, 4096, 128, 2048, 32768, 1, "T=4096 H=128 K=2048 s_kv=32768, random distinct indices, sink"},
-    {"fwd-v32-128k", OP_FWD, 4096, 128, 2048, 131072, 1, "T=4096 H=128 K=2048 s_kv=131072, random distinct indices, sink"},
-    {"fwd-glm-4k", OP_FWD, 4096, 64, 2048, 4096, 0, "T=4096 H=64 K=2048 s_kv=4096, causal indices, topk_length"},
-    {"fwd-glm-cp8", OP_FWD, 4096, 64, 2048, 32768, 0, "T=4096 (last of 8 CP ranks) H=64 K=2048 s_kv=32768"},
-    {"fwd-tp-h8", OP_FWD, 4096, 8, 2048, 32768, 0, "T=4096 (last CP rank) H=8 K=2048 s_kv=32768"},
-    {"fwd-tp-h16", OP_FWD, 4096, 16, 2048, 32768, 0, "T=4096 (last CP rank) H=16 K=2048 s_kv=32768"},
-    {"fwd-tp-h32", OP_FWD, 4096, 32, 2048, 32768, 0, "T=4096 (last CP rank) H=32 K=2048 s_kv=32768"},
-    {"bwd-glm-4k", OP_BWD, 4096, 64, 2048, 4096, 0, "T=4096 H=64 K=2048 s_kv=4096, topk_length, det 0 and 1"},
-    {"bwd-glm-16k", OP_BWD, 4096, 64, 2048, 16384, 0, "T=4096 (last rank) H=64 K=2048 s_kv=16384"},
-    {"bwd-glm-32k", OP_BWD, 4096, 64, 2048, 32768, 0, "T=4096 (last rank) H=64 K=2048 s_kv=32768"},
-    {"bwd-tp-h16", OP_BWD, 4096, 16, 2048, 32768, 0, "T=4096 (last rank) H=16 K=2048 s_kv=32768"},
-    {"idx-glm-4k", OP_IDX, 4096, 32, 2048, 4096, 0, "one causal sequence T_q=T_k=4096, H_idx=32, engines cublas and fused"},
-    {"idx-glm-cp8", OP_IDX, 4096, 32, 2048, 32768, 0, "T_q=4096 (last of 8 ranks) of a 32768-token sequence, H_idx=32"},
-    {"idx-32k", OP_IDX, 32768, 32, 2048, 32768, 0, "one causal sequence of 32768 tokens, H_idx=32"},
-    {"idx-32k-h64", OP_IDX, 32768, 64, 2048, 32768, 0, "one causal sequence of 32768 tokens, H_idx=64"},
-    {"topk-32k", OP_TOPK, 4096, 0, 2048, 32768, 0, "4096 rows x 32768 fp32, K=2048, causal lengths and full rows"},
-    {"topk-128k", OP_TOPK, 4096, 0, 2048, 131072, 0, "4096 rows x 131072 fp32, K=2048, causal lengths and full rows"},
+    {"fwd-v32-8k", OP_FWD, 4096, 128, 2048, 8192, 1, "T=4096 H=128 K=2048 s_kv=8192, random distinct indices, sink", 0},
+    {"fwd-v32-32k", OP_FWD, 4096, 128, 2048, 32768, 1, "T=4096 H=128 K=2048 s_kv=32768, random distinct indices, sink", 0},
+    {"fwd-v32-128k", OP_FWD, 4096, 128, 2048, 131072, 1, "T=4096 H=128 K=2048 s_kv=131072, random distinct indices, sink", 0},
+    {"fwd-glm-4k", OP_FWD, 4096, 64, 2048, 4096, 0, "T=4096 H=64 K=2048 s_kv=4096, causal indices, topk_length", 0},
+    {"fwd-glm-cp8", OP_FWD, 4096, 64, 2048, 32768, 0, "T=4096 (last of 8 CP ranks) H=64 K=2048 s_kv=32768", 0},
+    {"fwd-tp-h8", OP_FWD, 4096, 8, 2048, 32768, 0, "T=4096 (last CP rank) H=8 K=2048 s_kv=32768", 0},
+    {"fwd-tp-h16", OP_FWD, 4096, 16, 2048, 32768, 0, "T=4096 (last CP rank) H=16 K=2048 s_kv=32768", 0},
+    {"fwd-tp-h32", OP_FWD, 4096, 32, 2048, 32768, 0, "T=4096 (last CP rank) H=32 K=2048 s_kv=32768", 0},
+    {"bwd-glm-4k", OP_BWD, 4096, 64, 2048, 4096, 0, "T=4096 H=64 K=2048 s_kv=4096, topk_length, det 0 and 1", 0},
+    {"bwd-glm-16k", OP_BWD, 4096, 64, 2048, 16384, 0, "T=4096 (last rank) H=64 K=2048 s_kv=16384", 0},
+    {"bwd-glm-32k", OP_BWD, 4096, 64, 2048, 32768, 0, "T=4096 (last rank) H=64 K=2048 s_kv=32768", 0},
+    {"bwd-tp-h16", OP_BWD, 4096, 16, 2048, 32768, 0, "T=4096 (last rank) H=16 K=2048 s_kv=32768", 0},
+    {"idx-glm-4k", OP_IDX, 4096, 32, 2048, 4096, 0, "one causal sequence T_q=T_k=4096, H_idx=32, engines cublas and fused", 0},
+    {"idx-glm-cp8", OP_IDX, 4096, 32, 2048, 32768, 0, "T_q=4096 (last of 8 ranks) of a 32768-token sequence, H_idx=32", 0},
+    {"idx-32k", OP_IDX, 32768, 32, 2048, 32768, 0, "one causal sequence of 32768 tokens, H_idx=32", 0},
+    {"idx-32k-h64", OP_IDX, 32768, 64, 2048, 32768, 0, "one causal sequence of 32768 tokens, H_idx=64", 0},
+    {"topk-32k", OP_TOPK, 4096, 0, 2048, 32768, 0, "4096 rows x 32768 fp32, K=2048, causal lengths and full rows", 0},
+    {"topk-128k", OP_TOPK, 4096, 0, 2048, 131072, 0, "4096 rows x 131072 fp32, K=2048, causal lengths and full rows", 0},
+    /* Not in targets.md (no peer): head counts between the kernels' native blocks, and D = 512. */
+    {"fwd-tp-h48", OP_FWD, 4096, 48, 2048, 32768, 0, "T=4096 (last CP rank) H=48 K=2048 s_kv=32768 (not canonical)", 0},
+    {"fwd-v32-8k-h96", OP_FWD, 4096, 96, 2048, 8192, 1, "T=4096 H=96 K=2048 s_kv=8192, V3.2 indices (not canonical)", 0},
+    {"bwd-glm-4k-d512", OP_BWD, 4096, 64, 2048, 4096, 0, "bwd-glm-4k at head dim 512 (not canonical)", 512},
 };
 #define NUM_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
@@ -376,7 +385,7 @@ static dsa_status fwd_run(void *arg, cudaStream_t stream) {
 /* Attention inputs shared by the forward and backward rows. */
 typedef struct attn_inputs {
   int64_t T, s_kv;
-  int32_t H, K;
+  int32_t H, K, D;    /* D: head dim (576 or 512; buffers are sized for 576 either way) */
   uint16_t *q, *kv;
   int32_t *idx, *len; /* len NULL for the V3.2 shapes */
   int32_t *h_len;
@@ -392,6 +401,7 @@ static void attn_inputs_create(bench *b, const shape *sh, attn_inputs *in) {
   in->s_kv = sh->keys;
   in->H = sh->heads;
   in->K = sh->k;
+  in->D = sh->d ? sh->d : 576;
   size_t nq = (size_t)in->T * in->H * 576, nkv = (size_t)in->s_kv * 576, ni = (size_t)in->T * in->K;
   in->q = bc_dmalloc(nq * 2);
   in->kv = bc_dmalloc(nkv * 2);
@@ -432,7 +442,7 @@ static void fill_fwd_params(const attn_inputs *in, dsa_attn_fwd_params *p, uint1
   memset(p, 0, sizeof *p);
   p->num_tokens = in->T;
   p->num_heads = in->H;
-  p->head_dim = 576;
+  p->head_dim = in->D;
   p->num_kv = in->s_kv;
   p->topk = in->K;
   p->softmax_scale = in->scale;
@@ -448,7 +458,7 @@ static void fill_fwd_params(const attn_inputs *in, dsa_attn_fwd_params *p, uint1
 static void bench_fwd(bench *b, const shape *sh) {
   char variant[32];
   snprintf(variant, sizeof variant, "%s%s", sh->v32 ? "sink" : "topk_length",
-           fwd_variant_forced == 1 ? ",portable" : fwd_variant_forced == 2 ? ",sm90" : "");
+           fwd_variant_forced == 1 ? ",portable" : fwd_variant_forced == 2 ? ",sm90" : fwd_variant_forced == 3 ? ",small" : fwd_variant_forced == 4 ? ",split" : "");
   progress(sh, variant);
   attn_inputs in;
   attn_inputs_create(b, sh, &in);
@@ -521,7 +531,7 @@ static void bench_bwd(bench *b, const shape *sh) {
     dsa_attn_bwd_params *p = &a.p;
     p->num_tokens = in.T;
     p->num_heads = in.H;
-    p->head_dim = 576;
+    p->head_dim = in.D;
     p->num_kv = in.s_kv;
     p->topk = in.K;
     p->softmax_scale = in.scale;
@@ -543,7 +553,7 @@ static void bench_bwd(bench *b, const shape *sh) {
       st = bc_time_op(&b->timer, bwd_run, &a, &ms);
       cudaFree(a.ws);
     }
-    add_result(b, sh, variant, note, st, ms, bc_flops_bwd(in.slots, in.H), 0);
+    add_result(b, sh, variant, note, st, ms, bc_flops_bwd_d(in.slots, in.H, in.D), 0);
   }
   cudaFree(out);
   cudaFree(dout);
@@ -609,7 +619,9 @@ static void bench_topk(bench *b, const shape *sh) {
   free(h_len);
   printf("done\n");
   for (int v = 0; v < 2; ++v) {
-    const char *variant = v == 0 ? "causal" : "full";
+    char variant[32];
+    snprintf(variant, sizeof variant, "%s", v == 0 ? "causal" : "full");
+    if (topk_variant_forced) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",v%d", topk_variant_forced);
     progress(sh, variant);
     topk_arg a;
     memset(&a, 0, sizeof a);
@@ -647,7 +659,8 @@ static void usage(FILE *f) {
           "  --reps     timed repetitions per row, median reported (default 20)\n"
           "  --out      JSON output (default bench/results/YYYY-MM-DD-<card>.json)\n"
           "  --constructed-indices  GLM rows use host-constructed causal indices, not the indexer's\n"
-          "  --fwd-variant N  force the forward kernel: 1 portable, 2 sm_90a (variant gets ,portable / ,sm90)\n");
+          "  --fwd-variant N  force the forward kernel: 1 portable, 2 sm_90a 64-head, 3 sm_90a small-H, 4 split\n"
+          "                   (variant gets ,portable / ,sm90 / ,small / ,split)\n");
 }
 
 static void list_shapes(void) {
@@ -696,8 +709,8 @@ int main(int argc, char **argv) {
       b.constructed_indices = 1;
     } else if (!strcmp(argv[i], "--fwd-variant") && i + 1 < argc) {
       fwd_variant_forced = atoi(argv[++i]);
-      if (fwd_variant_forced < 0 || fwd_variant_forced > 2) {
-        fprintf(stderr, "--fwd-variant must be 0 (automatic), 1 (portable) or 2 (sm_90a)\n");
+      if (fwd_variant_forced < 0 || fwd_variant_forced > 4) {
+        fprintf(stderr, "--fwd-variant must be 0 (automatic), 1 (portable), 2 (sm_90a 64-head), 3 (sm_90a small-H) or 4 (sm_90a split)\n");
         return 2;
       }
       if (fwd_variant_forced && !&dsa_attn_fwd_variant) {
@@ -763,6 +776,11 @@ int main(int argc, char **argv) {
   b.out_path = out_path;
 
   if (fwd_variant_forced) dsa_attn_fwd_variant = fwd_variant_forced;
+  if (getenv("DSA_TOPK_VARIANT") && &dsa_topk_variant) {
+    topk_variant_forced = atoi(getenv("DSA_TOPK_VARIANT"));
+    dsa_topk_variant = topk_variant_forced;
+    printf("top-k kernel variant %d (DSA_TOPK_VARIANT)\n", topk_variant_forced);
+  }
   bc_timer_init(&b.timer, reps);
   printf("libdsa %s bench on %s, commit %s, %d reps (median), L2 flush %.0f MiB\n", dsa_version_string(),
          b.card, b.commit, reps, (double)b.timer.flush_bytes / (1 << 20));

@@ -83,16 +83,27 @@ DSA_HIDDEN dsa_status dsa_launch_pad_heads(const dsa_context *ctx, const dsa_pad
                                            cudaStream_t stream);
 
 /* Sparse attention forward: the portable kernel (any arch, any H, D) and the sm_90a tensor-core
- * kernel, which returns DSA_ERROR_UNSUPPORTED for a configuration it does not handle (the public
- * op then falls back to the portable one). dsa_attn_fwd_variant: 0 = automatic, 1 = force the
- * portable kernel, 2 = force the sm_90a kernel (tests and benchmarks set it), 3 = force the sm_90a
- * small-H kernel (cuda/attn_fwd_sm90_small.cu, H <= 32; automatic mode tries it first for H <= 32). */
+ * kernels, which return DSA_ERROR_UNSUPPORTED for a configuration they do not handle (the public
+ * op then falls back to the portable one). dsa_attn_fwd_variant: 0 = automatic (src/attn_fwd.c,
+ * docs/design.md section 8), 1 = force the portable kernel, 2 = force the 64-head sm_90a kernel on
+ * the whole H (zero M rows when 64 does not divide H), 3 = force the sm_90a small-H kernel
+ * (cuda/attn_fwd_sm90_small.cu, H <= 64), 4 = force the split: the 64-head kernel on heads
+ * [0, 64 floor(H / 64)), the small-H kernel on the rest (tests and benchmarks set it).
+ * The _heads launchers run heads [head_begin, head_begin + head_count) of an H-head problem (q / sink
+ * read, out / lse / max_logits written for those heads only; lse indexed t * H + h as always); the
+ * small-H one takes at most 64 heads per launch. */
 DSA_HIDDEN dsa_status dsa_launch_attn_fwd_simple(const dsa_context *ctx,
                                                  const dsa_attn_fwd_params *p, cudaStream_t stream);
 DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx,
                                                const dsa_attn_fwd_params *p, cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_heads(const dsa_context *ctx,
+                                                     const dsa_attn_fwd_params *p, int head_begin,
+                                                     int head_count, cudaStream_t stream);
 DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small(const dsa_context *ctx,
                                                      const dsa_attn_fwd_params *p, cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ctx,
+                                                           const dsa_attn_fwd_params *p, int head_begin,
+                                                           int head_count, cudaStream_t stream);
 DSA_HIDDEN extern int dsa_attn_fwd_variant;
 
 /* Sparse attention backward (cuda/attn_bwd.cu): the workspace size for validated, stride-resolved
@@ -101,15 +112,15 @@ DSA_HIDDEN extern int dsa_attn_fwd_variant;
 DSA_HIDDEN dsa_status dsa_attn_bwd_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes);
 DSA_HIDDEN dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                           void *workspace, cudaStream_t stream);
-/* The sm_90a tensor-core variant of the same launcher (cuda/attn_bwd_sm90.cu): both modes, D = 576,
- * cc 9.0; same workspace layout (deterministic mode: see below); DSA_ERROR_UNSUPPORTED for anything else
+/* The sm_90a tensor-core variant of the same launcher (cuda/attn_bwd_sm90.cu): both modes, D = 576
+ * and 512, cc 9.0; same workspace layout (deterministic mode: see below); DSA_ERROR_UNSUPPORTED for anything else
  * (the op then runs dsa_launch_attn_bwd). dsa_attn_bwd_variant: 0 = automatic, 1 = force the
  * portable kernels, 2 = force the sm_90a kernel (tests and benchmarks set it). */
 DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                void *workspace, cudaStream_t stream);
 DSA_HIDDEN extern int dsa_attn_bwd_variant;
 /* The sm_90a kernel's deterministic mode (cuda/attn_bwd_sm90.cu): its workspace size for validated
- * params (0 where it never runs: not deterministic, D != 576); the op's deterministic size is the
+ * params (0 where it never runs: not deterministic, D not 576 / 512); the op's deterministic size is the
  * larger of this and dsa_attn_bwd_workspace_size. dsa_attn_bwd_det_chunk_tokens: tokens per chunk
  * of that mode (0 = from its 2 GiB contribution budget; tests set it small to force many chunks). */
 DSA_HIDDEN dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes);
@@ -140,6 +151,11 @@ DSA_HIDDEN dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_lau
 /* 1 (default): rows longer than the key cache take the two-read compaction path when their
  * candidates fit in shared memory; 0: the five-read path (tests run both). cuda/topk.cu */
 DSA_HIDDEN extern int dsa_topk_compact_long_rows;
+/* Top-k kernel (cuda/topk.cu): 0 = automatic (3 where every row has <= 32768 columns, else 1),
+ * 1 = the shared-memory key-cache kernel, 2 = register-resident (1024 threads, one CTA per SM),
+ * 3 = registers + shared memory (512 threads, two CTAs per SM); 2 and 3 fall back to 1 for longer
+ * rows. Tests run each; dsa_bench sets it from DSA_TOPK_VARIANT. */
+DSA_HIDDEN extern int dsa_topk_variant;
 /* Indexer helpers: copies q rows [tokens, heads, 128] (any strides) into a packed
  * [tokens * heads, 128] bf16 matrix; and the head reduction
  * scores[r * scores_ld + c] = sum_h w[r, h] * ReLU(logits[(r * heads + h) * logits_ld + c])
