@@ -416,7 +416,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
   }
   /* TWO: the other consumer WG may still run P V on a KV stage the staged tile overlaps; after
    * this barrier both have consumed every tile (and the producer issues nothing more). */
-  if constexpr (TWO) sm90_named_bar_sync(kBarAll, 256);
+  if constexpr (TWO) sm90_named_bar_sync_any(kBarAll, 256); /* both WGs, each from its own instantiation */
   /* O^T -> staged out tile [N heads][kOutPitch B] bf16 over the KV stages (this WG's rows). For one
    * register the 32 lanes write 8 consecutive dims x 4 heads; the 16-B pad puts the heads 8 banks
    * apart. */

@@ -9,14 +9,21 @@
  * [0, 64 floor(H / 64)), small-H kernel on the rest (tests and benchmarks). */
 int dsa_attn_fwd_variant = 0;
 
-/* Automatic choice on cc 9.0 (docs/design.md section 8 has the table with the reasons):
- *   H in 1..63     small-H kernel, N = H rounded up to 8 (at most 7 zero columns)
- *   H = 64, 128    64-head kernel (every M row a real head)
- *   H in 65..127   64-head kernel on heads [0, 64) + small-H kernel on heads [64, H), two launches
- *                  on the stream (the outputs are disjoint, so the order does not matter)
+/* Automatic choice on cc 9.0 (docs/design.md section 8 has the table with the reasons), by the
+ * remainder r = H mod 64:
+ *   r = 0          64-head kernel (every M row a real head)
+ *   r in 1..32     the 64-head kernel on heads [0, 64 floor(H / 64)) (none when H < 64) + the small-H
+ *                  kernel on the r others, N = r rounded up to 8 (at most 7 zero columns), one
+ *                  consumer warpgroup; two launches on the stream (disjoint outputs)
+ *   r in 33..63    64-head kernel on the whole H (64 - r zero M rows): the small-H kernel needs two
+ *                  consumer warpgroups there and measured slower than the zero rows on an H200
+ *                  (a963e9e: fwd-tp-h48 2.66 ms small-H vs 2.46 ms 64-head); variants 3 / 4 run it
  * Each kernel declines what it does not run with DSA_ERROR_UNSUPPORTED; the choice then falls back
  * to the 64-head kernel on the whole H, then to the portable kernel. */
-enum { FWD_HEAD_BLOCK = 64 /* heads per CTA of the 64-head kernel */ };
+enum {
+  FWD_HEAD_BLOCK = 64,   /* heads per CTA of the 64-head kernel */
+  FWD_SMALL_AUTO_MAX = 32 /* largest remainder the automatic choice gives the small-H kernel */
+};
 
 /* Variant 4 and the automatic H in 65..127: the first `big` heads on the 64-head kernel, the rest on
  * the small-H kernel. The small launch goes first: if it declines, nothing has been written and the
@@ -52,7 +59,7 @@ DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_para
     dsa_status s;
     strncpy(saved, dsa_last_error_message(), sizeof saved - 1);
     saved[sizeof saved - 1] = '\0';
-    if (r.num_heads % FWD_HEAD_BLOCK != 0) {
+    if (r.num_heads % FWD_HEAD_BLOCK != 0 && r.num_heads % FWD_HEAD_BLOCK <= FWD_SMALL_AUTO_MAX) {
       /* H < 64: the small-H kernel alone; 64 < H < 128: the split (no zero M rows either way) */
       s = r.num_heads < FWD_HEAD_BLOCK ? dsa_launch_attn_fwd_sm90_small(ctx, &r, stream)
                                        : fwd_split(ctx, &r, stream);
