@@ -12,8 +12,10 @@
 #include <string.h>
 #include "internal.h"
 
-/* 0 = automatic (the sm_90a kernel where it runs, else the portable kernels), 1 = portable kernels
- * only, 2 = sm_90a kernel only (DSA_ERROR_UNSUPPORTED where it declines; tests and benchmarks). */
+/* 0 = automatic (on cc 9.0: the small-H sm_90a kernel for H <= 32, else / where it declines the
+ * 64-head sm_90a kernel, then the portable kernels), 1 = portable kernels only, 2 = the 64-head sm_90a
+ * kernel only, 3 = the small-H sm_90a kernel only (2, 3: DSA_ERROR_UNSUPPORTED where it declines;
+ * tests and benchmarks). */
 int dsa_attn_bwd_variant = 0;
 /* Deterministic mode on the sm_90a kernel: tokens per chunk, 0 = from the kernel's budget. */
 int dsa_attn_bwd_det_chunk_tokens = 0;
@@ -50,6 +52,8 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
                     "size with workspace = NULL)",
                     fn, *workspace_bytes, need);
   if (dsa_attn_bwd_variant == 2) return dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
+  if (dsa_attn_bwd_variant == 3)
+    return dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, (cudaStream_t)stream);
   if (dsa_attn_bwd_variant == 0 && ctx->cc_major == 9 && ctx->cc_minor == 0) {
     /* The sm_90a kernel declines configurations it does not run with DSA_ERROR_UNSUPPORTED (before
      * any launch); the call then succeeds on the portable kernels, so its message must not outlive
@@ -58,7 +62,9 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
     dsa_status s;
     strncpy(saved, dsa_last_error_message(), sizeof saved - 1);
     saved[sizeof saved - 1] = '\0';
-    s = dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
+    s = DSA_ERROR_UNSUPPORTED;
+    if (r.num_heads <= 32) s = dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, (cudaStream_t)stream);
+    if (s == DSA_ERROR_UNSUPPORTED) s = dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
     if (s != DSA_ERROR_UNSUPPORTED) return s;
     (void)dsa_fail(DSA_SUCCESS, "%s", saved);
   }

@@ -9,10 +9,11 @@
  * Outputs are poisoned over their whole allocation, gaps of strided layouts included: every element
  * must be written and every gap must stay untouched. The workspace is handed over 1 byte off a
  * 256-byte boundary (the op aligns up inside).
- * Each mode runs twice: on the portable kernels (dsa_attn_bwd_variant 1) and on the sm_90a kernel
- * (variant 2; a configuration it declines with DSA_ERROR_UNSUPPORTED is logged and skipped, and
- * DSA_TEST_REQUIRE_SM90=1 turns "declined D = 576 or D = 512" into a failure: every case here has
- * the 16-byte aligned rows that kernel needs, so on an H200 it must run them all). Every suite runs
+ * Each mode runs three times: on the portable kernels (dsa_attn_bwd_variant 1), on the 64-head sm_90a
+ * kernel (variant 2) and on the small-H sm_90a kernel (variant 3, H <= 32 only; a configuration an
+ * sm_90a kernel declines with DSA_ERROR_UNSUPPORTED is logged and skipped, and DSA_TEST_REQUIRE_SM90=1
+ * turns "declined D = 576 or D = 512" (variant 3: with H <= 32) into a failure: every case here has
+ * the 16-byte aligned rows those kernels need, so on an H200 they must run them all). Every suite runs
  * at both head dims (D = 576, and D = 512: no rope part, all dims are value dims). The sm_90a deterministic mode
  * works in chunks of tokens; its fp32 sums add every kv row's contributions in ascending (token,
  * slot, head block) order whatever the chunk size, so with chunk_sweep its reruns with 1, 2 and 5
@@ -214,14 +215,16 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   uint16_t *dq_host = malloc(ndq * 2), *dkv_host = malloc(ndkv * 2);
   uint16_t *dq_c = malloc(nz(T * H * D) * 2);
   uint16_t *dkv_c = malloc(nz(Tkv * D) * 2);
-  gpu_result res[4] = {{0}}; /* run 0 of each pass */
+  gpu_result res[6] = {{0}}; /* run 0 of each pass */
   cr_assert(dq_host && dkv_host && dq_c && dkv_c);
 
-  /* pass 0: non-deterministic, portable kernels; pass 1: non-deterministic, sm_90a kernel;
-   * pass 2: deterministic, portable kernels; pass 3: deterministic, sm_90a kernel */
+  /* passes 0, 1, 2: non-deterministic on variant 1 (portable), 2 (64-head sm_90a), 3 (small-H
+   * sm_90a, H <= 32 only); passes 3, 4, 5: the same, deterministic */
   static const int sweep[4] = {0, 1, 2, 5};
-  for (int pass = 0; pass < 4; ++pass) {
-    const int mode = pass >= 2, variant = pass % 2 == 0 ? 1 : 2;
+  for (int pass = 0; pass < 6; ++pass) {
+    const int mode = pass >= 3, variant = 1 + pass % 3;
+    if (variant == 3 && H > 32) continue; /* the small-H kernel runs H <= 32 */
+    const int sweep_pass = mode && variant != 1 && c->chunk_sweep; /* sm_90a deterministic chunks */
     p.deterministic = mode;
     size_t ws_bytes = 0, ws_again = 0;
     TC_OK(dsa_sparse_attn_bwd(ctx, &p, NULL, &ws_bytes, stream));
@@ -229,21 +232,22 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
     cr_assert(ws_bytes >= 1 && ws_bytes == ws_again, "workspace size %zu / %zu", ws_bytes, ws_again);
     unsigned char *ws;
     TC_CUDA(cudaMalloc((void **)&ws, ws_bytes + 1)); /* used from ws + 1: exactly ws_bytes */
-    const int runs = mode ? (pass == 3 && c->chunk_sweep ? 4 : 3) : 1;
+    /* under compute-sanitizer (DSA_TEST_SANITIZE): one rerun, with 2 tokens per chunk on a sweep pass */
+    const int runs = mode ? (tc_sanitize() ? 2 : sweep_pass ? 4 : 3) : 1;
     for (int run = 0; run < runs; ++run) {
       TC_CUDA(cudaMemcpy(d_dq, poison16, ndq * 2, cudaMemcpyHostToDevice));
       TC_CUDA(cudaMemcpy(d_dkv, poison16, ndkv * 2, cudaMemcpyHostToDevice));
       TC_CUDA(cudaMemcpy(d_dsink, poison32, sizeof poison32, cudaMemcpyHostToDevice));
       size_t b = ws_bytes;
       dsa_attn_bwd_variant = variant;
-      dsa_attn_bwd_det_chunk_tokens = (pass == 3 && c->chunk_sweep) ? sweep[run] : 0;
+      dsa_attn_bwd_det_chunk_tokens = sweep_pass ? (tc_sanitize() ? 2 * run : sweep[run]) : 0;
       const dsa_status st = dsa_sparse_attn_bwd(ctx, &p, ws + 1, &b, stream);
       dsa_attn_bwd_variant = 0;
       dsa_attn_bwd_det_chunk_tokens = 0;
-      if (variant == 2 && st == DSA_ERROR_UNSUPPORTED) {
+      if (variant != 1 && st == DSA_ERROR_UNSUPPORTED) {
         if ((D == 576 || D == 512) && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
-          cr_assert_fail("%s: the sm_90a kernel declined D=%d (it must run it): %s", name, (int)D,
-                         dsa_last_error_message());
+          cr_assert_fail("%s: the sm_90a kernel (variant %d) declined D=%d H=%d (it must run it): %s", name,
+                         variant, (int)D, (int)H, dsa_last_error_message());
         cr_log_info("%s: the sm_90a kernel declined this configuration: %s", name,
                     dsa_last_error_message());
         break;
@@ -301,16 +305,16 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
     TC_CUDA(cudaFree(ws));
   }
   /* the two modes of each variant agree within tolerance (same per-slot math, other sum order) */
-  for (int v = 0; v < 2; ++v) {
-    if (res[v].dkv == NULL || res[v + 2].dkv == NULL) continue; /* the sm_90a kernel declined */
+  for (int v = 0; v < 3; ++v) {
+    if (res[v].dkv == NULL || res[v + 3].dkv == NULL) continue; /* skipped or declined */
     gather3(dkv_c, res[v].dkv, Tkv, dkv_st, 1, 0, D);
-    gather3(dkv_ref, res[v + 2].dkv, Tkv, dkv_st, 1, 0, D);
+    gather3(dkv_ref, res[v + 3].dkv, Tkv, dkv_st, 1, 0, D);
     const double e_modes = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
     cr_assert(e_modes <= 1e-2, "%s: dkv of the two modes (variant %d) differ by %g", name, v + 1,
               e_modes);
   }
 
-  for (int m = 0; m < 4; ++m) {
+  for (int m = 0; m < 6; ++m) {
     free(res[m].dq);
     free(res[m].dkv);
   }
@@ -325,7 +329,8 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
 /* T so that T*H*K stays near 2^15 (the CPU reference costs about 0.1 s per 2^10 (t, h, slot) at
  * D = 576, forward and backward together), at least 1, at most 37. */
 static int64_t pick_T(int H, int K) {
-  int64_t T = (int64_t)(1 << 15) / ((int64_t)H * K);
+  /* under compute-sanitizer (DSA_TEST_SANITIZE): near 2^12, the kernels' work is what costs there */
+  int64_t T = (int64_t)(tc_sanitize() ? 1 << 12 : 1 << 15) / ((int64_t)H * K);
   return T < 1 ? 1 : T > 37 ? 37 : T;
 }
 
@@ -349,13 +354,18 @@ Test(gpu_attn_bwd, heads_1) { TC_REQUIRE_GPU(); shapes_for_heads(1, 576); }
 Test(gpu_attn_bwd, heads_3) { TC_REQUIRE_GPU(); shapes_for_heads(3, 576); }
 Test(gpu_attn_bwd, heads_8) { TC_REQUIRE_GPU(); shapes_for_heads(8, 576); }
 Test(gpu_attn_bwd, heads_16) { TC_REQUIRE_GPU(); shapes_for_heads(16, 576); }
+Test(gpu_attn_bwd, heads_24) { TC_REQUIRE_GPU(); shapes_for_heads(24, 576); }
+Test(gpu_attn_bwd, heads_32) { TC_REQUIRE_GPU(); shapes_for_heads(32, 576); }
 Test(gpu_attn_bwd, heads_64) { TC_REQUIRE_GPU(); shapes_for_heads(64, 576); }
 Test(gpu_attn_bwd, heads_100) { TC_REQUIRE_GPU(); shapes_for_heads(100, 576); }
 Test(gpu_attn_bwd, heads_128) { TC_REQUIRE_GPU(); shapes_for_heads(128, 576); }
 /* D = 512 (sm_90a: the 8-block instantiation) */
 Test(gpu_attn_bwd, d512_heads_1) { TC_REQUIRE_GPU(); shapes_for_heads(1, 512); }
 Test(gpu_attn_bwd, d512_heads_3) { TC_REQUIRE_GPU(); shapes_for_heads(3, 512); }
+Test(gpu_attn_bwd, d512_heads_8) { TC_REQUIRE_GPU(); shapes_for_heads(8, 512); }
 Test(gpu_attn_bwd, d512_heads_16) { TC_REQUIRE_GPU(); shapes_for_heads(16, 512); }
+Test(gpu_attn_bwd, d512_heads_24) { TC_REQUIRE_GPU(); shapes_for_heads(24, 512); }
+Test(gpu_attn_bwd, d512_heads_32) { TC_REQUIRE_GPU(); shapes_for_heads(32, 512); }
 Test(gpu_attn_bwd, d512_heads_64) { TC_REQUIRE_GPU(); shapes_for_heads(64, 512); }
 Test(gpu_attn_bwd, d512_heads_100) { TC_REQUIRE_GPU(); shapes_for_heads(100, 512); }
 Test(gpu_attn_bwd, d512_heads_128) { TC_REQUIRE_GPU(); shapes_for_heads(128, 512); }
@@ -447,6 +457,14 @@ static void det_chunk_cases(int D) {
   bwd_case f = {.T = 4, .H = 100, .D = D, .Tkv = 40, .K = 100, .len = LEN_RANDOM,
                 .sink = SINK_FINITE, .p_invalid = 0.1, .p_dup = 0.2, .p_empty = 0.1, .chunk_sweep = 1};
   run_case(&f, &rng, "chunks H=100 K=100");
+  /* small-H kernel shapes: N = 32 (D = 576: the rope block's dQ^T in smem) and N = 16 (13 heads:
+   * 3 zero columns), strided, sinks of every kind */
+  bwd_case g = {.T = 7, .H = 32, .D = D, .Tkv = 60, .K = 130, .len = LEN_RANDOM,
+                .sink = SINK_MIX, .p_invalid = 0.1, .p_dup = 0.2, .p_empty = 0.1, .strided = 1, .chunk_sweep = 1};
+  run_case(&g, &rng, "chunks H=32 K=130 strided");
+  bwd_case h = {.T = 9, .H = 13, .D = D, .Tkv = 5, .K = 70, .len = LEN_FULL,
+                .sink = SINK_FINITE, .p_invalid = 0.05, .p_dup = 0.5, .chunk_sweep = 1};
+  run_case(&h, &rng, "chunks H=13 5 kv rows");
 }
 
 Test(gpu_attn_bwd, det_chunks) { TC_REQUIRE_GPU(); det_chunk_cases(576); }
