@@ -23,6 +23,9 @@
  * Fused engine (DSA_INDEXER_ENGINE_FUSED, cuda/indexer.cu idx_fused): per chunk one kernel writes
  * the head-summed scores [chunk, window] straight from tensor-core accumulators (no logits, no
  * q packing; workspace = the scores buffer only), then the same top-k. Needs sm_80+.
+ * dsa_indexer_fused_variant (src/internal.h) picks its kernel: 1 = idx_fused (mma.sync), 2 = the sm_90a
+ * wgmma kernel (cuda/indexer_sm90.cu; declined before anything is written off cc 9.0), 0 = automatic:
+ * idx_fused until IDX_AUTO_WGMMA is set to 1 (then wgmma on cc 9.0, idx_fused elsewhere).
  * DSA_INDEXER_ENGINE_DEFAULT runs the fused engine on sm_80+ (H200: same results as cuBLAS on the
  * tests' exact inputs, and faster on every bench shape), cuBLAS on older devices.
  *
@@ -31,6 +34,7 @@
  * algorithm, hence its fp32 summation order, from the GEMM shape), which matters only when
  * scores differ in their last bits.
  */
+#include <string.h>
 #include <cublas_v2.h>
 #include "internal.h"
 
@@ -38,6 +42,11 @@
 int64_t dsa_indexer_scores_budget = (int64_t)128 << 20; /* fp32 scores [chunk, window] */
 int64_t dsa_indexer_logits_budget = (int64_t)64 << 20;  /* fp32 logits [sub-chunk * H_idx, key tile] */
 int64_t dsa_indexer_key_tile = 32768;                   /* keys per GEMM: bounds one query's logits */
+int dsa_indexer_fused_variant = 0; /* 0 automatic, 1 mma.sync, 2 wgmma (src/internal.h) */
+/* Automatic fused kernel: 1 = the wgmma kernel where it runs (cc 9.0), 0 = idx_fused everywhere. */
+#ifndef IDX_AUTO_WGMMA
+#define IDX_AUTO_WGMMA 0
+#endif
 #define IDX_SCORES_BUDGET dsa_indexer_scores_budget
 #define IDX_LOGITS_BUDGET dsa_indexer_logits_budget
 #define IDX_KEY_TILE dsa_indexer_key_tile
@@ -189,7 +198,8 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
       f.window = wend - wstart;
       f.scores = scores;
       f.scores_ld = l->scores_ld;
-      DSA_TRY(dsa_launch_indexer_fused(&f, stream));
+      DSA_TRY(fused == 2 ? dsa_launch_indexer_fused_sm90(ctx, &f, stream)
+                         : dsa_launch_indexer_fused(&f, stream));
     }
     for (int64_t u0 = t0; !fused && u0 < t1; u0 += l->cg) {
       const int64_t u1 = min64(t1, u0 + l->cg), nq = u1 - u0;
@@ -247,6 +257,18 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
     return dsa_fail(DSA_ERROR_UNSUPPORTED,
                     "%s: engine = DSA_INDEXER_ENGINE_FUSED needs compute capability 8.0 or newer (device has %d.%d)",
                     fn, ctx->cc_major, ctx->cc_minor);
+  /* fused = 2: the sm_90a wgmma kernel (forced: declined here, before the size query and before
+   * anything is written; automatic: only where its check passes, the check's message dropped) */
+  if (fused && dsa_indexer_fused_variant == 2) {
+    DSA_TRY(dsa_indexer_fused_sm90_check(ctx));
+    fused = 2;
+  } else if (fused && dsa_indexer_fused_variant == 0 && IDX_AUTO_WGMMA) {
+    char saved[512];
+    strncpy(saved, dsa_last_error_message(), sizeof saved - 1);
+    saved[sizeof saved - 1] = '\0';
+    if (dsa_indexer_fused_sm90_check(ctx) == DSA_SUCCESS) fused = 2;
+    else (void)dsa_fail(DSA_SUCCESS, "%s", saved);
+  }
   plan_layout(&r, fused, &l);
   if (workspace == NULL) {
     *workspace_bytes = (size_t)l.total;

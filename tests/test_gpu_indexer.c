@@ -4,9 +4,11 @@
  * product, product and head sum is exact in fp32 and equals the fp64 reference; the many exact 0
  * after ReLU (and negative weights) make ties that the deterministic rule decides.
  *
- * Both engines (cuBLAS and fused) run every case. Layouts: semantics section 4 worked examples A-D, one causal sequence, several documents (one of
+ * Both engines run every case, the fused one with each of its kernels (dsa_indexer_fused_variant 1 =
+ * mma.sync, 2 = the sm_90a wgmma kernel, which declines off cc 9.0: logged and skipped, a failure
+ * with DSA_TEST_REQUIRE_SM90=1). Layouts: semantics section 4 worked examples A-D, one causal sequence, several documents (one of
  * length 1), padded storage, a context-parallel query range, a padding mask, T_q > 65535 (short
- * documents). H_idx in {1, 20, 32, 64}, K in {1, 7, 64, 100, 2048}, fp32 and bf16 weights, q layouts
+ * documents). H_idx in {1, 12, 20, 32, 40, 64}, K in {1, 7, 64, 100, 2048}, fp32 and bf16 weights, q layouts
  * cuBLAS reads directly and ones that are packed first, the default budgets and shrunken ones (many
  * chunks, key tiles, one-query GEMMs). The reference is slow, so rows that need scoring are sampled;
  * rows that select all their keys are all checked. Also: bitwise reruns, a row alone (a one-query
@@ -47,6 +49,9 @@ typedef struct {
   int sample;            /* scored rows checked (evenly spread, plus the last) */
   const char *what;
 } ix_case;
+
+/* 1: data_make gives every 97th key row one inf, -inf or NaN element (nonfinite_keys_padded_heads) */
+static int ix_nonfinite;
 
 /* Host inputs and device copies of one case. */
 typedef struct {
@@ -114,6 +119,10 @@ static void data_make(ix_env *e, tc_rng *r, const ix_case *c, ix_data *x) {
         x->q[t * x->qst + h * x->qsh + i] = dsa_f32_to_bf16((float)(tc_below(r, 9) - 4));
   for (int64_t s = 0; s < x->Tk; ++s)
     for (int64_t i = 0; i < D; ++i) x->k[s * x->kst + i] = dsa_f32_to_bf16((float)(tc_below(r, 9) - 4));
+  if (ix_nonfinite) {
+    static const uint16_t nf[3] = {0x7F80u, 0xFF80u, 0x7FC0u}; /* bf16 +inf, -inf, NaN */
+    for (int64_t s = 5; s < x->Tk; s += 97) x->k[s * x->kst + tc_below(r, D)] = nf[s % 3];
+  }
   for (size_t i = 0; i < x->wn; ++i) {
     float v = (float)(tc_below(r, 17) - 8) / 8.0f;
     if (c->wdt == DSA_DTYPE_F32) ((float *)x->w)[i] = v;
@@ -161,14 +170,30 @@ static dsa_indexer_params params_of(const ix_case *c, const ix_data *x, int dev)
   return p;
 }
 
-/* Runs the GPU op; returns host copies of indices [Tq, ist] and lengths [Tq] (caller frees).
- * ws_offset: byte offset of the workspace inside its allocation (1 tests any alignment). */
-static void gpu_run(ix_env *e, const ix_case *c, const ix_data *x, dsa_indexer_engine engine,
-                    size_t ws_offset, int32_t **idx_out, int32_t **len_out) {
+/* The fused kernels (dsa_indexer_fused_variant): 1 mma.sync, 2 sm_90a wgmma. */
+enum { FV_MMA = 1, FV_WGMMA = 2 };
+
+/* A status of a forced wgmma run: 1 when it declined (not cc 9.0), which is logged, or a failure
+ * under DSA_TEST_REQUIRE_SM90=1; 0 to go on. */
+static int wgmma_declined(dsa_status st, const char *what) {
+  if (st != DSA_ERROR_UNSUPPORTED) return 0;
+  if (getenv("DSA_TEST_REQUIRE_SM90") != NULL)
+    cr_assert_fail("%s: the sm_90a wgmma indexer kernel declined (it must run): %s", what,
+                   dsa_last_error_message());
+  cr_log_info("%s: the sm_90a wgmma indexer kernel declined: %s", what, dsa_last_error_message());
+  return 1;
+}
+
+/* Runs the GPU op with fused kernel `variant` (0: automatic); returns host copies of indices
+ * [Tq, ist] and lengths [Tq] (caller frees) and 1, or 0 (outputs NULL) when the forced wgmma kernel
+ * declined. ws_offset: byte offset of the workspace inside its allocation (1 tests any alignment). */
+static int gpu_run(ix_env *e, const ix_case *c, const ix_data *x, dsa_indexer_engine engine, int variant,
+                   size_t ws_offset, int32_t **idx_out, int32_t **len_out) {
   dsa_indexer_params p = params_of(c, x, 1);
   size_t in = (size_t)(x->Tq * x->ist), need = 0, need2 = 0;
   int32_t *di = NULL, *dl = NULL;
   unsigned char *ws = NULL;
+  dsa_status st;
   p.engine = engine;
   TC_CUDA(cudaMalloc((void **)&di, in * 4));
   TC_CUDA(cudaMalloc((void **)&dl, (size_t)x->Tq * 4));
@@ -179,11 +204,21 @@ static void gpu_run(ix_env *e, const ix_case *c, const ix_data *x, dsa_indexer_e
   TC_CUDA(cudaDeviceSynchronize());
   p.indices = di;
   p.lengths = dl;
-  TC_OK(dsa_indexer_topk(e->ctx, &p, NULL, &need, e->stream));
+  dsa_indexer_fused_variant = variant;
+  st = dsa_indexer_topk(e->ctx, &p, NULL, &need, e->stream);
+  if (variant == FV_WGMMA && engine != DSA_INDEXER_ENGINE_CUBLAS && wgmma_declined(st, c->what)) {
+    dsa_indexer_fused_variant = 0;
+    cudaFree(di);
+    cudaFree(dl);
+    *idx_out = *len_out = NULL;
+    return 0;
+  }
+  TC_OK(st);
   TC_OK(dsa_indexer_topk(e->ctx, &p, NULL, &need2, e->stream));
   cr_assert(need >= 1 && need == need2, "workspace size %zu then %zu", need, need2);
   TC_CUDA(cudaMalloc((void **)&ws, need + ws_offset));
   TC_OK(dsa_indexer_topk(e->ctx, &p, ws + ws_offset, &need, e->stream));
+  dsa_indexer_fused_variant = 0;
   TC_CUDA(cudaStreamSynchronize(e->stream));
   *idx_out = (int32_t *)malloc(in * 4);
   *len_out = (int32_t *)malloc((size_t)x->Tq * 4);
@@ -192,6 +227,7 @@ static void gpu_run(ix_env *e, const ix_case *c, const ix_data *x, dsa_indexer_e
   cudaFree(ws);
   cudaFree(di);
   cudaFree(dl);
+  return 1;
 }
 
 /* Reference of one local row t through a one-query view of the host plan. */
@@ -212,11 +248,13 @@ static void ref_row(const ix_case *c, const ix_data *x, int64_t t, int32_t *want
   TC_OK(dsa_ref_indexer_topk(&p));
 }
 
-/* Runs case c with both engines and compares: every row that selects all its keys, and c->sample
- * scored rows (evenly spread, plus the last). */
+/* Runs case c with both engines (the fused one with each kernel) and compares: every row that
+ * selects all its keys, and c->sample scored rows (evenly spread, plus the last). */
 static void run_case(ix_env *e, tc_rng *r, const ix_case *c) {
-  static const dsa_indexer_engine engines[2] = {DSA_INDEXER_ENGINE_CUBLAS, DSA_INDEXER_ENGINE_FUSED};
-  static const char *const names[2] = {"cublas", "fused"};
+  static const dsa_indexer_engine engines[3] = {DSA_INDEXER_ENGINE_CUBLAS, DSA_INDEXER_ENGINE_FUSED,
+                                                DSA_INDEXER_ENGINE_FUSED};
+  static const int variants[3] = {0, FV_MMA, FV_WGMMA};
+  static const char *const names[3] = {"cublas", "fused mma.sync", "fused wgmma"};
   ix_data x;
   int64_t scored = 0, every, nchk = 0;
   data_make(e, r, c, &x);
@@ -236,9 +274,9 @@ static void run_case(ix_env *e, tc_rng *r, const ix_case *c) {
     wlen[i] = -7;
     ref_row(c, &x, rows[i], want + i * c->K, wlen + i);
   }
-  for (int en = 0; en < 2; ++en) {
+  for (int en = 0; en < 3; ++en) {
     int32_t *got, *glen;
-    gpu_run(e, c, &x, engines[en], 0, &got, &glen);
+    if (!gpu_run(e, c, &x, engines[en], variants[en], 0, &got, &glen)) continue;
     for (int64_t i = 0; i < nchk; ++i) {
       const int64_t t = rows[i];
       cr_assert_eq(glen[t], wlen[i], "%s [%s]: lengths[%lld] = %d, want %d", c->what, names[en],
@@ -314,6 +352,17 @@ Test(gpu_indexer, single_sequence_all_k) {
     ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 20, 64, DSA_DTYPE_BF16, QL_TOKEN_GAP, 6, "H 20"};
     run_case(&e, &r, &c);
   }
+  {
+    /* the wgmma kernel's other padded shapes: H 12 -> 32 columns per query, H 40 -> 64 */
+    ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 12, 100, DSA_DTYPE_F32, QL_PLAIN, 6, "H 12"};
+    run_case(&e, &r, &c);
+    c.H = 40;
+    c.K = 7;
+    c.wdt = DSA_DTYPE_BF16;
+    c.qlayout = QL_HEAD_MAJOR;
+    c.what = "H 40";
+    run_case(&e, &r, &c);
+  }
   set_budgets(1 << 20, 1 << 20, 1000);
   {
     ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 1, 7, DSA_DTYPE_BF16, QL_TOKEN_GAP, 12, "H 1, small budgets"};
@@ -368,6 +417,25 @@ Test(gpu_indexer, documents_padding_cp_mask) {
   ix_close(&e);
 }
 
+/* ---- inf / NaN keys with padded heads (H 20, 40: the fused kernels' zero head columns must add
+ * nothing, not 0 * inf = NaN): GPU = reference index for index (NaN ranks below every number) ---- */
+Test(gpu_indexer, nonfinite_keys_padded_heads) {
+  TC_REQUIRE_GPU();
+  ix_env e = ix_open();
+  tc_rng r = tc_seed("gpu_indexer.nonfinite_keys_padded_heads");
+  static const int32_t cu[] = {0, 2600};
+  ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 20, 64, DSA_DTYPE_F32, QL_PLAIN, 12, "non-finite keys, H 20"};
+  ix_nonfinite = 1;
+  run_case(&e, &r, &c);
+  c.H = 40;
+  c.K = 100;
+  c.wdt = DSA_DTYPE_BF16;
+  c.what = "non-finite keys, H 40";
+  run_case(&e, &r, &c);
+  ix_nonfinite = 0;
+  ix_close(&e);
+}
+
 /* ---- T_q above 65535 with short documents: cheap, every row checked ---- */
 Test(gpu_indexer, many_queries) {
   TC_REQUIRE_GPU();
@@ -398,14 +466,14 @@ Test(gpu_indexer, deterministic_and_batch_independent) {
   ix_data x;
   int32_t *a, *al, *b, *bl;
   data_make(&e, &r, &c, &x);
-  gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_CUBLAS, 0, &a, &al);
-  gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_CUBLAS, 1, &b, &bl); /* workspace at a 1-byte offset */
+  gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_CUBLAS, 0, 0, &a, &al);
+  gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_CUBLAS, 0, 1, &b, &bl); /* workspace at a 1-byte offset */
   cr_assert(memcmp(a, b, (size_t)(x.Tq * x.ist) * 4) == 0, "two runs differ");
   cr_assert(memcmp(al, bl, (size_t)x.Tq * 4) == 0, "two runs differ in lengths");
   {
     int32_t *f1, *f1l, *f2, *f2l;
-    gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_FUSED, 0, &f1, &f1l);
-    gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_DEFAULT, 1, &f2, &f2l); /* fused on sm_80+ */
+    gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_FUSED, FV_MMA, 0, &f1, &f1l);
+    gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_DEFAULT, 0, 1, &f2, &f2l); /* fused on sm_80+ */
     cr_assert(memcmp(f1, f2, (size_t)(x.Tq * x.ist) * 4) == 0, "two fused runs differ");
     cr_assert(memcmp(f1, a, (size_t)(x.Tq * x.ist) * 4) == 0, "fused and cuBLAS engines differ (exact inputs)");
     cr_assert(memcmp(f1l, al, (size_t)x.Tq * 4) == 0, "fused and cuBLAS lengths differ");
@@ -413,6 +481,19 @@ Test(gpu_indexer, deterministic_and_batch_independent) {
     free(f1l);
     free(f2);
     free(f2l);
+    /* the wgmma kernel: two runs (the second through DEFAULT + the forced variant, workspace at a
+     * 1-byte offset) bitwise equal, and equal to cuBLAS on exact inputs */
+    if (gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_FUSED, FV_WGMMA, 0, &f1, &f1l)) {
+      gpu_run(&e, &c, &x, DSA_INDEXER_ENGINE_DEFAULT, FV_WGMMA, 1, &f2, &f2l);
+      cr_assert(f2 != NULL, "the wgmma kernel ran once, then declined");
+      cr_assert(memcmp(f1, f2, (size_t)(x.Tq * x.ist) * 4) == 0, "two wgmma runs differ");
+      cr_assert(memcmp(f1, a, (size_t)(x.Tq * x.ist) * 4) == 0, "wgmma and cuBLAS engines differ (exact inputs)");
+      cr_assert(memcmp(f1l, al, (size_t)x.Tq * 4) == 0, "wgmma and cuBLAS lengths differ");
+      free(f1);
+      free(f1l);
+      free(f2);
+      free(f2l);
+    }
   }
   static const int64_t rows[] = {0, 99, 100, 777, 1499, 1500, 1600, 2999};
   for (int i = 0; i < 8; ++i) {
@@ -431,8 +512,9 @@ Test(gpu_indexer, deterministic_and_batch_independent) {
     y.Tq = 1;
     y.dq = x.dq + t * x.qst;
     y.dw = (char *)x.dw + (size_t)(t * x.wst) * 4;
-    for (int en = 0; en < 2; ++en) {
-      gpu_run(&e, &c1, &y, en ? DSA_INDEXER_ENGINE_FUSED : DSA_INDEXER_ENGINE_CUBLAS, 0, &oi, &ol);
+    for (int en = 0; en < 3; ++en) {
+      if (!gpu_run(&e, &c1, &y, en ? DSA_INDEXER_ENGINE_FUSED : DSA_INDEXER_ENGINE_CUBLAS, en, 0, &oi, &ol))
+        continue; /* en = 2: the wgmma kernel declined */
       cr_assert_eq(ol[0], al[t], "row %lld alone (engine %d): length %d, in batch %d", (long long)t, en,
                    ol[0], al[t]);
       cr_assert(memcmp(oi, a + t * x.ist, (size_t)c.K * 4) == 0,
@@ -563,7 +645,7 @@ Test(gpu_indexer, graph_capture) {
   ix_case c = {cu, NULL, 2, 2500, 0, -1, NULL, 32, 100, DSA_DTYPE_BF16, QL_HEAD_MAJOR, 0, "graph"};
   ix_data x;
   data_make(&e, &r, &c, &x);
-  for (int en = 0; en < 2; ++en) {
+  for (int en = 0; en < 3; ++en) { /* cuBLAS, fused mma.sync, fused wgmma */
     dsa_indexer_params p = params_of(&c, &x, 1);
     const size_t in = (size_t)(x.Tq * x.ist);
     int32_t *a, *al, *di, *dl;
@@ -573,7 +655,11 @@ Test(gpu_indexer, graph_capture) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     p.engine = en ? DSA_INDEXER_ENGINE_FUSED : DSA_INDEXER_ENGINE_CUBLAS;
-    gpu_run(&e, &c, &x, p.engine, 0, &a, &al);
+    if (!gpu_run(&e, &c, &x, p.engine, en, 0, &a, &al)) {
+      free(got);
+      free(glen);
+      continue; /* en = 2: the wgmma kernel declined */
+    }
     TC_CUDA(cudaMalloc((void **)&di, in * 4));
     TC_CUDA(cudaMalloc((void **)&dl, (size_t)x.Tq * 4));
     TC_CUDA(cudaMemset(di, 0x5A, in * 4));
@@ -584,7 +670,9 @@ Test(gpu_indexer, graph_capture) {
     TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &need, e.stream));
     TC_CUDA(cudaMalloc((void **)&ws, need));
     TC_CUDA(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeGlobal));
+    dsa_indexer_fused_variant = en;
     TC_OK(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream));
+    dsa_indexer_fused_variant = 0;
     TC_CUDA(cudaStreamEndCapture(e.stream, &g));
     TC_CUDA(cudaGraphInstantiate(&ge, g, 0));
     TC_CUDA(cudaGraphLaunch(ge, e.stream));
