@@ -22,6 +22,9 @@ static int fwd_variant_forced; /* 0: automatic */
 /* The top-k kernel switch (src/internal.h dsa_topk_variant), from DSA_TOPK_VARIANT (unset: automatic);
  * top-k rows then get ",v<N>" in their variant. */
 extern int dsa_topk_variant __attribute__((weak));
+/* The fused indexer's kernel (src/internal.h dsa_indexer_fused_variant: 1 mma.sync, 2 sm_90a wgmma);
+ * the "fused" row runs the automatic choice, "fused,mma" and "fused,wgmma" force each. */
+extern int dsa_indexer_fused_variant __attribute__((weak));
 static int topk_variant_forced; /* 0: automatic */
 
 /* ---------------------------------------------------------------------------------------------
@@ -575,8 +578,14 @@ static void bench_idx(bench *b, const shape *sh) {
   static const struct {
     dsa_indexer_engine e;
     const char *name;
-  } engines[] = {{DSA_INDEXER_ENGINE_CUBLAS, "cublas"}, {DSA_INDEXER_ENGINE_FUSED, "fused"}};
-  for (int e = 0; e < 2; ++e) {
+    int fused_variant; /* dsa_indexer_fused_variant while the row runs; 0 = automatic */
+  } engines[] = {{DSA_INDEXER_ENGINE_CUBLAS, "cublas", 0},
+                 {DSA_INDEXER_ENGINE_FUSED, "fused", 0},
+                 {DSA_INDEXER_ENGINE_FUSED, "fused,mma", 1},
+                 {DSA_INDEXER_ENGINE_FUSED, "fused,wgmma", 2}};
+  for (int e = 0; e < (int)(sizeof engines / sizeof engines[0]); ++e) {
+    if (engines[e].fused_variant && !&dsa_indexer_fused_variant) continue;
+    if (&dsa_indexer_fused_variant) dsa_indexer_fused_variant = engines[e].fused_variant;
     progress(sh, engines[e].name);
     idx_setup s;
     double ms = NAN;
@@ -586,6 +595,7 @@ static void bench_idx(bench *b, const shape *sh) {
              (double)s.ws_bytes / (1 << 20));
     if (st == DSA_SUCCESS) st = bc_time_op(&b->timer, idx_run, &s, &ms);
     idx_setup_free(&s);
+    if (&dsa_indexer_fused_variant) dsa_indexer_fused_variant = 0;
     add_result(b, sh, engines[e].name, note, st, ms, bc_flops_idx(pairs, sh->heads), 0);
   }
   cudaFree(d_idx);

@@ -115,9 +115,16 @@ DSA_HIDDEN dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn
 /* The sm_90a tensor-core variant of the same launcher (cuda/attn_bwd_sm90.cu): both modes, D = 576
  * and 512, cc 9.0; same workspace layout (deterministic mode: see below); DSA_ERROR_UNSUPPORTED for anything else
  * (the op then runs dsa_launch_attn_bwd). dsa_attn_bwd_variant: 0 = automatic, 1 = force the
- * portable kernels, 2 = force the sm_90a kernel (tests and benchmarks set it). */
+ * portable kernels, 2 = force the 64-head sm_90a kernel, 3 = force the small-H sm_90a kernel (tests
+ * and benchmarks set it). */
 DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                void *workspace, cudaStream_t stream);
+/* The sm_90a small-H variant (cuda/attn_bwd_sm90_small.cu, keys on the wgmma M, heads on N): H 1..32,
+ * D 576 / 512, both modes, the same workspace (deterministic: the 64-head kernel's layout with one
+ * head block, which dsa_attn_bwd_sm90_det_workspace_size covers); DSA_ERROR_UNSUPPORTED otherwise.
+ * dsa_attn_bwd_variant 3 forces it (tests, benchmarks); automatic mode tries it first for H <= 32. */
+DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90_small(const dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                                     void *workspace, cudaStream_t stream);
 DSA_HIDDEN extern int dsa_attn_bwd_variant;
 /* The sm_90a kernel's deterministic mode (cuda/attn_bwd_sm90.cu): its workspace size for validated
  * params (0 where it never runs: not deterministic, D not 576 / 512); the op's deterministic size is the
@@ -184,6 +191,16 @@ typedef struct dsa_indexer_fused_args {
   int64_t scores_ld;
 } dsa_indexer_fused_args;
 DSA_HIDDEN dsa_status dsa_launch_indexer_fused(const dsa_indexer_fused_args *a, cudaStream_t stream);
+/* The same scoring on sm_90a wgmma (cuda/indexer_sm90.cu): the check says whether it runs on this
+ * context (cc 9.0 and enough opt-in shared memory; else DSA_ERROR_UNSUPPORTED with a message), the
+ * launcher takes the args of dsa_launch_indexer_fused. dsa_indexer_fused_variant (src/indexer.c)
+ * picks the fused kernel: 0 = automatic (the mma.sync kernel for now), 1 = the mma.sync kernel,
+ * 2 = the wgmma kernel (declines with DSA_ERROR_UNSUPPORTED before anything is written where the
+ * check fails). Tests and benchmarks set it. */
+DSA_HIDDEN dsa_status dsa_indexer_fused_sm90_check(const dsa_context *ctx);
+DSA_HIDDEN dsa_status dsa_launch_indexer_fused_sm90(const dsa_context *ctx, const dsa_indexer_fused_args *a,
+                                                    cudaStream_t stream);
+DSA_HIDDEN extern int dsa_indexer_fused_variant;
 /* Workspace budgets of the indexer's cuBLAS engine in bytes (scores, logits) and its GEMM key tile;
  * defaults 128 MiB, 64 MiB, 32768 (src/indexer.c). Tests shrink them to force many chunks. */
 DSA_HIDDEN extern int64_t dsa_indexer_scores_budget, dsa_indexer_logits_budget, dsa_indexer_key_tile;
