@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
     for (int hr = 0; hr < 2; ++hr) {
       const float l = row_sum[hr];
       const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
-      const bool empty_row = row_max[hr] == -INFINITY; /* no valid slot */
+      const bool empty_row = row_max[hr] == -INFINITY && l == 0.f; /* no valid slot (all-NaN logits: l = NaN, lse NaN) */
       const float lse = empty_row ? INFINITY : (row_max[hr] + log2f(l)) * kLn2;
       float f = 0.f;
       if (!empty_row && h < h_end) {

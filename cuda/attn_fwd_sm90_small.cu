@@ -400,7 +400,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
   for (int c = 0; c < NC; ++c) {
     const int h = HB + COL_OF(c); /* kernel column = head hbeg + h */
     const float l = red_sum[h] + red_sum[N + h] + red_sum[2 * N + h] + red_sum[3 * N + h];
-    const bool empty_col = col_max[c] == -INFINITY; /* no valid slot */
+    const bool empty_col = col_max[c] == -INFINITY && l == 0.f; /* no valid slot (all-NaN logits: l = NaN, lse NaN) */
     const float lse = empty_col ? INFINITY : (col_max[c] + log2f(l)) * kLn2;
     float f = 0.f;
     if (!empty_col && h < Hc) {

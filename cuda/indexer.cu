@@ -15,7 +15,8 @@
  *    hopper-notes section 8: keys on M (A = a 16-key x 128-dim slice of the key tile, held in
  *    registers for the whole tile, two per warp so each B fragment feeds two mma), (query, head) on N
  *    (B = q rows, 8 heads per n-tile). ReLU and
- *    the weight are applied to the accumulator in place, the head sum is an in-thread sum over the
+ *    the weight are applied to the accumulator in place (padded heads h >= H_idx contribute 0, also
+ *    when a key holds inf or NaN: 0 * inf would be NaN), the head sum is an in-thread sum over the
  *    thread's two columns of every n-tile plus shfl_xor 1, 2 across the quad. A CTA (4 warps)
  *    holds 128 (query, head) rows of q in shared memory (128 / H_pad queries, H_pad = H rounded up
  *    to 8) and streams FX_TILES (2) tiles of 128 keys (FX_PIPE: cp.async, each warp loading its own
@@ -323,12 +324,15 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
           }
         }
         const float w0 = Ws[g * hp + nt * 8 + (lane & 3) * 2], w1 = Ws[g * hp + nt * 8 + (lane & 3) * 2 + 1];
+        /* padded heads (h >= heads) add nothing: their q rows are 0, but 0 * inf in a key is NaN,
+         * and 0 * NaN would then reach the score (the reference sums real heads only) */
+        const bool u0 = nt * 8 + (lane & 3) * 2 < a.heads, u1 = nt * 8 + (lane & 3) * 2 + 1 < a.heads;
 #pragma unroll
         for (int mt = 0; mt < FX_MT; ++mt) {
-          p[mt][0] = fmaf(w0, idx_relu(acc[mt][0]), p[mt][0]);
-          p[mt][0] = fmaf(w1, idx_relu(acc[mt][1]), p[mt][0]);
-          p[mt][1] = fmaf(w0, idx_relu(acc[mt][2]), p[mt][1]);
-          p[mt][1] = fmaf(w1, idx_relu(acc[mt][3]), p[mt][1]);
+          p[mt][0] = fmaf(w0, idx_relu(u0 ? acc[mt][0] : 0.0f), p[mt][0]);
+          p[mt][0] = fmaf(w1, idx_relu(u1 ? acc[mt][1] : 0.0f), p[mt][0]);
+          p[mt][1] = fmaf(w0, idx_relu(u0 ? acc[mt][2] : 0.0f), p[mt][1]);
+          p[mt][1] = fmaf(w1, idx_relu(u1 ? acc[mt][3] : 0.0f), p[mt][1]);
         }
       }
       float *row = a.scores + (r0 + g) * a.scores_ld;

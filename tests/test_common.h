@@ -90,6 +90,29 @@ static inline int tc_have_gpu(void) {
     if (!tc_have_gpu()) cr_skip_test("no CUDA device: GPU suite skipped"); \
   } while (0)
 
+/* DSA_TEST_SANITIZE=1 (set by `make sanitize`): the GPU suites run under compute-sanitizer,
+ * which makes every kernel 10-1000x slower. Suites shrink their biggest shapes (fewer checked rows,
+ * smaller H and K, T above 65535 kept where the test is about it), keeping every code path;
+ * gpu_large skips (its 4-16 GB tensors would take minutes per launch under the tools). */
+static inline int tc_sanitize(void) {
+  const char *s = getenv("DSA_TEST_SANITIZE");
+  return s != NULL && s[0] != '\0' && strcmp(s, "0") != 0;
+}
+
+/* cudaMalloc of a large buffer: a device without the memory skips the test (naming the size). */
+#define TC_MALLOC_OR_SKIP(ptr, bytes)                                                         \
+  do {                                                                                        \
+    size_t tc_b_ = (size_t)(bytes);                                                           \
+    cudaError_t tc_e_ = cudaMalloc((void **)&(ptr), tc_b_);                                   \
+    if (tc_e_ == cudaErrorMemoryAllocation) {                                                 \
+      (void)cudaGetLastError();                                                               \
+      cr_skip_test("needs %.2f GB of device memory for %s (cudaMalloc failed)",               \
+                   (double)tc_b_ / 1e9, #ptr);                                                \
+    }                                                                                         \
+    cr_assert(tc_e_ == cudaSuccess, "cudaMalloc(%s, %zu) failed: %s", #ptr, tc_b_,            \
+              cudaGetErrorString(tc_e_));                                                     \
+  } while (0)
+
 #define TC_CUDA(call)                                                                   \
   do {                                                                                  \
     cudaError_t tc_e_ = (call);                                                         \
