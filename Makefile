@@ -102,7 +102,7 @@ SANITIZE_TIMEOUT ?= 560
 SANITIZE_SUITES  ?=
 SANITIZER        ?= $(CUDA_HOME)/bin/compute-sanitizer
 SANITIZE_DIR     := $(BUILD)/sanitize
-SANITIZE_OPTS_initcheck ?= --exclude kns=idx_reduce
+SANITIZE_OPTS_initcheck ?= --kernel-name-exclude kns=idx_reduce
 sanitize: check-criterion
 	@$(MAKE) --no-print-directory $(TEST_BIN)
 	@[ -x "$(SANITIZER)" ] || command -v "$(SANITIZER)" >/dev/null || { echo "make sanitize: $(SANITIZER) not found"; exit 1; }

@@ -25,7 +25,7 @@
  * q packing; workspace = the scores buffer only), then the same top-k. Needs sm_80+.
  * dsa_indexer_fused_variant (src/internal.h) picks its kernel: 1 = idx_fused (mma.sync), 2 = the sm_90a
  * wgmma kernel (cuda/indexer_sm90.cu; declined before anything is written off cc 9.0), 0 = automatic:
- * idx_fused until IDX_AUTO_WGMMA is set to 1 (then wgmma on cc 9.0, idx_fused elsewhere).
+ * the wgmma kernel on cc 9.0 for H_idx > 16 (IDX_AUTO_WGMMA = 1, the default), idx_fused elsewhere.
  * DSA_INDEXER_ENGINE_DEFAULT runs the fused engine on sm_80+ (H200: same results as cuBLAS on the
  * tests' exact inputs, and faster on every bench shape), cuBLAS on older devices.
  *
@@ -44,8 +44,11 @@ int64_t dsa_indexer_logits_budget = (int64_t)64 << 20;  /* fp32 logits [sub-chun
 int64_t dsa_indexer_key_tile = 32768;                   /* keys per GEMM: bounds one query's logits */
 int dsa_indexer_fused_variant = 0; /* 0 automatic, 1 mma.sync, 2 wgmma (src/internal.h) */
 /* Automatic fused kernel: 1 = the wgmma kernel where it runs (cc 9.0), 0 = idx_fused everywhere. */
+/* Measured on an H200 at 7f5821f (docs/perf.md): idx-32k 24.6 -> 11.9 ms, idx-32k-h64 42.1 -> 18.8,
+ * idx-glm-cp8 5.6 -> 2.6, idx-glm-4k 0.41 -> 0.27 with the wgmma kernel (every gpu_indexer case
+ * passes on it). H_idx <= 16 stays on mma.sync: the wgmma kernel pads heads to 32 (unmeasured there). */
 #ifndef IDX_AUTO_WGMMA
-#define IDX_AUTO_WGMMA 0
+#define IDX_AUTO_WGMMA 1
 #endif
 #define IDX_SCORES_BUDGET dsa_indexer_scores_budget
 #define IDX_LOGITS_BUDGET dsa_indexer_logits_budget
@@ -262,7 +265,7 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
   if (fused && dsa_indexer_fused_variant == 2) {
     DSA_TRY(dsa_indexer_fused_sm90_check(ctx));
     fused = 2;
-  } else if (fused && dsa_indexer_fused_variant == 0 && IDX_AUTO_WGMMA) {
+  } else if (fused && dsa_indexer_fused_variant == 0 && IDX_AUTO_WGMMA && r.num_heads > 16) {
     char saved[512];
     strncpy(saved, dsa_last_error_message(), sizeof saved - 1);
     saved[sizeof saved - 1] = '\0';
