@@ -123,38 +123,6 @@ struct SArgs {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
-/* D(64xN) (+)= A(64x16) B(16xN): A from smem, K-major (TA = 0) or M-major (TA = 1); B from smem
- * K-major ([N rows][16] of a K-major tile). */
-template <int N, int TA>
-__device__ __forceinline__ void sb_wgmma_ss(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  if constexpr (N == 8)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
-  if constexpr (N == 16)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
-  if constexpr (N == 24)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, %12, %13, p, 1, 1, %15, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
-  if constexpr (N == 32)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
-}
-
 /* D(64xCW) (+)= A(64x16, registers: the accumulator-pair map) B(16xCW, smem MN-major, tB = 1). */
 template <int CW>
 __device__ __forceinline__ void sb_wgmma_rs_tb1(float *d, const uint32_t *a, uint64_t desc_b, int scale_d) {
@@ -308,13 +276,13 @@ __device__ __forceinline__ void small_bwd_consumer(const SArgs &args, uint8_t *s
     for (int b = 0; b < NB; ++b)
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        sb_wgmma_ss<N, 0>(sacc, sm90_make_desc_sw128(skv + b * kSBlk + k * 32, 16, 1024),
+        sm90_wgmma_ss_nN<N, 0>(sacc, sm90_make_desc_sw128(skv + b * kSBlk + k * 32, 16, 1024),
                           sm90_make_desc_sw128(sq + b * L::kQBlk + k * 32, 16, 1024), (b | k) != 0);
 #pragma unroll
     for (int b = 0; b < kSNBV; ++b)
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        sb_wgmma_ss<N, 0>(dpacc, sm90_make_desc_sw128(skv + b * kSBlk + k * 32, 16, 1024),
+        sm90_wgmma_ss_nN<N, 0>(dpacc, sm90_make_desc_sw128(skv + b * kSBlk + k * 32, 16, 1024),
                           sm90_make_desc_sw128(sdo + b * L::kQBlk + k * 32, 16, 1024), (b | k) != 0);
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
@@ -385,12 +353,12 @@ __device__ __forceinline__ void small_bwd_consumer(const SArgs &args, uint8_t *s
     for (int m = 0; m < NBR; ++m)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        sb_wgmma_ss<N, 1>(dq[m], sm90_make_desc_sw128(skv + m * kSBlk + kk * 2048, kSBlk, 1024),
+        sm90_wgmma_ss_nN<N, 1>(dq[m], sm90_make_desc_sw128(skv + m * kSBlk + kk * 2048, kSBlk, 1024),
                           sm90_make_desc_sw128(sds + kk * 32, 16, 1024), 1);
     if constexpr (kRope) {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        sb_wgmma_ss<N, 1>(rtmp, sm90_make_desc_sw128(skv + (NB - 1) * kSBlk + kk * 2048, kSBlk, 1024),
+        sm90_wgmma_ss_nN<N, 1>(rtmp, sm90_make_desc_sw128(skv + (NB - 1) * kSBlk + kk * 2048, kSBlk, 1024),
                           sm90_make_desc_sw128(sds + kk * 32, 16, 1024), kk != 0);
     }
     sm90_wgmma_commit();

@@ -168,36 +168,6 @@ struct SmallArgs {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
-/* D(64xN, f32) (+)= A(64x16) * B(Nx16)^T, both from shared memory; B K-major; A K-major (TA = 0) or
- * M-major (TA = 1). scale_d = 0 overwrites D. Operand lists written out by a small script. */
-template <int N, int TA>
-__device__ __forceinline__ void wgmma_ss_nN(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  if constexpr (N == 8)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
-  if constexpr (N == 16)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
-  if constexpr (N == 24)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, %12, %13, p, 1, 1, %15, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
-  if constexpr (N == 32)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
-}
-
 /* stmatrix m8n8.x2 .trans: lanes 0-7 address the rows of matrix 0, lanes 8-15 those of matrix 1;
  * memory row q of a matrix receives column q of the thread-distributed 8 x 8 fragment. */
 __device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, uint32_t r1) {
@@ -279,7 +249,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
       for (int k = 0; k < 4; ++k) {
         const uint64_t da = sm90_make_desc_sw128(skv + b * kBlkBytes + k * 32, 16, 1024);
         const uint64_t db = sm90_make_desc_sw128(sq + b * L::kQBlk + k * 32, 16, 1024);
-        wgmma_ss_nN<NW, 0>(sacc, da, db, (b | k) != 0);
+        sm90_wgmma_ss_nN<NW, 0>(sacc, da, db, (b | k) != 0);
       }
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
@@ -367,7 +337,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
       for (int kk = 0; kk < 4; ++kk) {
         const uint64_t da = sm90_make_desc_sw128(skv + m * kBlkBytes + kk * 2048, kBlkBytes, 1024);
         const uint64_t db = sm90_make_desc_sw128(sp + kk * 32, 16, 1024);
-        wgmma_ss_nN<NW, 1>(o[m], da, db, 1);
+        sm90_wgmma_ss_nN<NW, 1>(o[m], da, db, 1);
       }
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();

@@ -128,6 +128,37 @@ __device__ __forceinline__ uint32_t sm90_pack_bf16x2(float lo, float hi) {
 }
 
 /* ---- wgmma (notes 2), operand lists written out by a small script ------------------------------- */
+/* D(64xN, f32) (+)= A(64x16) * B(Nx16)^T, both from shared memory; B K-major; A K-major (TA = 0) or
+ * M-major (TA = 1). scale_d = 0 overwrites D. N = 8, 16, 24, 32: the small-H kernels' column blocks
+ * (cuda/attn_fwd_sm90_small.cu, cuda/attn_bwd_sm90_small.cu). */
+template <int N, int TA>
+__device__ __forceinline__ void sm90_wgmma_ss_nN(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  if constexpr (N == 8)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+  if constexpr (N == 16)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+  if constexpr (N == 24)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %14, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, %12, %13, p, 1, 1, %15, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+  if constexpr (N == 32)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+}
+
 /* D(64x64, f32) (+)= A(64x16, smem K-major) * B(64x16, smem K-major)^T; scale_d = 0 overwrites D. */
 __device__ __forceinline__ void sm90_wgmma_ss_m64n64k16(float *d, uint64_t desc_a, uint64_t desc_b,
                                                         int scale_d) {
