@@ -71,7 +71,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 static_assert(kBlockM == 64 && kBlockN == 64, "the fragment maps below assume m64 and 64-key tiles");
 static_assert(kDVPerWG == 256, "PV uses one m64n256 wgmma per k16 slice");
-static_assert(2 * kConsumerRegs + kProducerRegs <= 512, "setmaxnreg: 128 x sum of per-WG counts <= 64K");
+static_assert(2 * kConsumerRegs + kProducerRegs <= 504,
+              "setmaxnreg: the per-WG counts fit the launch's pool, 384 threads x 168 registers = 128 x 504");
 static_assert(kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
 static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
 

@@ -95,7 +95,8 @@ static_assert(kMaxNOneWG * kOutPitch <= 8 * kBlkBytes, "the staged out tile (N <
 static_assert(kMaxN * kOutPitch <= 2 * 8 * kBlkBytes, "the staged out tile (N <= 64) fits in two KV stages");
 static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP + 2 < kBarAll && kBarAll < 16,
               "named barrier ids 1..15, distinct per consumer WG");
-static_assert(2 * kConsumerRegs + kProducerRegs <= 512, "setmaxnreg: 128 x sum of per-WG counts <= 64K");
+static_assert(2 * kConsumerRegs + kProducerRegs <= 504,
+              "setmaxnreg: the per-WG counts fit the launch's pool, 384 threads x 168 registers = 128 x 504");
 static_assert(kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
 static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
 

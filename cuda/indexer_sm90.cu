@@ -47,7 +47,7 @@
  *   full[s]  : 128 .noinc cp.async arrivals -> key tile in stage s landed (the consumers then run
  *              fence.proxy.async: cp.async is generic proxy, wgmma async).
  *   empty[s] : 256 plain arrivals (every consumer thread, after its wgmma.wait_group 0) -> stage free.
- * Named barriers 1 + c (256 threads: WG c bar.sync, the other WG bar.arrive): WG c's turn.
+ * Named barriers 1 + c (256 threads: WG c barrier.sync, the other WG barrier.arrive): WG c's turn.
  * Shared memory: Q 2 x 64 KB + 4 stages x 16 KB + windows + barriers + 1 KB alignment slack =
  * 197832 B. ptxas (nvcc 13, -Xptxas -v): 168 registers at entry (the launch cap), no spills, no
  * wgmma serialisation warning, in all four instantiations (HP 32 / 64, padded or not).
@@ -145,9 +145,12 @@ __device__ __forceinline__ void wgmma_ss_m64n256k16_first(float *d, uint64_t des
       : "l"(desc_a), "l"(desc_b));
 }
 
-/* Named-barrier arrive without waiting (the partner of a bar.sync by the other WG). */
+/* Named-barrier arrive without waiting (the partner of the other WG's barrier.sync). The two WGs
+ * reach the turn barriers from different code, so both sides use the non-.aligned forms
+ * (barrier.arrive here, sm90_named_bar_sync_any there): bar.arrive / bar.sync are the .aligned ones,
+ * which require every warp at the same instruction (compute-sanitizer synccheck flags them). */
 __device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 /* ReLU that keeps NaN (idx_relu of cuda/indexer.cu): max.NaN returns NaN when an input is NaN. */
@@ -308,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1) idx_sm90_kernel(const __grid_cons
     const int it = (int)(n - n0), s = it % kStages;
     sm90_mbar_wait(&full[s], (uint32_t)(it / kStages) & 1);
     const int64_t cb = n * kBlockK; /* window column of the tile's first key */
-    sm90_named_bar_sync(kBarTurn + c, 256);
+    sm90_named_bar_sync_any(kBarTurn + c, 256);
     if (cb + kBlockK <= wlo || cb >= whi) { /* WG-uniform: none of this WG's queries sees the tile */
       if (c == 0 || n + 1 < n1) named_bar_arrive(kBarTurn + (c ^ 1), 256);
       sm90_mbar_arrive(&empty[s]);
