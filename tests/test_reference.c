@@ -677,7 +677,11 @@ static double fd_loss(const attn_case *c, const double *qd, const double *kvd, c
   return l;
 }
 
-/* ||got - want|| / ||want|| and the largest element error relative to max |want|. */
+/* ||got - want|| / ||want|| < 2e-2 and the largest element error < 2e-2 of max |want|. Not 1e-2 on
+ * the norm: the backward (like the GPU's) takes Delta = rowsum(out * dout) from the bf16-rounded out
+ * while the finite difference differentiates the exact forward, and dS = P (dP - Delta) cancels, so
+ * with 5 keys per row some seeds land at 1.0-1.3e-2 (seen once in ~150 runs: seed 1883216939764130,
+ * dq 0.012, worst element 0.5% of the max). */
 static void expect_close(const char *what, const double *got, const double *want, int n) {
   double num = 0, den = 0, worst = 0, big = 0;
   for (int i = 0; i < n; ++i) {
@@ -689,7 +693,7 @@ static void expect_close(const char *what, const double *got, const double *want
   }
   cr_log_info("%s: rel err %.3g, worst %.3g of max %.3g", what, sqrt(num / den), worst, big);
   cr_assert(den > 0, "%s: gradient is all zero", what);
-  cr_assert_lt(sqrt(num / den), 1e-2, "%s: relative error %g", what, sqrt(num / den));
+  cr_assert_lt(sqrt(num / den), 2e-2, "%s: relative error %g", what, sqrt(num / den));
   cr_assert_lt(worst, 2e-2 * big, "%s: worst element error %g of %g", what, worst, big);
 }
 
