@@ -144,36 +144,6 @@ struct MainArgs {
   int num_hblocks;
 };
 
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
-/* D(64x64) (+)= A(64x16, smem M-major, tA = 1) * B(16x64, smem MN-major, tB = 1). */
-__device__ __forceinline__ void bwd_wgmma_ss_m64n64k16_ta1_tb1(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
-      :
-      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-/* D(64x64) (+)= A(64x16, smem K-major) * B(16x64, smem MN-major, tB = 1). */
-__device__ __forceinline__ void bwd_wgmma_ss_m64n64k16_tb1(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;\n}\n"
-      :
-      "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-#endif
-
 /* One consumer warpgroup's share of a tile loop: dQ and dKV over NB 64-dim blocks starting at block
  * B0 of the NBT blocks of a row (NBT = 9: WG0 <4, 0>, WG1 <5, 4>; NBT = 8: WG0 <4, 0>, WG1 <4, 4>).
  * Both warpgroups run the same sequence of named barriers, each from its own instantiation (different
@@ -303,10 +273,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const uint64_t da = sm90_make_desc_sw128(sds + kk * 32, 16, 1024);
-      sm90_wgmma_ss_m64n256k16_tb1(dq, da, sm90_make_desc_sw128(skv + B0 * kBlkBytes + kk * 2048, kBlkBytes, 1024),
+      sm90_wgmma_ss_m64n256k16<1>(dq, da, sm90_make_desc_sw128(skv + B0 * kBlkBytes + kk * 2048, kBlkBytes, 1024),
                                    1);
       if constexpr (NB == 5)
-        bwd_wgmma_ss_m64n64k16_tb1(dq + 128, da,
+        sm90_wgmma_ss_m64n64k16<0, 1>(dq + 128, da,
                                    sm90_make_desc_sw128(skv + (B0 + 4) * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
     }
     sm90_wgmma_commit();
@@ -351,12 +321,12 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
       sm90_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        bwd_wgmma_ss_m64n64k16_ta1_tb1(acc, sm90_make_desc_sw128(sds + kk * 2048, kBlkBytes, 1024),
+        sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_make_desc_sw128(sds + kk * 2048, kBlkBytes, 1024),
                                        sm90_make_desc_sw128(sq + b * kBlkBytes + kk * 2048, kBlkBytes, 1024), kk != 0);
       if (b < kNBV) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          bwd_wgmma_ss_m64n64k16_ta1_tb1(acc, sm90_make_desc_sw128(sp + kk * 2048, kBlkBytes, 1024),
+          sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_make_desc_sw128(sp + kk * 2048, kBlkBytes, 1024),
                                          sm90_make_desc_sw128(sdo + b * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
       }
       sm90_wgmma_commit();

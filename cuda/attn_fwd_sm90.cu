@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
           if constexpr (SPLIT)
             sm90_wgmma_ss_m64n32k16(sacc, da, db, (b | k) != 0);
           else
-            sm90_wgmma_ss_m64n64k16(sacc, da, db, (b | k) != 0);
+            sm90_wgmma_ss_m64n64k16<0, 0>(sacc, da, db, (b | k) != 0);
         }
       sm90_wgmma_commit();
       sm90_wgmma_wait<0>();
@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
       for (int kk = 0; kk < 4; ++kk) {
         const uint64_t db = sm90_make_desc_sw128(sv + kk * 2048, kBlkBytes, 1024);
         if constexpr (SPLIT)
-          sm90_wgmma_ss_m64n256k16_tb1(o, sm90_make_desc_sw128(sp + kk * 32, 16, 1024), db, 1);
+          sm90_wgmma_ss_m64n256k16<1>(o, sm90_make_desc_sw128(sp + kk * 32, 16, 1024), db, 1);
         else
           sm90_wgmma_rs_m64n256k16_tb1(o, pa[kk], db, 1);
       }
