@@ -89,7 +89,8 @@
  *   - D = 576: WG1 does 5/4 of WG0's dQ and dKV work (the 576 dims split on 64-dim block
  *     boundaries); D = 512 is balanced.
  *   - dkv atomics: 64 keys x D fp32 per tile per head block (H = 128 doubles them).
- * The main kernel's max-dynamic-smem attribute is set once per (D, mode, device) (prepare_main).
+ * The main kernel's max-dynamic-smem attribute is set once per (D, mode, device) (prepare_main,
+ * through dsa_kernel_smem_once).
  */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -541,19 +542,11 @@ dsa_status det_layout(const dsa_attn_bwd_params *p, DetLayout *L) {
 /* The main kernel's dynamic shared memory limit is a per-device attribute: raise it once per (head
  * dim, mode, device). A flag is set only after a successful call; two threads racing on the first
  * call only repeat the same harmless call (as in cuda/attn_fwd_sm90.cu). */
-constexpr int kTrackedDevices = 64;
-unsigned char g_attr_done[2][2][kTrackedDevices]; /* [NBT == 9][kDet][device] */
-
 template <int NBT, bool kDet>
 dsa_status prepare_main(int dev) {
-  const int tracked = dev >= 0 && dev < kTrackedDevices;
-  unsigned char *done = tracked ? &g_attr_done[NBT == 9][kDet][dev] : nullptr;
-  if (done && *done) return DSA_SUCCESS;
-  DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_bwd_sm90_kernel<NBT, kDet>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<NBT>::kBytes),
-                          "dsa_sparse_attn_bwd: cudaFuncSetAttribute"));
-  if (done) *done = 1;
-  return DSA_SUCCESS;
+  static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
+  return dsa_kernel_smem_once((const void *)attn_bwd_sm90_kernel<NBT, kDet>, Smem<NBT>::kBytes, 0, dev,
+                              attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
 /* Everything after the checks, for D = 64 * NBT (one instantiation per head dim). */

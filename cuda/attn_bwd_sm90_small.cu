@@ -592,14 +592,9 @@ dsa_status small_det_layout(const dsa_attn_bwd_params *p, SDetLayout *L) {
 /* Dynamic smem attribute: once per (instantiation, device). */
 template <int NB, int N, bool kDet>
 dsa_status small_prepare(int dev) {
-  static unsigned char done[64];
-  const int tracked = dev >= 0 && dev < 64;
-  if (tracked && done[dev]) return DSA_SUCCESS;
-  DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_bwd_sm90_small_kernel<NB, N, kDet>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, SSmem<NB, N>::kBytes),
-                          "dsa_sparse_attn_bwd: cudaFuncSetAttribute"));
-  if (tracked) done[dev] = 1;
-  return DSA_SUCCESS;
+  static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
+  return dsa_kernel_smem_once((const void *)attn_bwd_sm90_small_kernel<NB, N, kDet>, SSmem<NB, N>::kBytes, 0,
+                              dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
 template <int NB, int N>

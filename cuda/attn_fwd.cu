@@ -352,24 +352,10 @@ static size_t fwd_smem_bytes(int D, int K) {
 
 typedef void (*fwd_kernel_fn)(const fwd_args);
 
-/* Raises the dynamic shared memory limit of a kernel once per device (a host attribute, first
- * use only; a race between threads only repeats the same call). */
-#define FWD_TRACKED_DEVICES 64
-static dsa_status fwd_prepare(fwd_kernel_fn fn, int D, int device, unsigned char *done) {
-  const int tracked = device >= 0 && device < FWD_TRACKED_DEVICES;
-  if (tracked && done[device]) return DSA_SUCCESS;
-  DSA_TRY(dsa_cuda_status(cudaFuncSetAttribute((const void *)fn,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)fwd_smem_bytes(D, DSA_MAX_TOPK)),
-                          "dsa_sparse_attn_fwd: cudaFuncSetAttribute"));
-  if (tracked) done[device] = 1;
-  return DSA_SUCCESS;
-}
-
 extern "C" dsa_status dsa_launch_attn_fwd_simple(const dsa_context *ctx,
                                                  const dsa_attn_fwd_params *p,
                                                  cudaStream_t stream) {
-  static unsigned char prepared[2][2][FWD_TRACKED_DEVICES]; /* [D == 576][HPW == 2][device] */
+  static int prepared[2][2][DSA_TRACKED_DEVICES]; /* [D == 576][HPW == 2][device]: smem limit set */
   const int H = p->num_heads, D = p->head_dim;
   if (D != 512 && D != 576)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "dsa_sparse_attn_fwd: head_dim = %d is not 512 or 576", D);
@@ -395,7 +381,9 @@ extern "C" dsa_status dsa_launch_attn_fwd_simple(const dsa_context *ctx,
     fn = hpw == 2 ? attn_fwd_simple_kernel<576, 2> : attn_fwd_simple_kernel<576, 1>;
   else
     fn = hpw == 2 ? attn_fwd_simple_kernel<512, 2> : attn_fwd_simple_kernel<512, 1>;
-  DSA_TRY(fwd_prepare(fn, D, ctx != NULL ? ctx->device : -1, prepared[D == 576][hpw == 2]));
+  DSA_TRY(dsa_kernel_smem_once((const void *)fn, (int)fwd_smem_bytes(D, DSA_MAX_TOPK), 0,
+                               ctx != NULL ? ctx->device : -1, prepared[D == 576][hpw == 2],
+                               "dsa_sparse_attn_fwd: cudaFuncSetAttribute"));
 
   /* gridDim.x holds token * groups; split huge batches so it stays below 2^31. */
   const int64_t max_tokens = (int64_t)0x7FFFFFFF / a.groups;

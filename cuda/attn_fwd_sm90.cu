@@ -394,16 +394,9 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   if (smem_bytes > ctx->max_smem_optin)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d",
                     fn, smem_bytes, ctx->max_smem_optin);
-  /* The attribute is per device; set it once for each (the launcher never runs concurrently for a
-   * context, and setting it twice is harmless). */
-  static unsigned char attr_done[64];
-  const int dev = ctx->device;
-  if (dev < 0 || dev >= 64 || !attr_done[dev]) {
-    DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_fwd_sm90_kernel<NB, SPLIT>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-                            fn));
-    if (dev >= 0 && dev < 64) attr_done[dev] = 1;
-  }
+  static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
+  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_kernel<NB, SPLIT>, smem_bytes, 0, ctx->device,
+                               attr_set, fn));
   FwdArgs args;
   args.p = *p;
   args.scale_log2 = p->softmax_scale * kLog2e;

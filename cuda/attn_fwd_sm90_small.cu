@@ -514,20 +514,10 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head
     return dsa_fail(DSA_ERROR_UNSUPPORTED,
                     "%s: the sm_90a small-H kernel needs %d bytes of shared memory, device has %d", fn,
                     smem_bytes, ctx->max_smem_optin);
-  /* The attribute is per device; set it once for each (setting it twice is harmless). */
-  static unsigned char attr_done[64];
-  const int dev = ctx->device;
-  if (dev < 0 || dev >= 64 || !attr_done[dev]) {
-    DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_fwd_sm90_small_kernel<NB, N>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes),
-                            fn));
-    if (SmallCfg<N>::kCtas > 1) /* two CTAs per SM need the largest shared-memory carveout */
-      DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(attn_fwd_sm90_small_kernel<NB, N>,
-                                                        cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                        (int)cudaSharedmemCarveoutMaxShared),
-                              fn));
-    if (dev >= 0 && dev < 64) attr_done[dev] = 1;
-  }
+  /* two CTAs per SM need the largest shared-memory carveout */
+  static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
+  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_small_kernel<NB, N>, smem_bytes,
+                               SmallCfg<N>::kCtas > 1, ctx->device, attr_set, fn));
   SmallArgs args;
   args.p = *p;
   args.scale_log2 = p->softmax_scale * kLog2e;

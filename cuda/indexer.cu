@@ -353,14 +353,15 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
   }
 }
 
-extern "C" dsa_status dsa_launch_indexer_fused(const dsa_indexer_fused_args *a, cudaStream_t stream) {
+extern "C" dsa_status dsa_launch_indexer_fused(const dsa_context *ctx, const dsa_indexer_fused_args *a,
+                                               cudaStream_t stream) {
+  static int attr_set[DSA_TRACKED_DEVICES]; /* the smem limit set per device */
   const int hp = (a->heads + 7) / 8 * 8, qg = FX_QROWS / hp;
   const size_t smem = (size_t)(FX_QROWS + FX_TILE) * FX_LD * 2 + FX_QROWS * 4;
   dim3 grid;
-  cudaError_t e;
   if (a->rows <= 0 || a->window <= 0) return DSA_SUCCESS;
-  e = cudaFuncSetAttribute(idx_fused, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e != cudaSuccess) return dsa_cuda_status(e, "dsa_indexer_topk (cudaFuncSetAttribute)");
+  DSA_TRY(dsa_kernel_smem_once((const void *)idx_fused, (int)smem, 0, ctx->device, attr_set,
+                               "dsa_indexer_topk (cudaFuncSetAttribute)"));
   grid.x = (unsigned)((a->window + FX_TILE * FX_TILES - 1) / (FX_TILE * FX_TILES));
   grid.y = (unsigned)((a->rows + qg - 1) / qg);
   grid.z = 1;

@@ -371,15 +371,9 @@ __global__ void __launch_bounds__(kThreads, 1) idx_sm90_kernel(const __grid_cons
 template <int HP, bool PAD>
 dsa_status launch(const dsa_context *ctx, const dsa_indexer_fused_args *a, cudaStream_t stream) {
   constexpr int QC = kConsumers * (kN / HP);
-  /* the attribute is per device: set it once for each (setting it twice is harmless) */
-  static unsigned char attr_done[64];
-  const int dev = ctx->device;
-  if (dev < 0 || dev >= 64 || !attr_done[dev]) {
-    DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(idx_sm90_kernel<HP, PAD>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-                            "dsa_indexer_topk (cudaFuncSetAttribute)"));
-    if (dev >= 0 && dev < 64) attr_done[dev] = 1;
-  }
+  static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
+  DSA_TRY(dsa_kernel_smem_once((const void *)idx_sm90_kernel<HP, PAD>, kSmemBytes, 0, ctx->device, attr_set,
+                               "dsa_indexer_topk (cudaFuncSetAttribute)"));
   dim3 grid;
   grid.x = (unsigned)((a->window + (int64_t)kBlockK * kTilesPerCta - 1) / ((int64_t)kBlockK * kTilesPerCta));
   grid.y = (unsigned)((a->rows + QC - 1) / QC); /* rows <= 65535 (the chunk bound): <= 8192 */

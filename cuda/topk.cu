@@ -985,17 +985,14 @@ int dsa_topk_variant = 0;
 /* Launches variant 2 or 3 for a launch whose every row has at most TKR_MAX_COLS columns. */
 static dsa_status tkr_launch(const dsa_context *ctx, const dsa_topk_launch *a, int variant,
                              cudaStream_t stream) {
-  cudaError_t e;
   int64_t grid;
   if (variant == 2) {
     grid = a->rows < ctx->sm_count ? a->rows : ctx->sm_count;
     tkr_kernel<1024, 8, 0, 1><<<(unsigned)grid, 1024, 0, stream>>>(*a);
   } else {
-    e = cudaFuncSetAttribute(tkr_kernel<512, 8, 8, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, TKR3_SMEM);
-    if (e != cudaSuccess) return dsa_cuda_status(e, "dsa_topk (cudaFuncSetAttribute)");
-    e = cudaFuncSetAttribute(tkr_kernel<512, 8, 8, 2>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             (int)cudaSharedmemCarveoutMaxShared);
-    if (e != cudaSuccess) return dsa_cuda_status(e, "dsa_topk (cudaFuncSetAttribute)");
+    static int attr_set[DSA_TRACKED_DEVICES]; /* two CTAs per SM: the largest carveout too */
+    DSA_TRY(dsa_kernel_smem_once((const void *)tkr_kernel<512, 8, 8, 2>, TKR3_SMEM, 1, ctx->device, attr_set,
+                                 "dsa_topk (cudaFuncSetAttribute)"));
     grid = a->rows < 2 * (int64_t)ctx->sm_count ? a->rows : 2 * (int64_t)ctx->sm_count;
     tkr_kernel<512, 8, 8, 2><<<(unsigned)grid, 512, TKR3_SMEM, stream>>>(*a);
   }
@@ -1038,15 +1035,14 @@ static int64_t tk_cache_cap(const dsa_context *ctx, const dsa_topk_launch *a) {
 #endif
 
 template <int NT>
-static dsa_status tk_launch(const dsa_topk_launch *a, int64_t cap, size_t smem, int flags,
+static dsa_status tk_launch(const dsa_topk_launch *a, int64_t cap, size_t smem, int flags, int device,
                             cudaStream_t stream) {
-  cudaError_t e;
+  static int attr_set[DSA_TRACKED_DEVICES]; /* the largest smem limit set so far per device */
   int64_t grid;
   /* static shared memory (TK_HC histograms and small state) counts against the same limit */
-  if (smem + TK_HC * TK_BINS * 4 + 1024 > 48 * 1024) {
-    e = cudaFuncSetAttribute(tk_radix_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return dsa_cuda_status(e, "dsa_topk (cudaFuncSetAttribute)");
-  }
+  if (smem + TK_HC * TK_BINS * 4 + 1024 > 48 * 1024)
+    DSA_TRY(dsa_kernel_smem_once((const void *)tk_radix_kernel<NT>, (int)smem, 0, device, attr_set,
+                                 "dsa_topk (cudaFuncSetAttribute)"));
   grid = a->rows < (1 << 24) ? a->rows : (1 << 24);
   tk_radix_kernel<NT><<<(unsigned)grid, NT, smem, stream>>>(*a, cap, dsa_topk_compact_long_rows, flags);
   return dsa_cuda_status(cudaGetLastError(), "dsa_topk (kernel launch)");
@@ -1069,8 +1065,8 @@ extern "C" dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_lau
    * inside the allocation (compute-sanitizer memcheck flagged 12-byte reads past a 3001-key cache) */
   smem = (size_t)((cap + 3) & ~(int64_t)3) * sizeof(uint32_t);
 #if TK_THREADS_DEFAULT == 1024
-  return tk_launch<1024>(a, cap, smem, flags, stream);
+  return tk_launch<1024>(a, cap, smem, flags, ctx->device, stream);
 #else
-  return tk_launch<512>(a, cap, smem, flags, stream);
+  return tk_launch<512>(a, cap, smem, flags, ctx->device, stream);
 #endif
 }

@@ -202,7 +202,7 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
       f.scores = scores;
       f.scores_ld = l->scores_ld;
       DSA_TRY(fused == 2 ? dsa_launch_indexer_fused_sm90(ctx, &f, stream)
-                         : dsa_launch_indexer_fused(&f, stream));
+                         : dsa_launch_indexer_fused(ctx, &f, stream));
     }
     for (int64_t u0 = t0; !fused && u0 < t1; u0 += l->cg) {
       const int64_t u1 = min64(t1, u0 + l->cg), nq = u1 - u0;

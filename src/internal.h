@@ -29,6 +29,13 @@ DSA_HIDDEN dsa_status dsa_fail(dsa_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Maps a cudaError_t (as int) to DSA_ERROR_CUDA with the runtime's message; success passes. */
 DSA_HIDDEN dsa_status dsa_cuda_status(int cuda_error, const char *where);
+/* Raises kernel `fn`'s dynamic shared memory limit to `bytes` (and, when max_carveout, asks for the
+ * largest shared-memory carveout) once per device: set[device] remembers the largest size set so
+ * far, so later launches skip the host call. A race between threads only repeats the same harmless
+ * call; devices past DSA_TRACKED_DEVICES call every time. `where` names the op for the message. */
+#define DSA_TRACKED_DEVICES 64
+DSA_HIDDEN dsa_status dsa_kernel_smem_once(const void *fn, int bytes, int max_carveout, int device,
+                                           int set[DSA_TRACKED_DEVICES], const char *where);
 
 /* Returns DSA_ERROR_INVALID_ARGUMENT with a message unless cond holds. */
 #define DSA_REQUIRE(cond, ...)                                        \
@@ -190,7 +197,8 @@ typedef struct dsa_indexer_fused_args {
   float *scores;            /* [rows, scores_ld] */
   int64_t scores_ld;
 } dsa_indexer_fused_args;
-DSA_HIDDEN dsa_status dsa_launch_indexer_fused(const dsa_indexer_fused_args *a, cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_launch_indexer_fused(const dsa_context *ctx, const dsa_indexer_fused_args *a,
+                                               cudaStream_t stream);
 /* The same scoring on sm_90a wgmma (cuda/indexer_sm90.cu): the check says whether it runs on this
  * context (cc 9.0 and enough opt-in shared memory; else DSA_ERROR_UNSUPPORTED with a message), the
  * launcher takes the args of dsa_launch_indexer_fused. dsa_indexer_fused_variant (src/indexer.c)

@@ -42,3 +42,17 @@ dsa_status dsa_cuda_status(int cuda_error, const char *where) {
   return dsa_fail(DSA_ERROR_CUDA, "%s: %s (%s)", where, cudaGetErrorString((cudaError_t)cuda_error),
                   cudaGetErrorName((cudaError_t)cuda_error));
 }
+
+dsa_status dsa_kernel_smem_once(const void *fn, int bytes, int max_carveout, int device,
+                                int set[DSA_TRACKED_DEVICES], const char *where) {
+  const int tracked = device >= 0 && device < DSA_TRACKED_DEVICES;
+  if (tracked && set[device] >= bytes) return DSA_SUCCESS;
+  DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                          where));
+  if (max_carveout)
+    DSA_TRY(dsa_cuda_status((int)cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                      (int)cudaSharedmemCarveoutMaxShared),
+                            where));
+  if (tracked) set[device] = bytes;
+  return DSA_SUCCESS;
+}
