@@ -114,11 +114,11 @@ sanitize: check-criterion
 	[ -n "$$suites" ] || { echo "make sanitize: no gpu_* suite found in $(TEST_BIN) --list"; exit 1; }; \
 	echo "== compute-sanitizer: tools $(SANITIZE_TOOLS); suites" $$suites "; one process per test, $(SANITIZE_JOBS) at a time"; \
 	for t in $(SANITIZE_TOOLS); do for s in $$suites; do awk -v s=$$s -v t=$$t '$$1 == s {print t, $$1, $$2}' $(SANITIZE_DIR)/tests.txt; done; done | \
-	  xargs -P $(SANITIZE_JOBS) -L 1 sh -c 'l=$(SANITIZE_DIR)/$$0.$$1.$$2; \
+	  xargs -P $(SANITIZE_JOBS) -L 1 sh -c 'l=$(SANITIZE_DIR)/$$0.$$1.$$2; b=$$(date +%s); \
 	    case $$0 in initcheck) o="$(SANITIZE_OPTS_initcheck)";; *) o="";; esac; \
 	    DSA_TEST_SANITIZE=$$0 timeout -k 10 $(SANITIZE_TIMEOUT) "$(SANITIZER)" --tool $$0 $$o --error-exitcode 99 \
 	      --target-processes all $(TEST_BIN) --jobs 1 --filter "$$1/$$2" $(TEST_ARGS) >$$l.log 2>&1; \
-	    echo $$? >$$l.rc; echo "   $$0 $$1/$$2: exit $$(cat $$l.rc)"' ; \
+	    echo $$? >$$l.rc; echo "   $$0 $$1/$$2: exit $$(cat $$l.rc) ($$(( $$(date +%s) - b )) s)"' ; \
 	fail=0; \
 	for t in $(SANITIZE_TOOLS); do \
 	  n=0; bad=""; errs=0; tested=0; failing=0; \

@@ -99,6 +99,23 @@ static inline int tc_sanitize(void) {
   return s != NULL && s[0] != '\0' && strcmp(s, "0") != 0;
 }
 
+/* DSA_TEST_SANITIZE=racecheck: racecheck tracks every shared-memory access, so the attention
+ * suites shrink further (tc_racecheck_shrink: at most 320 slots = five 64-key tiles, so every
+ * pipeline stage and barrier parity still cycles, and about two 64-wide (query, head) tiles of
+ * tokens) and skip the T > 65535 cases (a grid-size question, not a shared-memory one: memcheck
+ * and the plain run cover it). */
+static inline int tc_racecheck(void) {
+  const char *s = getenv("DSA_TEST_SANITIZE");
+  return s != NULL && strcmp(s, "racecheck") == 0;
+}
+static inline void tc_racecheck_shrink(int64_t *T, int *K, int H) {
+  if (!tc_racecheck()) return;
+  int64_t t_cap = H > 0 ? 128 / H : 2;
+  if (t_cap < 2) t_cap = 2;
+  if (*T > t_cap && *T <= 65535) *T = t_cap;
+  if (*K > 320) *K = 320;
+}
+
 /* cudaMalloc of a large buffer: a device without the memory skips the test (naming the size). */
 #define TC_MALLOC_OR_SKIP(ptr, bytes)                                                         \
   do {                                                                                        \
