@@ -95,11 +95,13 @@ test: check-criterion
 # concatenated per tool into $(BUILD)/sanitize/<tool>.log, and one summary line per tool. Any tool
 # error (--error-exitcode), failed or crashed test, timeout, or a log without Criterion's synthesis
 # line fails the target. SANITIZE_SUITES overrides the suite list (default: every gpu_* suite of
-# `dsa_tests --list` except gpu_large).
+# `dsa_tests --list` except gpu_large); SANITIZE_FILTER, an extended regex matched against each
+# "tool suite test" line, keeps only the matching processes (e.g. finishing a cut-off run).
 SANITIZE_TOOLS   ?= racecheck memcheck initcheck synccheck
 SANITIZE_JOBS    ?= 8
 SANITIZE_TIMEOUT ?= 560
 SANITIZE_SUITES  ?=
+SANITIZE_FILTER  ?=
 SANITIZER        ?= $(CUDA_HOME)/bin/compute-sanitizer
 SANITIZE_DIR     := $(BUILD)/sanitize
 SANITIZE_OPTS_initcheck ?= --kernel-name-exclude kns=idx_reduce
@@ -114,6 +116,7 @@ sanitize: check-criterion
 	[ -n "$$suites" ] || { echo "make sanitize: no gpu_* suite found in $(TEST_BIN) --list"; exit 1; }; \
 	echo "== compute-sanitizer: tools $(SANITIZE_TOOLS); suites" $$suites "; one process per test, $(SANITIZE_JOBS) at a time"; \
 	for t in $(SANITIZE_TOOLS); do for s in $$suites; do awk -v s=$$s -v t=$$t '$$1 == s {print t, $$1, $$2}' $(SANITIZE_DIR)/tests.txt; done; done | \
+	  { if [ -n '$(SANITIZE_FILTER)' ]; then grep -E '$(SANITIZE_FILTER)' || true; else cat; fi; } | \
 	  xargs -P $(SANITIZE_JOBS) -L 1 sh -c 'l=$(SANITIZE_DIR)/$$0.$$1.$$2; b=$$(date +%s); \
 	    case $$0 in initcheck) o="$(SANITIZE_OPTS_initcheck)";; *) o="";; esac; \
 	    DSA_TEST_SANITIZE=$$0 timeout -k 10 $(SANITIZE_TIMEOUT) "$(SANITIZER)" --tool $$0 $$o --error-exitcode 99 \
