@@ -314,9 +314,9 @@ __global__ void __launch_bounds__(kThreads) bwd_dkv_det_kernel(BwdArgs a, const 
 
 /* ---- host side -------------------------------------------------------------------------------- */
 struct Layout {
-  size_t delta, lp, part, acc, keys0, keys1, vals0, vals1, off, temp;
-  size_t temp_bytes, total;
-  int end_bit;
+  size_t delta, lp, part, acc;
+  BwdSortLayout sort; /* deterministic mode only (keys0 .. temp; cuda/attn_bwd_common.cuh) */
+  size_t total;
 };
 
 dsa_status make_layout(const dsa_attn_bwd_params *p, Layout *L) {
@@ -333,17 +333,7 @@ dsa_status make_layout(const dsa_attn_bwd_params *p, Layout *L) {
       return dsa_fail(DSA_ERROR_UNSUPPORTED,
                       "dsa_sparse_attn_bwd: num_tokens = %lld exceeds 2^31-1 in deterministic mode",
                       (long long)p->num_tokens);
-    const int64_t n = p->num_tokens * (int64_t)p->topk;
-    L->end_bit = bwd_key_bits(p->num_kv); /* the sentinel num_kv fits */
-    L->keys0 = o; o += bwd_align_up((size_t)n * 4);
-    L->keys1 = o; o += bwd_align_up((size_t)n * 4);
-    L->vals0 = o; o += bwd_align_up((size_t)n * 4);
-    L->vals1 = o; o += bwd_align_up((size_t)n * 4);
-    L->off = o; o += bwd_align_up(((size_t)p->num_kv + 1) * 8);
-    size_t temp = 0;
-    if (n > 0 && p->num_kv > 0) DSA_TRY(bwd_sort_temp_bytes(n, L->end_bit, &temp));
-    L->temp_bytes = temp;
-    L->temp = o; o += bwd_align_up(temp);
+    DSA_TRY(bwd_sort_layout(p->num_tokens * (int64_t)p->topk, p->num_kv, &o, &L->sort));
   }
   L->total = o + kAlign; /* slack: the caller's pointer is aligned up inside */
   return DSA_SUCCESS;
@@ -433,10 +423,8 @@ extern "C" dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn
       /* keys = kv rows of all T * K slots, values = tokens; stable sort; then one CTA per kv row */
       const int64_t n = a.T * (int64_t)a.K;
       const int32_t *vals = nullptr;
-      int64_t *off = (int64_t *)(ws + L.off);
-      DSA_TRY(bwd_launch_sorted_keys(p, 0, n, 1, (uint32_t *)(ws + L.keys0), (uint32_t *)(ws + L.keys1),
-                                     (int32_t *)(ws + L.vals0), (int32_t *)(ws + L.vals1), ws + L.temp,
-                                     L.temp_bytes, L.end_bit, off, &vals, stream));
+      const int64_t *off = (const int64_t *)(ws + L.sort.off);
+      DSA_TRY(bwd_launch_sorted_keys(p, 0, n, 1, L.sort, ws, &vals, stream));
       bwd_dkv_det_kernel<<<bwd_grid_for(a.T_kv, 1, kBwdGridCap), kThreads, 0, stream>>>(a, delta, lp, off, vals);
       DSA_TRY(dsa_cuda_status(cudaGetLastError(), fn));
     }

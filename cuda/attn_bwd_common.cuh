@@ -1,10 +1,11 @@
 /*
  * attn_bwd_common.cuh - the small passes of dsa_sparse_attn_bwd, shared by the portable launcher
- * (cuda/attn_bwd.cu) and the sm_90a one (cuda/attn_bwd_sm90.cu). One source definition: both files
- * include this header, and each compiles its own copy of these kernels (anonymous namespace, no
- * relocatable device code, so no symbol crosses a translation unit). Both launchers therefore run the
- * very same arithmetic for Delta, L', the dsink partials, the fp32 -> bf16 conversion, dsink and the
- * deterministic modes' key lists.
+ * (cuda/attn_bwd.cu) and the sm_90a ones (cuda/attn_bwd_sm90.cu, cuda/attn_bwd_sm90_small.cu). One
+ * source definition: the files include this header, and each compiles its own copy of the kernels it
+ * uses (anonymous namespace, no relocatable device code, so no symbol crosses a translation unit).
+ * The launchers therefore run the very same arithmetic for Delta, L', the dsink partials, the fp32 ->
+ * bf16 conversion, dsink and the deterministic modes' key lists (and the two sm_90a ones the same
+ * deterministic dKV reduction and workspace layout).
  *
  *  - prep:    one CTA per token (block-stride loop), one warp per head: Delta = sum_{d<512} out*dout,
  *             L' = logaddexp(lse, sink) (+inf for rows that contribute nothing: no valid slot, or
@@ -18,6 +19,10 @@
  *             A stable radix sort by key then keeps each row's entries in ascending (token, slot)
  *             order.
  *  - offsets: off[r] = first position of the sorted keys with key >= r, r = 0..T_kv.
+ *  - det reduce (the sm_90a kernels' deterministic mode: cuda/attn_bwd_sm90.cu and
+ *             cuda/attn_bwd_sm90_small.cu): acc[r] += the row's per-slot dKV rows of one chunk in
+ *             sorted (token, slot, head block) order; with it bwd_det_layout, the one chunked
+ *             workspace layout of both sm_90a launchers (and of the op's size query).
  * Host helpers: 256-B region alignment, grid sizing, the radix sort's key width and temp size.
  * Workspace prefix of both launchers (every region 256-B aligned from the aligned-up base):
  * delta, lp, part [T, H] f32 (then acc [T_kv, D] f32 in the modes that use it).
@@ -187,6 +192,31 @@ inline dsa_status bwd_sort_temp_bytes(int64_t n, int bits, size_t *temp) {
   return DSA_SUCCESS;
 }
 
+/* The deterministic modes' sort regions for n entries, appended at offset *o (each 256-B aligned):
+ * keys0, keys1 [n] u32, vals0, vals1 [n] i32, off [T_kv + 1] i64, CUB radix-sort temp for n items
+ * (0 bytes when n or T_kv is 0). Both layouts (cuda/attn_bwd.cu's make_layout, bwd_det_layout
+ * below) end with these. */
+struct BwdSortLayout {
+  size_t keys0, keys1, vals0, vals1, off, temp;
+  size_t temp_bytes;
+  int end_bit; /* radix sort key bits: the sentinel num_kv fits */
+};
+
+inline dsa_status bwd_sort_layout(int64_t n, int64_t num_kv, size_t *o, BwdSortLayout *S) {
+  *S = BwdSortLayout();
+  S->end_bit = bwd_key_bits(num_kv);
+  S->keys0 = *o; *o += bwd_align_up((size_t)n * 4);
+  S->keys1 = *o; *o += bwd_align_up((size_t)n * 4);
+  S->vals0 = *o; *o += bwd_align_up((size_t)n * 4);
+  S->vals1 = *o; *o += bwd_align_up((size_t)n * 4);
+  S->off = *o; *o += bwd_align_up(((size_t)num_kv + 1) * 8);
+  size_t temp = 0;
+  if (n > 0 && num_kv > 0) DSA_TRY(bwd_sort_temp_bytes(n, S->end_bit, &temp));
+  S->temp_bytes = temp;
+  S->temp = *o; *o += bwd_align_up(temp);
+  return DSA_SUCCESS;
+}
+
 /* ---- launch wrappers (params validated and stride-resolved; every launch checked) --------------- */
 inline dsa_status bwd_launch_prep(const dsa_attn_bwd_params *p, float *delta, float *lp, float *part,
                                   cudaStream_t stream) {
@@ -207,25 +237,138 @@ inline dsa_status bwd_launch_dsink(const dsa_attn_bwd_params *p, const float *pa
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
 
-/* Keys of the n entries from token tok0, stable radix sort (double buffers k0/k1, v0/v1, temp of
- * temp_bytes), offsets off[0..T_kv]. *keys_sorted / *vals_sorted: the buffers holding the result. */
+/* Keys of the n entries from token tok0, stable radix sort (the regions of S in the aligned
+ * workspace ws: double buffers keys0/keys1, vals0/vals1, temp), offsets off[0..T_kv] (region off).
+ * *vals_sorted: the value buffer holding the result. */
 inline dsa_status bwd_launch_sorted_keys(const dsa_attn_bwd_params *p, int64_t tok0, int64_t n, int per_token,
-                                         uint32_t *k0, uint32_t *k1, int32_t *v0, int32_t *v1, void *temp,
-                                         size_t temp_bytes, int end_bit, int64_t *off, const int32_t **vals_sorted,
+                                         const BwdSortLayout &S, unsigned char *ws, const int32_t **vals_sorted,
                                          cudaStream_t stream) {
   static const char fn[] = "dsa_sparse_attn_bwd";
+  uint32_t *k0 = (uint32_t *)(ws + S.keys0), *k1 = (uint32_t *)(ws + S.keys1);
+  int32_t *v0 = (int32_t *)(ws + S.vals0), *v1 = (int32_t *)(ws + S.vals1);
   bwd_keys_kernel<<<bwd_grid_for(n, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0, stream>>>(*p, tok0, n,
                                                                                                  per_token, k0, v0);
   DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   cub::DoubleBuffer<uint32_t> kb(k0, k1);
   cub::DoubleBuffer<int32_t> vb(v0, v1);
-  size_t tb = temp_bytes;
-  DSA_TRY(dsa_cuda_status((int)cub::DeviceRadixSort::SortPairs(temp, tb, kb, vb, n, 0, end_bit, stream), fn));
+  size_t tb = S.temp_bytes;
+  DSA_TRY(dsa_cuda_status((int)cub::DeviceRadixSort::SortPairs(ws + S.temp, tb, kb, vb, n, 0, S.end_bit, stream),
+                          fn));
   bwd_offsets_kernel<<<bwd_grid_for(p->num_kv + 1, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0, stream>>>(
-      kb.Current(), n, p->num_kv, off);
+      kb.Current(), n, p->num_kv, (int64_t *)(ws + S.off));
   DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   *vals_sorted = vb.Current();
   return DSA_SUCCESS;
+}
+
+/* ---- sm_90a deterministic mode: chunked workspace and fixed-order dKV reduction -----------------
+ * Used by both sm_90a launchers (cuda/attn_bwd_sm90.cu, H <= 128 in head blocks of 64, and
+ * cuda/attn_bwd_sm90_small.cu, H <= 32, always one head block); the portable launcher does not use
+ * them. Tokens run in chunks of C; the main kernel of a chunk stores each valid slot's fp32 dKV row
+ * to contrib[(token_in_chunk * NHB + head_block) * K + slot][D]; bwd_launch_sorted_keys sorts the
+ * chunk's entry ids i = token_in_chunk * K + slot by kv row; the reduce adds them in that order. */
+constexpr size_t kBwdDetContribBudget = (size_t)2 << 30; /* contrib bytes per chunk */
+constexpr int kBwdDetHeadBlock = 64;                      /* heads per contrib head block */
+constexpr int kBwdDetRedBatch = 8;                        /* entries whose loads are in flight together */
+
+/* One CTA of D / 4 threads (one float4 of the D dims each: 144 at D = 576, 128 at D = 512) per kv row
+ * (block-stride): acc[r] = ((acc[r] + c_0) + c_1) + ... over the row's entries of this chunk in
+ * sorted order (ascending token, then slot), each entry's NHB head blocks in order 0, 1. Every row is
+ * owned by one CTA and every sum has a fixed order: no atomics, bitwise reproducible. NHB = 1: the
+ * contrib row of entry v is v itself (= (v / K) K + v % K), without the division. */
+template <int D, int NHB>
+__global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *contrib, const int64_t *off,
+                                                               const int32_t *vals, float *acc, int64_t T_kv, int K) {
+  const int d4 = threadIdx.x;
+  for (int64_t r = blockIdx.x; r < T_kv; r += gridDim.x) {
+    const int64_t e0 = off[r], e1 = off[r + 1];
+    if (e0 == e1) continue;
+    float4 x = ((const float4 *)(acc + r * D))[d4];
+    for (int64_t e = e0; e < e1; e += kBwdDetRedBatch) {
+      const int ne = e1 - e < kBwdDetRedBatch ? (int)(e1 - e) : kBwdDetRedBatch;
+      float4 c[kBwdDetRedBatch * NHB];
+#pragma unroll
+      for (int i = 0; i < kBwdDetRedBatch; ++i) {
+        if (i < ne) {
+          const int v = __ldg(vals + e + i);
+          int64_t row;
+          if constexpr (NHB == 1) {
+            row = (int64_t)v;
+          } else {
+            const int tl = v / K, j = v - tl * K;
+            row = (int64_t)tl * NHB * K + j;
+          }
+#pragma unroll
+          for (int hb = 0; hb < NHB; ++hb)
+            c[i * NHB + hb] = __ldcs((const float4 *)(contrib + (row + (int64_t)hb * K) * D) + d4);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBwdDetRedBatch; ++i) {
+        if (i < ne) {
+#pragma unroll
+          for (int hb = 0; hb < NHB; ++hb) {
+            const float4 y = c[i * NHB + hb];
+            x.x += y.x;
+            x.y += y.y;
+            x.z += y.z;
+            x.w += y.w;
+          }
+        }
+      }
+    }
+    ((float4 *)(acc + r * D))[d4] = x;
+  }
+}
+
+/* Deterministic-mode workspace (offsets from the 256-B aligned base; every region 256-B aligned):
+ * delta, lp, part [T, H] f32 and acc [T_kv, D] f32 exactly as in the non-deterministic layout,
+ * then contrib [C * ceil(H / 64) * K * D] f32, keys0, keys1 [C * K] u32, vals0, vals1 [C * K] i32,
+ * off [T_kv + 1] i64, CUB radix-sort temp for C * K items; C = tokens per chunk (2 GiB of contrib,
+ * dsa_attn_bwd_det_chunk_tokens > 0 overrides it; clamped to 1..T and to int32 entry ids). The
+ * small-H kernel (H <= 32) has ceil(H / 64) = 1 head block, so both sm_90a launchers and the op's
+ * size query (dsa_attn_bwd_sm90_det_workspace_size) compute this one layout. */
+struct BwdDetLayout {
+  size_t delta, lp, part, acc, contrib;
+  BwdSortLayout sort; /* keys0 .. temp */
+  size_t total;
+  int64_t chunk; /* C */
+};
+
+inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, BwdDetLayout *L) {
+  const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
+  const size_t D = (size_t)p->head_dim;
+  const int nhb = (p->num_heads + kBwdDetHeadBlock - 1) / kBwdDetHeadBlock;
+  const size_t per_tok = (size_t)nhb * (size_t)p->topk * D * 4;
+  int64_t C = dsa_attn_bwd_det_chunk_tokens > 0 ? (int64_t)dsa_attn_bwd_det_chunk_tokens
+                                                 : (int64_t)(kBwdDetContribBudget / per_tok);
+  if (C < 1) C = 1;
+  if (C > (int64_t)INT32_MAX / p->topk) C = (int64_t)INT32_MAX / p->topk; /* entry ids are int32 */
+  if (C > p->num_tokens) C = p->num_tokens;
+  size_t o = 0;
+  *L = BwdDetLayout();
+  L->chunk = C;
+  L->delta = o; o += bwd_align_up(th * 4);
+  L->lp = o; o += bwd_align_up(th * 4);
+  L->part = o; o += bwd_align_up(th * 4);
+  L->acc = o; o += bwd_align_up((size_t)p->num_kv * D * 4);
+  L->contrib = o; o += bwd_align_up((size_t)C * per_tok);
+  DSA_TRY(bwd_sort_layout(C * (int64_t)p->topk, p->num_kv, &o, &L->sort));
+  L->total = o + kBwdAlign; /* slack: the caller's pointer is aligned up inside */
+  return DSA_SUCCESS;
+}
+
+/* One chunk's dKV reduction (after its main kernel): sort the chunk's nt * K entries from token t0
+ * by kv row (regions of L in the aligned workspace ws), then acc += contrib in sorted order. */
+template <int D, int NHB>
+inline dsa_status bwd_det_sort_reduce(const dsa_attn_bwd_params *p, const BwdDetLayout &L, unsigned char *ws,
+                                      int64_t t0, int64_t nt, const float *contrib, float *acc,
+                                      cudaStream_t stream) {
+  const int32_t *vals = nullptr;
+  DSA_TRY(bwd_launch_sorted_keys(p, t0, nt * (int64_t)p->topk, 0, L.sort, ws, &vals, stream));
+  bwd_det_reduce_kernel<D, NHB><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), D / 4, 0, stream>>>(
+      contrib, (const int64_t *)(ws + L.sort.off), vals, acc, p->num_kv, p->topk);
+  return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
 
 }  // namespace

@@ -68,7 +68,8 @@
  *   Then the fp32 -> bf16 convert. Every row's sum is ((0 + c_0) + c_1) + ... over its contributions
  *   in ascending (token, slot, head block) order; an fp32 store / load between chunks is exact, so
  *   the result is bitwise the same run to run AND for every chunk size C (the tests check both).
- *   Workspace (det_layout; offsets from the 256-B aligned base, every region 256-B aligned):
+ *   Workspace (bwd_det_layout, cuda/attn_bwd_common.cuh; offsets from the 256-B aligned base, every
+ *   region 256-B aligned):
  *     delta, lp, part [T, H] f32; acc [T_kv, D] f32         (as in the non-deterministic layout)
  *     contrib [C * ceil(H / 64) * K, D] f32                   (<= 2 GiB unless one token exceeds it)
  *     keys0, keys1 [C * K] u32; vals0, vals1 [C * K] i32; off [T_kv + 1] i64; CUB temp (C * K items)
@@ -112,7 +113,6 @@ constexpr int kNBV = DSA_VALUE_DIM / 64; /* 8 value blocks */
 constexpr int kBlkBytes = 64 * 128;  /* one 64 x 64 bf16 SW128 block: 8 atoms of 1024 B */
 constexpr size_t kAlign = kBwdAlign; /* workspace region alignment (cuda/attn_bwd_common.cuh) */
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr size_t kDetContribBudget = (size_t)2 << 30; /* deterministic mode: contrib bytes per chunk */
 [[maybe_unused]] constexpr int kBar = 1; /* named barrier over the CTA's 256 threads */
 
 /* Shared-memory layout for NB 64-column blocks per row (byte offsets from the 1024-B aligned base):
@@ -446,98 +446,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid
 #endif
 }
 
-/* ---- deterministic mode: fixed-order dKV reduction (key lists: cuda/attn_bwd_common.cuh) ------- */
-constexpr int kRedBatch = 8;        /* entries whose loads are in flight together */
+/* ---- deterministic mode: the fixed-order dKV reduction (bwd_det_reduce_kernel), its workspace
+ * layout (bwd_det_layout) and the key lists are in cuda/attn_bwd_common.cuh, shared with the small-H
+ * kernel ------------------------------------------------------------------------------------------ */
 constexpr int kMaxHBlocks = DSA_MAX_HEADS / kBlockM; /* 2 */
-
-/* One CTA of D / 4 threads (one float4 of the D dims each: 144 at D = 576, 128 at D = 512) per kv row
- * (block-stride): acc[r] = ((acc[r] + c_0) + c_1) + ... over the row's entries of this chunk in
- * sorted order (ascending token, then slot), each entry's head blocks in order 0, 1. Every row is
- * owned by one CTA and every sum has a fixed order: no atomics, bitwise reproducible. */
-template <int D, int NHB>
-__global__ void __launch_bounds__(D / 4) bwd_sm90_det_reduce_kernel(const float *contrib, const int64_t *off,
-                                                                    const int32_t *vals, float *acc, int64_t T_kv,
-                                                                    int K) {
-  const int d4 = threadIdx.x;
-  for (int64_t r = blockIdx.x; r < T_kv; r += gridDim.x) {
-    const int64_t e0 = off[r], e1 = off[r + 1];
-    if (e0 == e1) continue;
-    float4 x = ((const float4 *)(acc + r * D))[d4];
-    for (int64_t e = e0; e < e1; e += kRedBatch) {
-      const int ne = e1 - e < kRedBatch ? (int)(e1 - e) : kRedBatch;
-      float4 c[kRedBatch * NHB];
-#pragma unroll
-      for (int i = 0; i < kRedBatch; ++i) {
-        if (i < ne) {
-          const int v = __ldg(vals + e + i);
-          const int tl = v / K, j = v - tl * K;
-          const int64_t row = (int64_t)tl * NHB * K + j;
-#pragma unroll
-          for (int hb = 0; hb < NHB; ++hb)
-            c[i * NHB + hb] = __ldcs((const float4 *)(contrib + (row + (int64_t)hb * K) * D) + d4);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kRedBatch; ++i) {
-        if (i < ne) {
-#pragma unroll
-          for (int hb = 0; hb < NHB; ++hb) {
-            const float4 y = c[i * NHB + hb];
-            x.x += y.x;
-            x.y += y.y;
-            x.z += y.z;
-            x.w += y.w;
-          }
-        }
-      }
-    }
-    ((float4 *)(acc + r * D))[d4] = x;
-  }
-}
-
-/* Deterministic-mode workspace (offsets from the 256-B aligned base; every region 256-B aligned):
- * delta, lp, part [T, H] f32 and acc [T_kv, D] f32 exactly as in the non-deterministic layout,
- * then contrib [C * ceil(H / 64) * K * D] f32, keys0, keys1 [C * K] u32, vals0, vals1 [C * K] i32,
- * off [T_kv + 1] i64, CUB radix-sort temp for C * K items; C = tokens per chunk. */
-struct DetLayout {
-  size_t delta, lp, part, acc, contrib, keys0, keys1, vals0, vals1, off, temp;
-  size_t temp_bytes, total;
-  int64_t chunk; /* C */
-  int end_bit;
-};
-
-dsa_status det_layout(const dsa_attn_bwd_params *p, DetLayout *L) {
-  const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
-  const size_t D = (size_t)p->head_dim;
-  const int nhb = (p->num_heads + kBlockM - 1) / kBlockM;
-  const size_t per_tok = (size_t)nhb * (size_t)p->topk * D * 4;
-  int64_t C = dsa_attn_bwd_det_chunk_tokens > 0 ? (int64_t)dsa_attn_bwd_det_chunk_tokens
-                                                 : (int64_t)(kDetContribBudget / per_tok);
-  if (C < 1) C = 1;
-  if (C > (int64_t)INT32_MAX / p->topk) C = (int64_t)INT32_MAX / p->topk; /* entry ids are int32 */
-  if (C > p->num_tokens) C = p->num_tokens;
-  const int64_t n = C * (int64_t)p->topk;
-  size_t o = 0;
-  *L = DetLayout();
-  L->chunk = C;
-  L->delta = o; o += bwd_align_up(th * 4);
-  L->lp = o; o += bwd_align_up(th * 4);
-  L->part = o; o += bwd_align_up(th * 4);
-  L->acc = o; o += bwd_align_up((size_t)p->num_kv * D * 4);
-  L->contrib = o; o += bwd_align_up((size_t)C * per_tok);
-  L->end_bit = bwd_key_bits(p->num_kv); /* the sentinel num_kv fits */
-  L->keys0 = o; o += bwd_align_up((size_t)n * 4);
-  L->keys1 = o; o += bwd_align_up((size_t)n * 4);
-  L->vals0 = o; o += bwd_align_up((size_t)n * 4);
-  L->vals1 = o; o += bwd_align_up((size_t)n * 4);
-  L->off = o; o += bwd_align_up(((size_t)p->num_kv + 1) * 8);
-  size_t temp = 0;
-  if (n > 0 && p->num_kv > 0) DSA_TRY(bwd_sort_temp_bytes(n, L->end_bit, &temp));
-  L->temp_bytes = temp;
-  L->temp = o; o += bwd_align_up(temp);
-  L->total = o + kAlign; /* slack: the caller's pointer is aligned up inside */
-  return DSA_SUCCESS;
-}
+static_assert(kBlockM == kBwdDetHeadBlock, "contrib head blocks are this kernel's 64-head CTAs");
 
 /* The main kernel's dynamic shared memory limit is a per-device attribute: raise it once per (head
  * dim, mode, device). A flag is set only after a successful call; two threads racing on the first
@@ -558,7 +471,7 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   const int smem_bytes = Smem<NBT>::kBytes;
 
   /* workspace regions: delta, lp, part, acc as in cuda/attn_bwd.cu's make_layout (non-deterministic
-   * mode); the deterministic mode's det_layout keeps those four and appends its own regions */
+   * mode); the deterministic mode's bwd_det_layout keeps those four and appends its own regions */
   const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
   unsigned char *ws = (unsigned char *)(((uintptr_t)workspace + kAlign - 1) & ~(uintptr_t)(kAlign - 1));
   float *delta = (float *)ws, *lp = (float *)(ws + bwd_align_up(th * 4));
@@ -572,10 +485,10 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   }
 
   const int det = p->deterministic ? 1 : 0;
-  DetLayout DL;
+  BwdDetLayout DL = BwdDetLayout(); /* value-initialised: filled by bwd_det_layout in the deterministic mode */
   if (det) {
-    DSA_TRY(det_layout(p, &DL));
-    /* det_layout puts delta, lp, part and acc at the offsets used above (same construction) */
+    DSA_TRY(bwd_det_layout(p, &DL));
+    /* bwd_det_layout puts delta, lp, part and acc at the offsets used above (same construction) */
     DSA_TRY((prepare_main<NBT, true>(ctx->device)));
   } else {
     DSA_TRY((prepare_main<NBT, false>(ctx->device)));
@@ -604,26 +517,16 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
      * adds them into acc row by row in sorted order. The order of every fp32 sum is fixed by the
      * inputs and C alone. */
     args.contrib = (float *)(ws + DL.contrib);
-    uint32_t *k0 = (uint32_t *)(ws + DL.keys0), *k1 = (uint32_t *)(ws + DL.keys1);
-    int32_t *v0 = (int32_t *)(ws + DL.vals0), *v1 = (int32_t *)(ws + DL.vals1);
-    int64_t *off = (int64_t *)(ws + DL.off);
     for (int64_t t0 = 0; t0 < p->num_tokens; t0 += DL.chunk) {
       const int64_t nt = p->num_tokens - t0 < DL.chunk ? p->num_tokens - t0 : DL.chunk;
       args.tok0 = t0;
       attn_bwd_sm90_kernel<NBT, true><<<(unsigned)(nt * num_hblocks), kThreads, smem_bytes, stream>>>(args);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
       if (p->num_kv == 0) continue; /* every slot invalid: dq only */
-      const int64_t n = nt * (int64_t)p->topk;
-      const int32_t *vals = nullptr;
-      DSA_TRY(bwd_launch_sorted_keys(p, t0, n, 0, k0, k1, v0, v1, ws + DL.temp, DL.temp_bytes, DL.end_bit, off, &vals,
-                                     stream));
       if (num_hblocks == 1)
-        bwd_sm90_det_reduce_kernel<kD, 1><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), kD / 4, 0, stream>>>(
-            args.contrib, off, vals, acc, p->num_kv, p->topk);
+        DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, acc, stream)));
       else
-        bwd_sm90_det_reduce_kernel<kD, kMaxHBlocks><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), kD / 4, 0, stream>>>(
-            args.contrib, off, vals, acc, p->num_kv, p->topk);
-      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+        DSA_TRY((bwd_det_sort_reduce<kD, kMaxHBlocks>(p, DL, ws, t0, nt, args.contrib, acc, stream)));
     }
   }
 
@@ -675,8 +578,8 @@ extern "C" dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_pa
   if (!p->deterministic || (p->head_dim != 576 && p->head_dim != 512) || p->num_heads < 1 ||
       p->num_heads > DSA_MAX_HEADS)
     return DSA_SUCCESS;
-  DetLayout L;
-  DSA_TRY(det_layout(p, &L));
+  BwdDetLayout L;
+  DSA_TRY(bwd_det_layout(p, &L));
   *bytes = L.total;
   return DSA_SUCCESS;
 }

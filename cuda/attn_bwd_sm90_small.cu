@@ -79,7 +79,6 @@ constexpr int kSStages = 2;               /* KV stages */
 constexpr int kSNBV = DSA_VALUE_DIM / 64; /* 8 value blocks */
 constexpr int kSBlk = 64 * 128;           /* one 64 x 64 bf16 SW128 block */
 constexpr float kSLog2e = 1.4426950408889634f;
-constexpr size_t kSDetContribBudget = (size_t)2 << 30; /* = the 64-head kernel's budget (same layout) */
 [[maybe_unused]] constexpr int kSBarDS = 1;  /* consumer WG: dS^T tile complete (128 threads) */
 [[maybe_unused]] constexpr int kSBarOut = 2; /* consumer WG: epilogue staging (128 threads) */
 [[maybe_unused]] constexpr int kSBarDQ = 3;  /* consumer WG: dQ^T of the previous tile done (dS^T tile WAR) */
@@ -515,79 +514,9 @@ __global__ void __launch_bounds__(kSThreads, 1) attn_bwd_sm90_small_kernel(const
 #endif
 }
 
-/* ---- deterministic mode: the fixed-order dKV reduction of attn_bwd_sm90.cu with one head block
- * (the same code: acc[r] = ((acc[r] + c_0) + c_1) + ... in sorted (token, slot) order). */
-constexpr int kSRedBatch = 8;
-
-template <int D>
-__global__ void __launch_bounds__(D / 4) bwd_sm90_small_det_reduce_kernel(const float *contrib, const int64_t *off,
-                                                                          const int32_t *vals, float *acc,
-                                                                          int64_t T_kv, int K) {
-  const int d4 = threadIdx.x;
-  for (int64_t r = blockIdx.x; r < T_kv; r += gridDim.x) {
-    const int64_t e0 = off[r], e1 = off[r + 1];
-    if (e0 == e1) continue;
-    float4 x = ((const float4 *)(acc + r * D))[d4];
-    for (int64_t e = e0; e < e1; e += kSRedBatch) {
-      const int ne = e1 - e < kSRedBatch ? (int)(e1 - e) : kSRedBatch;
-      float4 c[kSRedBatch];
-#pragma unroll
-      for (int i = 0; i < kSRedBatch; ++i)
-        if (i < ne) c[i] = __ldcs((const float4 *)(contrib + (int64_t)__ldg(vals + e + i) * D) + d4);
-#pragma unroll
-      for (int i = 0; i < kSRedBatch; ++i) {
-        if (i < ne) {
-          x.x += c[i].x;
-          x.y += c[i].y;
-          x.z += c[i].z;
-          x.w += c[i].w;
-        }
-      }
-    }
-    ((float4 *)(acc + r * D))[d4] = x;
-  }
-}
-
-/* Deterministic-mode workspace: attn_bwd_sm90.cu's det_layout with one head block (the op's size
- * query, dsa_attn_bwd_sm90_det_workspace_size, computes exactly this for H <= 64). */
-struct SDetLayout {
-  size_t delta, lp, part, acc, contrib, keys0, keys1, vals0, vals1, off, temp;
-  size_t temp_bytes, total;
-  int64_t chunk;
-  int end_bit;
-};
-
-dsa_status small_det_layout(const dsa_attn_bwd_params *p, SDetLayout *L) {
-  const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
-  const size_t D = (size_t)p->head_dim;
-  const size_t per_tok = (size_t)p->topk * D * 4;
-  int64_t C = dsa_attn_bwd_det_chunk_tokens > 0 ? (int64_t)dsa_attn_bwd_det_chunk_tokens
-                                                 : (int64_t)(kSDetContribBudget / per_tok);
-  if (C < 1) C = 1;
-  if (C > (int64_t)INT32_MAX / p->topk) C = (int64_t)INT32_MAX / p->topk; /* entry ids are int32 */
-  if (C > p->num_tokens) C = p->num_tokens;
-  const int64_t n = C * (int64_t)p->topk;
-  size_t o = 0;
-  *L = SDetLayout();
-  L->chunk = C;
-  L->delta = o; o += bwd_align_up(th * 4);
-  L->lp = o; o += bwd_align_up(th * 4);
-  L->part = o; o += bwd_align_up(th * 4);
-  L->acc = o; o += bwd_align_up((size_t)p->num_kv * D * 4);
-  L->contrib = o; o += bwd_align_up((size_t)C * per_tok);
-  L->end_bit = bwd_key_bits(p->num_kv);
-  L->keys0 = o; o += bwd_align_up((size_t)n * 4);
-  L->keys1 = o; o += bwd_align_up((size_t)n * 4);
-  L->vals0 = o; o += bwd_align_up((size_t)n * 4);
-  L->vals1 = o; o += bwd_align_up((size_t)n * 4);
-  L->off = o; o += bwd_align_up(((size_t)p->num_kv + 1) * 8);
-  size_t temp = 0;
-  if (n > 0 && p->num_kv > 0) DSA_TRY(bwd_sort_temp_bytes(n, L->end_bit, &temp));
-  L->temp_bytes = temp;
-  L->temp = o; o += bwd_align_up(temp);
-  L->total = o + kBwdAlign;
-  return DSA_SUCCESS;
-}
+/* ---- deterministic mode: the 64-head kernel's workspace layout (bwd_det_layout) and fixed-order
+ * reduction (bwd_det_reduce_kernel<D, 1>), both in cuda/attn_bwd_common.cuh: H <= 32 is one head
+ * block, and contrib row (token - tok0) K + slot is what that kernel reads for entry id i. */
 
 /* Dynamic smem attribute: once per (instantiation, device). */
 template <int NB, int N, bool kDet>
@@ -618,9 +547,9 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
     return DSA_SUCCESS;
   }
   const int det = p->deterministic ? 1 : 0;
-  SDetLayout DL;
+  BwdDetLayout DL = BwdDetLayout(); /* value-initialised: filled by bwd_det_layout in the deterministic mode */
   if (det) {
-    DSA_TRY(small_det_layout(p, &DL));
+    DSA_TRY(bwd_det_layout(p, &DL));
     DSA_TRY((small_prepare<NB, N, true>(ctx->device)));
   } else {
     DSA_TRY((small_prepare<NB, N, false>(ctx->device)));
@@ -643,21 +572,13 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   } else {
     args.contrib = (float *)(ws + DL.contrib);
-    uint32_t *k0 = (uint32_t *)(ws + DL.keys0), *k1 = (uint32_t *)(ws + DL.keys1);
-    int32_t *v0 = (int32_t *)(ws + DL.vals0), *v1 = (int32_t *)(ws + DL.vals1);
-    int64_t *off = (int64_t *)(ws + DL.off);
     for (int64_t t0 = 0; t0 < p->num_tokens; t0 += DL.chunk) {
       const int64_t nt = p->num_tokens - t0 < DL.chunk ? p->num_tokens - t0 : DL.chunk;
       args.tok0 = t0;
       attn_bwd_sm90_small_kernel<NB, N, true><<<(unsigned)nt, kSThreads, smem_bytes, stream>>>(args);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
       if (p->num_kv == 0) continue; /* every slot invalid: dq only */
-      const int32_t *vals = nullptr;
-      DSA_TRY(bwd_launch_sorted_keys(p, t0, nt * (int64_t)p->topk, 0, k0, k1, v0, v1, ws + DL.temp, DL.temp_bytes,
-                                     DL.end_bit, off, &vals, stream));
-      bwd_sm90_small_det_reduce_kernel<kD><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), kD / 4, 0, stream>>>(
-          args.contrib, off, vals, acc, p->num_kv, p->topk);
-      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+      DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, acc, stream)));
     }
   }
   if (p->num_kv > 0) DSA_TRY(bwd_launch_convert(p, acc, stream));
