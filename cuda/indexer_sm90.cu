@@ -98,7 +98,15 @@ static_assert(kTilesPerCta >= 1, "at least one tile per CTA");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 /* The first k16 step: D = A * B^T (scale-d false). Write-only outputs, so the accumulators are dead
  * between the epilogue that reads them and the next tile's first wgmma (no register is held across
- * the tile loop for them). */
+ * the tile loop for them). Kept "=f" on purpose (reviewed against "+f", the other wrappers' form):
+ * with scale-d = 0 the instruction never reads D, so "=f" states exactly what it does; the hazards
+ * of an async wgmma (its registers written after issue) are ptxas's to track and are the same for
+ * both forms: the chain's later steps are "+f", and sm90_fence_operand after the wait pins the
+ * results before the epilogue reads them. "+f" would only add a fake read of undefined values on
+ * the first tile and keep 128 registers live around the loop (skipped tiles, barrier waits). Tried
+ * (nvcc 13): same opcode counts in the PTX, 168 registers at entry and no spills either way, but
+ * different register allocation / scheduling in all four kernels' machine code (one 8 instructions
+ * longer): a change with no safety gain, not taken without a GPU run. */
 __device__ __forceinline__ void wgmma_ss_m64n256k16_first(float *d, uint64_t desc_a, uint64_t desc_b) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 0, 1, 1, 0, 0;\n"
