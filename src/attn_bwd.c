@@ -9,7 +9,6 @@
  * of the size). Both modes try the sm_90a kernel first on cc 9.0 (automatic variant; it runs both
  * head dims, 576 and 512); in the deterministic mode the size covers both that kernel's chunked
  * layout and the portable one. */
-#include <string.h>
 #include "internal.h"
 
 /* 0 = automatic (on cc 9.0: the small-H sm_90a kernel for H <= 32 in deterministic mode, else / where it declines the
@@ -55,22 +54,21 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
   if (dsa_attn_bwd_variant == 3)
     return dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, (cudaStream_t)stream);
   if (dsa_attn_bwd_variant == 0 && ctx->cc_major == 9 && ctx->cc_minor == 0) {
-    /* The sm_90a kernel declines configurations it does not run with DSA_ERROR_UNSUPPORTED (before
-     * any launch); the call then succeeds on the portable kernels, so its message must not outlive
-     * it: keep the thread's previous message and put it back. */
-    char saved[512];
+    /* The sm_90a kernels decline configurations they do not run with DSA_ERROR_UNSUPPORTED (before
+     * any launch); the call then succeeds on the next one, so a decline's message must not outlive
+     * it: the thread's previous message is put back (dsa_declined). */
+    dsa_saved_message saved;
     dsa_status s;
-    strncpy(saved, dsa_last_error_message(), sizeof saved - 1);
-    saved[sizeof saved - 1] = '\0';
-    s = DSA_ERROR_UNSUPPORTED;
+    dsa_message_save(&saved);
     /* small-H kernel: deterministic mode only. Measured on an H200 at 7f5821f, bwd-tp-h16 (H = 16):
      * det1 16.4 -> 14.3 ms with it, det0 10.7 -> 10.9 ms (the atomic mode is bound by its 19 GB of
      * fp32 atomics, the same on both kernels, so the 64-head kernel keeps it). */
-    if (r.num_heads <= 32 && r.deterministic)
+    if (r.num_heads <= 32 && r.deterministic) {
       s = dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, (cudaStream_t)stream);
-    if (s == DSA_ERROR_UNSUPPORTED) s = dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
-    if (s != DSA_ERROR_UNSUPPORTED) return s;
-    (void)dsa_fail(DSA_SUCCESS, "%s", saved);
+      if (!dsa_declined(s, &saved)) return s;
+    }
+    s = dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
+    if (!dsa_declined(s, &saved)) return s;
   }
   return dsa_launch_attn_bwd(ctx, &r, workspace, (cudaStream_t)stream);
 }

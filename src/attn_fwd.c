@@ -54,21 +54,18 @@ DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_para
   if (hopper) {
     /* The sm_90a kernels decline configurations they do not run with DSA_ERROR_UNSUPPORTED; the
      * call then succeeds on the next one, so its message must not outlive it: keep the thread's
-     * previous message and put it back. */
-    char saved[512];
+     * previous message and put it back (dsa_declined). */
+    dsa_saved_message saved;
     dsa_status s;
-    strncpy(saved, dsa_last_error_message(), sizeof saved - 1);
-    saved[sizeof saved - 1] = '\0';
+    dsa_message_save(&saved);
     if (r.num_heads % FWD_HEAD_BLOCK != 0 && r.num_heads % FWD_HEAD_BLOCK <= FWD_SMALL_AUTO_MAX) {
       /* H < 64: the small-H kernel alone; 64 < H < 128: the split (no zero M rows either way) */
       s = r.num_heads < FWD_HEAD_BLOCK ? dsa_launch_attn_fwd_sm90_small(ctx, &r, stream)
                                        : fwd_split(ctx, &r, stream);
-      if (s != DSA_ERROR_UNSUPPORTED) return s;
-      (void)dsa_fail(DSA_SUCCESS, "%s", saved);
+      if (!dsa_declined(s, &saved)) return s;
     }
     s = dsa_launch_attn_fwd_sm90(ctx, &r, stream);
-    if (s != DSA_ERROR_UNSUPPORTED) return s;
-    (void)dsa_fail(DSA_SUCCESS, "%s", saved);
+    if (!dsa_declined(s, &saved)) return s;
   }
   return dsa_launch_attn_fwd_simple(ctx, &r, stream);
 }

@@ -34,7 +34,6 @@
  * algorithm, hence its fp32 summation order, from the GEMM shape), which matters only when
  * scores differ in their last bits.
  */
-#include <string.h>
 #include <cublas_v2.h>
 #include "internal.h"
 
@@ -266,11 +265,10 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
     DSA_TRY(dsa_indexer_fused_sm90_check(ctx));
     fused = 2;
   } else if (fused && dsa_indexer_fused_variant == 0 && IDX_AUTO_WGMMA && r.num_heads > 16) {
-    char saved[512];
-    strncpy(saved, dsa_last_error_message(), sizeof saved - 1);
-    saved[sizeof saved - 1] = '\0';
+    dsa_saved_message saved;
+    dsa_message_save(&saved);
     if (dsa_indexer_fused_sm90_check(ctx) == DSA_SUCCESS) fused = 2;
-    else (void)dsa_fail(DSA_SUCCESS, "%s", saved);
+    else dsa_message_restore(&saved);
   }
   plan_layout(&r, fused, &l);
   if (workspace == NULL) {

@@ -27,6 +27,20 @@ struct dsa_context {
 /* Records a formatted message for dsa_last_error_message() and returns `status`. */
 DSA_HIDDEN dsa_status dsa_fail(dsa_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Trying an sm_90a launcher that may decline (DSA_ERROR_UNSUPPORTED, before any launch) and falling
+ * back: a declined attempt's message must not outlive a call that then succeeds on another path.
+ *   dsa_saved_message saved;
+ *   dsa_message_save(&saved);
+ *   s = try_launch(...);
+ *   if (!dsa_declined(s, &saved)) return s;   (declined: the thread's message is back, fall back)
+ * dsa_message_save copies the thread's last message; dsa_message_restore puts it back;
+ * dsa_declined(s, m): 0 for any status but DSA_ERROR_UNSUPPORTED, else restores m and returns 1. */
+typedef struct {
+  char text[512];
+} dsa_saved_message;
+DSA_HIDDEN void dsa_message_save(dsa_saved_message *m);
+DSA_HIDDEN void dsa_message_restore(const dsa_saved_message *m);
+DSA_HIDDEN int dsa_declined(dsa_status s, const dsa_saved_message *m);
 /* Maps a cudaError_t (as int) to DSA_ERROR_CUDA with the runtime's message; success passes. */
 DSA_HIDDEN dsa_status dsa_cuda_status(int cuda_error, const char *where);
 /* Raises kernel `fn`'s dynamic shared memory limit to `bytes` (and, when max_carveout, asks for the

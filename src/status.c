@@ -1,6 +1,7 @@
 /* status.c - version, status strings and the thread-local last-error message. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <cuda_runtime_api.h>
 #include "internal.h"
 
@@ -35,6 +36,19 @@ dsa_status dsa_fail(dsa_status status, const char *fmt, ...) {
   vsnprintf(dsa_last_message, sizeof dsa_last_message, fmt, ap);
   va_end(ap);
   return status;
+}
+
+void dsa_message_save(dsa_saved_message *m) {
+  strncpy(m->text, dsa_last_message, sizeof m->text - 1);
+  m->text[sizeof m->text - 1] = '\0';
+}
+
+void dsa_message_restore(const dsa_saved_message *m) { (void)dsa_fail(DSA_SUCCESS, "%s", m->text); }
+
+int dsa_declined(dsa_status s, const dsa_saved_message *m) {
+  if (s != DSA_ERROR_UNSUPPORTED) return 0;
+  dsa_message_restore(m);
+  return 1;
 }
 
 dsa_status dsa_cuda_status(int cuda_error, const char *where) {
