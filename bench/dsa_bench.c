@@ -5,7 +5,8 @@
  * targets.md, so every number is also a ratio. Writes a table and
  * bench/results/YYYY-MM-DD-<card>.json (rewritten after every row, so a crash keeps what ran).
  *
- *   dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--fwd-variant N] [--list]
+ *   dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--fwd-variant N]
+ *             [--fwd-overlap LIST] [--list]
  *
  * An op that returns DSA_ERROR_UNSUPPORTED is reported as "not on the GPU yet", never a failure.
  */
@@ -19,6 +20,22 @@
  * in the shared library but resolvable in this static link; weak so the bench links without it. */
 extern int dsa_attn_fwd_variant __attribute__((weak));
 static int fwd_variant_forced; /* 0: automatic */
+/* The 64-head sm_90a forward's consumer schedule (src/internal.h dsa_attn_fwd_sm90_overlap: 0 serial,
+ * 1 overlapped, 2 S hoisted), from --fwd-overlap LIST or DSA_FWD_OVERLAP=LIST ("0,1,2"): every fwd row
+ * runs once per listed schedule and its variant gets ",ov<N>"; neither given: the library default. */
+extern int dsa_attn_fwd_sm90_overlap __attribute__((weak));
+static int fwd_overlap_list[8], fwd_overlap_count; /* count 0: library default, no suffix */
+/* Parses "0,1,2" into fwd_overlap_list; 0 on success, -1 on a malformed list. */
+static int parse_overlap_list(const char *s) {
+  fwd_overlap_count = 0;
+  while (*s) {
+    if (*s < '0' || *s > '2' || fwd_overlap_count == 8) return -1;
+    fwd_overlap_list[fwd_overlap_count++] = *s++ - '0';
+    if (*s == ',') ++s;
+    else if (*s) return -1;
+  }
+  return fwd_overlap_count > 0 ? 0 : -1;
+}
 /* The top-k kernel switch (src/internal.h dsa_topk_variant), from DSA_TOPK_VARIANT (unset: automatic);
  * top-k rows then get ",v<N>" in their variant. */
 extern int dsa_topk_variant __attribute__((weak));
@@ -459,22 +476,34 @@ static void fill_fwd_params(const attn_inputs *in, dsa_attn_fwd_params *p, uint1
 }
 
 static void bench_fwd(bench *b, const shape *sh) {
-  char variant[32];
-  snprintf(variant, sizeof variant, "%s%s", sh->v32 ? "sink" : "topk_length",
-           fwd_variant_forced == 1 ? ",portable" : fwd_variant_forced == 2 ? ",sm90" : fwd_variant_forced == 3 ? ",small" : fwd_variant_forced == 4 ? ",split" : "");
-  progress(sh, variant);
   attn_inputs in;
-  attn_inputs_create(b, sh, &in);
-  uint16_t *out = bc_dmalloc((size_t)in.T * in.H * 512 * 2);
-  float *lse = bc_dmalloc((size_t)in.T * in.H * 4);
-  fwd_arg a;
-  a.ctx = b->ctx;
-  fill_fwd_params(&in, &a.p, out, lse);
-  double ms = NAN;
-  dsa_status st = bc_time_op(&b->timer, fwd_run, &a, &ms);
-  add_result(b, sh, variant, in.note, st, ms, bc_flops_fwd(in.slots, in.H), 0);
-  cudaFree(out);
-  cudaFree(lse);
+  int created = 0;
+  const int rows = fwd_overlap_count ? fwd_overlap_count : 1;
+  for (int k = 0; k < rows; ++k) {
+    char variant[32];
+    snprintf(variant, sizeof variant, "%s%s", sh->v32 ? "sink" : "topk_length",
+             fwd_variant_forced == 1 ? ",portable" : fwd_variant_forced == 2 ? ",sm90" : fwd_variant_forced == 3 ? ",small" : fwd_variant_forced == 4 ? ",split" : "");
+    if (fwd_overlap_count) {
+      dsa_attn_fwd_sm90_overlap = fwd_overlap_list[k];
+      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ov%d", fwd_overlap_list[k]);
+    }
+    progress(sh, variant);
+    if (!created) {
+      attn_inputs_create(b, sh, &in);
+      created = 1;
+    }
+    uint16_t *out = bc_dmalloc((size_t)in.T * in.H * 512 * 2);
+    float *lse = bc_dmalloc((size_t)in.T * in.H * 4);
+    fwd_arg a;
+    a.ctx = b->ctx;
+    fill_fwd_params(&in, &a.p, out, lse);
+    double ms = NAN;
+    dsa_status st = bc_time_op(&b->timer, fwd_run, &a, &ms);
+    add_result(b, sh, variant, in.note, st, ms, bc_flops_fwd(in.slots, in.H), 0);
+    cudaFree(out);
+    cudaFree(lse);
+  }
+  if (fwd_overlap_count) dsa_attn_fwd_sm90_overlap = 0;
   attn_inputs_free(&in);
 }
 
@@ -664,13 +693,17 @@ static void bench_topk(bench *b, const shape *sh) {
  * ------------------------------------------------------------------------------------------- */
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--fwd-variant N] [--list]\n"
+          "usage: dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--fwd-variant N]\n"
+          "                 [--fwd-overlap LIST] [--list]\n"
           "  --shapes   canonical shape names (see --list), comma separated; default: all\n"
           "  --reps     timed repetitions per row, median reported (default 20)\n"
           "  --out      JSON output (default bench/results/YYYY-MM-DD-<card>.json)\n"
           "  --constructed-indices  GLM rows use host-constructed causal indices, not the indexer's\n"
           "  --fwd-variant N  force the forward kernel: 1 portable, 2 sm_90a 64-head, 3 sm_90a small-H, 4 split\n"
-          "                   (variant gets ,portable / ,sm90 / ,small / ,split)\n");
+          "                   (variant gets ,portable / ,sm90 / ,small / ,split)\n"
+          "  --fwd-overlap LIST  the 64-head sm_90a forward's consumer schedules to run, e.g. 0,1,2 (0 serial,\n"
+          "                   1 overlapped, 2 S hoisted): one row per schedule, variant gets ,ov<N>; also from\n"
+          "                   DSA_FWD_OVERLAP=LIST (the option wins); default: the library's (0)\n");
 }
 
 static void list_shapes(void) {
@@ -698,7 +731,7 @@ static void print_table(const bench *b) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* progress survives a crash when the output is a file */
   const char *shape_arg = NULL, *out_arg = NULL;
-  int reps = 20;
+  int reps = 20, fwd_overlap_set = 0;
   bench b;
   memset(&b, 0, sizeof b);
   for (int i = 1; i < argc; ++i) {
@@ -727,6 +760,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "--fwd-variant: this libdsa has no forward variant switch\n");
         return 2;
       }
+    } else if (!strcmp(argv[i], "--fwd-overlap") && i + 1 < argc) {
+      if (parse_overlap_list(argv[++i]) != 0) {
+        fprintf(stderr, "--fwd-overlap takes a comma-separated list of 0, 1, 2 (e.g. 0,1)\n");
+        return 2;
+      }
+      fwd_overlap_set = 1;
     } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
       return 0;
@@ -734,6 +773,17 @@ int main(int argc, char **argv) {
       usage(stderr);
       return 2;
     }
+  }
+
+  if (!fwd_overlap_set && getenv("DSA_FWD_OVERLAP") && *getenv("DSA_FWD_OVERLAP")) {
+    if (parse_overlap_list(getenv("DSA_FWD_OVERLAP")) != 0) {
+      fprintf(stderr, "DSA_FWD_OVERLAP takes a comma-separated list of 0, 1, 2 (e.g. 0,1)\n");
+      return 2;
+    }
+  }
+  if (fwd_overlap_count && !&dsa_attn_fwd_sm90_overlap) {
+    fprintf(stderr, "--fwd-overlap / DSA_FWD_OVERLAP: this libdsa has no forward overlap switch\n");
+    return 2;
   }
 
   /* Selection, checked before anything touches the GPU. */
@@ -760,7 +810,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < NUM_SHAPES; ++i) selected[num_sel++] = i;
   }
   job_count = 0;
-  for (int j = 0; j < num_sel; ++j) job_count += 2 - (shapes[selected[j]].op == OP_FWD);
+  for (int j = 0; j < num_sel; ++j)
+    job_count += shapes[selected[j]].op == OP_FWD ? (fwd_overlap_count ? fwd_overlap_count : 1) : 2;
 
   if (!bc_have_gpu()) {
     printf("no CUDA device: nothing to benchmark\n");

@@ -32,7 +32,8 @@
  *   - default mode: S is computed twice (once per consumer WG), ~50% more tensor work than needed;
  *     split-S mode removes that at the price of two 256-thread barriers per tile (the WGs run in
  *     lockstep, so one WG's softmax no longer hides behind the other's wgmma).
- *   - no overlap inside a WG: S(n+1) is not issued before softmax(n) / PV(n).
+ *   - no overlap inside a WG in the default schedule; schedules 1 and 2 below overlap some of it
+ *     (not yet measured on a GPU, so not the default).
  *   - a head range that is not a multiple of 64 runs with the unused Q rows zero-filled (wasted MMA
  *     rows); the automatic dispatch never asks for one (small H and the remainder of H > 64 go to
  *     attn_fwd_sm90_small.cu, keys on M); variant 2 still does (tests).
@@ -46,6 +47,42 @@
  *              reads are done) -> stage s may be overwritten.
  * cp.async writes are generic-proxy; consumers run fence.proxy.async after each full wait, before
  * wgmma reads the tile (the ordering tested on an H200, hopper-notes 3 and test C).
+ * Named barriers (256 threads, the two consumer WGs; each passes each one once per tile, plus kBarMax
+ * once more in the epilogue for the row sums): kBarMax (1) after writing the tile's row maxima to
+ * red_max[c], kBarP (2) after writing the P half (stmatrix + fence.proxy.async).
+ *
+ * Consumer schedules (template OVERLAP, run-time dsa_attn_fwd_sm90_overlap in src/attn_fwd.c, read
+ * by the launcher; split-S mode only, the redundant-S build always runs 0). S(n) = Q K(n)^T,
+ * sm(n) = mask + softmax + kBarMax, P(n) = stmatrix + kBarP, PV(n) = O += P(n) V(n); wait<k> =
+ * wgmma.wait_group k (groups retire in commit order):
+ *   0 (serial, the default): per tile  full(n), S(n), wait<0>, sm(n), rescale O, P(n), PV(n), wait<0>,
+ *     arrive empty(n). Tensor cores idle during sm / P / rescale and the wgmma drains.
+ *   1 (overlapped, FA3-style): prologue full(0), S(0), wait<0>. Tile n (S(n) complete, PV(n - 1) in
+ *     flight): sm(n), P(n) into P buffer n & 1, wait<0> (PV(n - 1)), arrive empty(n - 1), rescale O,
+ *     full(n + 1), S(n + 1), commit, PV(n), commit, wait<1> (S(n + 1) complete, PV(n) may run on).
+ *     After the last tile: wait<0>, arrive empty(last). PV(n - 1) runs under the whole of sm(n) / P(n)
+ *     (the wait sits after kBarP: ptxas hoists a wgmma wait up to the previous barrier, seen in the
+ *     SASS), and ptxas interleaves the O rescale with the S(n + 1) issue. P is double-buffered because
+ *     the peer WG may still run PV(n - 1) on the old buffer while this WG writes P(n): buffer n & 1 is
+ *     the RoPE block (dims 512..575, block 8) of KV stage n & 1 at D = 576 (only S(n) reads it, and
+ *     both WGs' S(n) completed before either passed kBarMax(n); the producer refills the stage only
+ *     after empty(n), i.e. after PV(n)), and P tile n & 1 of two at D = 512 (no RoPE block; 215216 B).
+ *     Buffer n & 1's previous reader, PV(n - 2) of either WG, completed before that WG arrived at
+ *     kBarMax(n). The cost: a stage is now held from S(n) (issued during tile n - 1) until PV(n)
+ *     completes (during tile n + 1), so with two stages the producer can only start tile n + 1 after
+ *     PV(n - 1) completes, just before S(n + 1) needs it: the KV gather latency is exposed once per
+ *     tile instead of hidden behind a whole tile of compute. Wins only where the gather is short
+ *     (L2-resident KV, e.g. fwd-v32-8k's 9.4 MB); a third stage does not fit (72 KB each).
+ *   2 (S hoisted): tile n (S(n) complete, nothing in flight): sm(n), rescale O, P(n), PV(n), commit,
+ *     full(n + 1), S(n + 1), commit, wait<1> (PV(n) complete), arrive empty(n), wait<0> (S(n + 1)).
+ *     The tensor cores run PV(n) and S(n + 1) back to back (no drain / issue bubble between them) and
+ *     stages are held as in 0; softmax is not overlapped. One P tile, as in 0. Risk: when the producer
+ *     lags, empty(n) waits for full(n + 1), so tile n + 2's gather no longer overlaps tile n + 1's.
+ * Modes 1 / 2 peel the last tile (template NEXT) so every wgmma wait is unconditional: with a wait
+ * under a run-time branch ptxas cannot prove the accumulators retired on every path and injects
+ * waits / serializes the wgmmas (C7517 / C7514). Checked with nvcc 13.0: no such warnings, no spills,
+ * consumers use 180 (mode 0, 1) / 177 (mode 2) of their 232 registers; mode 0's SASS is the previous
+ * kernel's instruction for instruction (only the registers of O's zero-initialisation renamed).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -90,13 +127,16 @@ static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP < 16, "named
 
 /* Shared-memory layout for NB 64-column blocks per row (D = 64 * NB). Every tile is 1024-B aligned
  * (SW128 atoms, descriptor base offset 0). */
-template <int NB, bool SPLIT>
+template <int NB, bool SPLIT, int OVERLAP>
 struct Smem {
   static constexpr int kTileBytes = NB * kBlkBytes;               /* [64 rows x D] bf16 */
   static constexpr int kQ = 0;                                    /* Q tile */
   static constexpr int kKV = kQ + kTileBytes;                     /* stage s at kKV + s * kTileBytes */
-  static constexpr int kP = kKV + kStages * kTileBytes;           /* split: P tile [64 x 64] bf16 */
-  static constexpr int kValid = kP + (SPLIT ? kBlkBytes : 0);     /* [kStages][64] bytes, 1 = valid */
+  /* split: P tiles [64 x 64] bf16: one; OVERLAP 1 at D = 512 two (P tile s for the tiles of stage s;
+   * at D = 576 OVERLAP 1 puts P in the stage's RoPE block and leaves this one unused) */
+  static constexpr int kPTiles = SPLIT ? (OVERLAP == 1 && NB == 8 ? 2 : 1) : 0;
+  static constexpr int kP = kKV + kStages * kTileBytes;
+  static constexpr int kValid = kP + kPTiles * kBlkBytes;         /* [kStages][64] bytes, 1 = valid */
   static constexpr int kBars = kValid + kStages * kBlockN;        /* q_full, full[2], empty[2] */
   static constexpr int kRed = kBars + 48;                         /* split: max[2][64], sum[2][64] f32 */
   static constexpr int kEnd = kRed + (SPLIT ? 4 * 2 * kBlockM * 2 : 0);
@@ -112,10 +152,228 @@ struct FwdArgs {
   int head_end;      /* (q / sink / out / lse / max_logits indexed by the global head as always) */
 };
 
+/* ---- consumer pieces, shared by the three loop schedules (OVERLAP 0 / 1 / 2, see the header) ---- */
+
+/* Issues (does not commit) S = Q K^T for this WG's SN keys: both K-major SW128, LBO 16 (unused),
+ * SBO 1024, +32 B per k16, +8 KB per block. Split mode: B starts at key row key0 (key0 * 128 B, a
+ * multiple of 1024). The caller fences sacc and runs wgmma.fence first. */
 template <int NB, bool SPLIT>
+__device__ __forceinline__ void fwd_issue_s(float *sacc, uint32_t sq, uint32_t skv, int key0) {
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t off = b * kBlkBytes + k * 32;
+      const uint64_t da = sm90_make_desc_sw128(sq + off, 16, 1024);
+      const uint64_t db = sm90_make_desc_sw128(skv + key0 * 128 + off, 16, 1024);
+      if constexpr (SPLIT)
+        sm90_wgmma_ss_m64n32k16(sacc, da, db, (b | k) != 0);
+      else
+        sm90_wgmma_ss_m64n64k16<0, 0>(sacc, da, db, (b | k) != 0);
+    }
+}
+
+/* Mask + online softmax (log2 domain) of one tile from the completed S accumulator: updates the
+ * running row_max / row_sum, returns the O rescale factors alpha and P (bf16) packed as the RS A
+ * operand (k16 slice kk, register q = accumulator pair (8 kk + 2 q, +1)). Does not touch O. Split
+ * mode: exchanges the tile's row maxima with the peer WG through red_max and named barrier kBarMax
+ * (both WGs call this once per tile). vs: the tile's validity bytes of this WG's first key. */
+template <bool SPLIT, int SN>
+__device__ __forceinline__ void fwd_softmax(const float *sacc, const uint8_t *vs, float scale_log2,
+                                            float row_max[2], float row_sum[2], float *red_max, int c,
+                                            int warp, int lane, float alpha[2], uint32_t (*pa)[4]) {
+  constexpr int SR = SN / 2;
+  /* Column of register i: 8 (i >> 2) + 2 (lane % 4) + (i & 1). The pair (i, i+1), i even, covers two
+   * adjacent columns: one 2-byte mask read. */
+  float x[SR];
+#pragma unroll
+  for (int cc = 0; cc < SN / 8; ++cc) {
+    const uint32_t pair = *(const uint16_t *)(vs + 8 * cc + 2 * (lane & 3));
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 4 * cc + 2 * hr + e;
+        x[i] = ((pair >> (8 * e)) & 0xff) ? sacc[i] * scale_log2 : -INFINITY;
+      }
+  }
+  float m_use[2], tile_max[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float mx = row_max[hr];
+#pragma unroll
+    for (int cc = 0; cc < SN / 8; ++cc) mx = fmaxf(mx, fmaxf(x[4 * cc + 2 * hr], x[4 * cc + 2 * hr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    tile_max[hr] = mx;
+  }
+  if constexpr (SPLIT) {
+    /* Both WGs must rescale with the same maximum: exchange this tile's row maxima. The peer
+     * reads red_max[c] before it reaches the kBarP barrier, which this WG passes before it
+     * writes red_max[c] again for the next tile. */
+    if ((lane & 3) == 0) {
+      red_max[c * kBlockM + 16 * warp + (lane >> 2)] = tile_max[0];
+      red_max[c * kBlockM + 16 * warp + (lane >> 2) + 8] = tile_max[1];
+    }
+    sm90_named_bar_sync(kBarMax, 256);
+    tile_max[0] = fmaxf(tile_max[0], red_max[(c ^ 1) * kBlockM + 16 * warp + (lane >> 2)]);
+    tile_max[1] = fmaxf(tile_max[1], red_max[(c ^ 1) * kBlockM + 16 * warp + (lane >> 2) + 8]);
+  }
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const float mx = tile_max[hr];
+    m_use[hr] = mx == -INFINITY ? 0.f : mx; /* no valid slot yet: avoid (-inf) - (-inf) */
+    alpha[hr] = exp2f(row_max[hr] - m_use[hr]);
+    row_max[hr] = mx;
+  }
+  float psum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < SR; ++i) {
+    x[i] = exp2f(x[i] - m_use[(i >> 1) & 1]);
+    psum[(i >> 1) & 1] += x[i];
+  }
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) row_sum[hr] = row_sum[hr] * alpha[hr] + psum[hr];
+#pragma unroll
+  for (int kk = 0; kk < SN / 16; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) pa[kk][q] = sm90_pack_bf16x2(x[8 * kk + 2 * q], x[8 * kk + 2 * q + 1]);
+}
+
+/* O (NO accumulator registers) *= alpha per row. O must not be in flight (its PV group waited for). */
+template <int NO>
+__device__ __forceinline__ void fwd_rescale_o(float *o, const float alpha[2]) {
+#pragma unroll
+  for (int i = 0; i < NO; ++i) o[i] *= alpha[(i >> 1) & 1];
+}
+
+/* Split mode: this WG's P half -> the shared P tile at pbuf (K-major SW128, rows = heads, columns =
+ * the tile's 64 keys): stmatrix x4 per k16 slice, lane l addresses row 16 warp + l % 8 + 8 ((l / 8) % 2)
+ * at 16-B chunk 2 slice + l / 16 (hopper-notes 2, probe test F); then the proxy fence and named
+ * barrier kBarP, after which both halves are visible to both WGs' wgmmas. The caller guarantees no
+ * wgmma of either WG still reads pbuf. */
+template <int SN>
+__device__ __forceinline__ void fwd_store_p(uint32_t pbuf, uint32_t (*pa)[4], int key0, int warp, int lane) {
+  const int r = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+  for (int kk = 0; kk < SN / 16; ++kk) {
+    const int chunk = 2 * (key0 / 16 + kk) + (lane >> 4);
+    sm90_stmatrix_x4(pbuf + r * 128 + (((chunk ^ r) & 7) << 4), pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+  }
+  sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
+  sm90_named_bar_sync(kBarP, 256);
+}
+
+/* Issues (does not commit) O += P V: V = the KV tile's dims [256 c, 256 c + 256) read MN-major
+ * (tB = 1): LBO 8192 between 64-dim blocks, SBO 1024 between 8-key groups, +2048 B per k16 of keys.
+ * P: registers (RS) or, in split mode, the shared P tile at pbuf (SS, K-major, +32 B per k16).
+ * Fences O and P (written by ordinary code) and runs wgmma.fence first. */
+template <bool SPLIT, int SN>
+__device__ __forceinline__ void fwd_issue_pv(float *o, uint32_t (*pa)[4], uint32_t pbuf, uint32_t skv, int c) {
+#pragma unroll
+  for (int i = 0; i < kDVPerWG / 2; ++i) sm90_fence_operand(o[i]);
+#pragma unroll
+  for (int kk = 0; kk < SN / 16; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) sm90_fence_operand_u32(pa[kk][q]);
+  sm90_wgmma_fence();
+  const uint32_t sv = skv + 4 * c * kBlkBytes;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint64_t db = sm90_make_desc_sw128(sv + kk * 2048, kBlkBytes, 1024);
+    if constexpr (SPLIT)
+      sm90_wgmma_ss_m64n256k16<1>(o, sm90_make_desc_sw128(pbuf + kk * 32, 16, 1024), db, 1);
+    else
+      sm90_wgmma_rs_m64n256k16_tb1(o, pa[kk], db, 1);
+  }
+}
+
+/* One tile n of the overlapped schedules (OVERLAP 1 / 2, split mode; header "Consumer schedules").
+ * On entry S(n) is complete in sacc; OVERLAP 1: PV(n - 1) may still be in flight (O, its P buffer and
+ * stage (n - 1) & 1 in use), OVERLAP 2: nothing is. NEXT: tile n + 1 exists (S(n + 1) is issued here
+ * and complete on return). */
+template <int NB, bool SPLIT, int OVERLAP, bool NEXT>
+__device__ __forceinline__ void fwd_overlap_tile(int n, uint8_t *smem, const uint8_t *valid, uint64_t *full,
+                                                 uint64_t *empty, float *red_max, uint32_t sq, uint32_t sp,
+                                                 int key0, int c, int warp, int lane, float scale_log2, float *o,
+                                                 float *sacc, float row_max[2], float row_sum[2]) {
+  typedef Smem<NB, SPLIT, OVERLAP> L;
+  constexpr int SN = kBlockN / 2, SR = SN / 2;
+  static_assert(SPLIT && (OVERLAP == 1 || OVERLAP == 2), "overlapped schedules: split mode");
+  const int s = n & 1;
+  const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
+  const uint32_t skv_next = sm90_smem_addr(smem + L::kKV + (s ^ 1) * L::kTileBytes);
+  float alpha[2];
+  uint32_t pa[SN / 16][4];
+  fwd_softmax<SPLIT, SN>(sacc, valid + s * kBlockN + key0, scale_log2, row_max, row_sum, red_max, c, warp, lane,
+                         alpha, pa);
+  if constexpr (OVERLAP == 1) {
+    /* P(n) goes to its own buffer, so PV(n - 1) may still read the other one: D = 576: the RoPE
+     * block (dims 512..575) of stage s, which only S(n) reads, and both WGs' S(n) completed before
+     * either passed kBarMax(n); D = 512: P tile s of two. The previous reader of that buffer, PV(n - 2)
+     * of either WG, completed before that WG arrived at kBarMax(n) (its wait<0> below, tile n - 1). */
+    const uint32_t pbuf = NB > 8 ? skv + 8 * kBlkBytes : sp + s * kBlkBytes;
+    fwd_store_p<SN>(pbuf, pa, key0, warp, lane);
+    /* PV(n - 1) (none at n = 0) must be complete before O is rescaled and stage s ^ 1 released. Placed
+     * after kBarP: ptxas hoists a wgmma wait up to the previous barrier, so the whole softmax above
+     * (exp2, pack, stmatrix) overlaps PV(n - 1). */
+    sm90_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kDVPerWG / 2; ++i) sm90_fence_operand(o[i]);
+    if (n > 0) sm90_mbar_arrive(&empty[s ^ 1]);
+    fwd_rescale_o<kDVPerWG / 2>(o, alpha);
+    if constexpr (NEXT) { /* S(n + 1) first: the wait<1> below then leaves only PV(n) pending */
+      sm90_mbar_wait(&full[s ^ 1], (uint32_t)((n + 1) >> 1) & 1);
+      sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
+#pragma unroll
+      for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
+      sm90_wgmma_fence();
+      fwd_issue_s<NB, SPLIT>(sacc, sq, skv_next, key0);
+      sm90_wgmma_commit();
+    }
+    fwd_issue_pv<SPLIT, SN>(o, pa, pbuf, skv, c);
+    sm90_wgmma_commit();
+    if constexpr (NEXT) {
+      sm90_wgmma_wait<1>(); /* S(n + 1) complete; PV(n) may still run (O untouched until wait<0>) */
+#pragma unroll
+      for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
+    }
+  } else {
+    /* OVERLAP 2: the serial order, but S(n + 1) is issued right behind PV(n) (no drain / fill bubble
+     * between them); stage s is released as soon as PV(n) completes (wait<1>). */
+    fwd_rescale_o<kDVPerWG / 2>(o, alpha);
+    fwd_store_p<SN>(sp, pa, key0, warp, lane); /* the P tile is free: as in OVERLAP 0 */
+    fwd_issue_pv<SPLIT, SN>(o, pa, sp, skv, c);
+    sm90_wgmma_commit();
+    if constexpr (NEXT) {
+      sm90_mbar_wait(&full[s ^ 1], (uint32_t)((n + 1) >> 1) & 1);
+      sm90_fence_proxy_async();
+#pragma unroll
+      for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
+      sm90_wgmma_fence();
+      fwd_issue_s<NB, SPLIT>(sacc, sq, skv_next, key0);
+      sm90_wgmma_commit();
+      sm90_wgmma_wait<1>(); /* PV(n) complete (groups retire in order); S(n + 1) may still run */
+    } else {
+      sm90_wgmma_wait<0>();
+    }
+#pragma unroll
+    for (int i = 0; i < kDVPerWG / 2; ++i) sm90_fence_operand(o[i]);
+    sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
+    if constexpr (NEXT) {
+      sm90_wgmma_wait<0>(); /* S(n + 1) */
+#pragma unroll
+      for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
+    }
+  }
+}
+
+template <int NB, bool SPLIT, int OVERLAP>
 __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid_constant__ FwdArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  typedef Smem<NB, SPLIT> L;
+  static_assert(OVERLAP >= 0 && OVERLAP <= 2 && (OVERLAP == 0 || SPLIT), "overlap: split mode only");
+  static_assert(NB == 8 || NB == 9, "OVERLAP 1 puts P in block 8 (the RoPE dims) when NB = 9");
+  typedef Smem<NB, SPLIT, OVERLAP> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   uint8_t *valid = smem + L::kValid;
@@ -201,134 +459,65 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
     sm90_fence_proxy_async();
     const uint32_t sq = sm90_smem_addr(smem + L::kQ);
 
-    for (int n = 0; n < ntiles; ++n) {
-      const int s = n & 1;
-      sm90_mbar_wait(&full[s], (uint32_t)(n >> 1) & 1);
-      sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
-      const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
-
-      /* ---- S = Q K^T: both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16, +8 KB per block.
-       * Split mode: B starts at key row key0 (key0 * 128 B, a multiple of 1024). */
+    if constexpr (OVERLAP == 0) {
+      /* ---- serial schedule: per tile wait full, S, wait, softmax, [P exchange], PV, wait, release */
+      for (int n = 0; n < ntiles; ++n) {
+        const int s = n & 1;
+        sm90_mbar_wait(&full[s], (uint32_t)(n >> 1) & 1);
+        sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
+        const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
 #pragma unroll
-      for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
-      sm90_wgmma_fence();
+        for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
+        sm90_wgmma_fence();
+        fwd_issue_s<NB, SPLIT>(sacc, sq, skv, key0);
+        sm90_wgmma_commit();
+        sm90_wgmma_wait<0>();
 #pragma unroll
-      for (int b = 0; b < NB; ++b)
+        for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
+        float alpha[2];
+        uint32_t pa[SN / 16][4];
+        fwd_softmax<SPLIT, SN>(sacc, valid + s * kBlockN + key0, scale_log2, row_max, row_sum, red_max, c, warp,
+                               lane, alpha, pa);
+        fwd_rescale_o<kDVPerWG / 2>(o, alpha);
+        /* split: safe to overwrite the P tile: both WGs finished the previous tile's PV before either
+         * passed this tile's kBarMax barrier */
+        if constexpr (SPLIT) fwd_store_p<SN>(sp, pa, key0, warp, lane);
+        fwd_issue_pv<SPLIT, SN>(o, pa, sp, skv, c);
+        sm90_wgmma_commit();
+        sm90_wgmma_wait<0>();
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t off = b * kBlkBytes + k * 32;
-          const uint64_t da = sm90_make_desc_sw128(sq + off, 16, 1024);
-          const uint64_t db = sm90_make_desc_sw128(skv + key0 * 128 + off, 16, 1024);
-          if constexpr (SPLIT)
-            sm90_wgmma_ss_m64n32k16(sacc, da, db, (b | k) != 0);
-          else
-            sm90_wgmma_ss_m64n64k16<0, 0>(sacc, da, db, (b | k) != 0);
-        }
-      sm90_wgmma_commit();
-      sm90_wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
-
-      /* ---- mask + online softmax (log2 domain). Column of register i: 8 (i >> 2) + 2 (lane % 4) + (i & 1).
-       * The pair (i, i+1), i even, covers two adjacent columns: one 2-byte mask read. */
-      const uint8_t *vs = valid + s * kBlockN + key0;
-      float x[SR];
-#pragma unroll
-      for (int cc = 0; cc < SN / 8; ++cc) {
-        const uint32_t pair = *(const uint16_t *)(vs + 8 * cc + 2 * (lane & 3));
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int i = 4 * cc + 2 * hr + e;
-            x[i] = ((pair >> (8 * e)) & 0xff) ? sacc[i] * scale_log2 : -INFINITY;
-          }
+        for (int i = 0; i < kDVPerWG / 2; ++i) sm90_fence_operand(o[i]);
+        sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
       }
-      float alpha[2], m_use[2], tile_max[2];
+    } else {
+      /* ---- overlapped schedules (split mode only; header "Consumer schedules"). Prologue: S(0). */
+      if (ntiles > 0) {
+        sm90_mbar_wait(&full[0], 0);
+        sm90_fence_proxy_async();
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        float mx = row_max[hr];
+        for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
+        sm90_wgmma_fence();
+        fwd_issue_s<NB, SPLIT>(sacc, sq, sm90_smem_addr(smem + L::kKV), key0);
+        sm90_wgmma_commit();
+        sm90_wgmma_wait<0>();
 #pragma unroll
-        for (int cc = 0; cc < SN / 8; ++cc) mx = fmaxf(mx, fmaxf(x[4 * cc + 2 * hr], x[4 * cc + 2 * hr + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        tile_max[hr] = mx;
+        for (int i = 0; i < SR; ++i) sm90_fence_operand(sacc[i]);
       }
-      if constexpr (SPLIT) {
-        /* Both WGs must rescale with the same maximum: exchange this tile's row maxima. The peer
-         * reads red_max[c] before it reaches the kBarP barrier, which this WG passes before it
-         * writes red_max[c] again for the next tile. */
-        if ((lane & 3) == 0) {
-          red_max[c * kBlockM + 16 * warp + (lane >> 2)] = tile_max[0];
-          red_max[c * kBlockM + 16 * warp + (lane >> 2) + 8] = tile_max[1];
-        }
-        sm90_named_bar_sync(kBarMax, 256);
-        tile_max[0] = fmaxf(tile_max[0], red_max[(c ^ 1) * kBlockM + 16 * warp + (lane >> 2)]);
-        tile_max[1] = fmaxf(tile_max[1], red_max[(c ^ 1) * kBlockM + 16 * warp + (lane >> 2) + 8]);
+      /* tiles 0 .. ntiles - 2 issue S(n + 1), the last one does not: peeled, so that every wgmma wait
+       * is unconditional (ptxas tracks the in-flight accumulators per path; a wait under a run-time
+       * branch makes it inject waits and serialize the wgmmas, warnings C7517 / C7514) */
+      for (int n = 0; n < ntiles - 1; ++n)
+        fwd_overlap_tile<NB, SPLIT, OVERLAP, true>(n, smem, valid, full, empty, red_max, sq, sp, key0, c, warp, lane,
+                                                   scale_log2, o, sacc, row_max, row_sum);
+      if (ntiles > 0)
+        fwd_overlap_tile<NB, SPLIT, OVERLAP, false>(ntiles - 1, smem, valid, full, empty, red_max, sq, sp, key0, c,
+                                                    warp, lane, scale_log2, o, sacc, row_max, row_sum);
+      if constexpr (OVERLAP == 1) { /* the last PV (none if ntiles = 0; unconditional wait: see above) */
+        sm90_wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < kDVPerWG / 2; ++i) sm90_fence_operand(o[i]);
+        if (ntiles > 0) sm90_mbar_arrive(&empty[(ntiles - 1) & 1]);
       }
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const float mx = tile_max[hr];
-        m_use[hr] = mx == -INFINITY ? 0.f : mx; /* no valid slot yet: avoid (-inf) - (-inf) */
-        alpha[hr] = exp2f(row_max[hr] - m_use[hr]);
-        row_max[hr] = mx;
-      }
-      float psum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < SR; ++i) {
-        x[i] = exp2f(x[i] - m_use[(i >> 1) & 1]);
-        psum[(i >> 1) & 1] += x[i];
-      }
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) row_sum[hr] = row_sum[hr] * alpha[hr] + psum[hr];
-      /* P (bf16) as the RS A operand: k16 slice kk, register q = accumulator pair (8 kk + 2 q, +1). */
-      uint32_t pa[SN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < SN / 16; ++kk)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) pa[kk][q] = sm90_pack_bf16x2(x[8 * kk + 2 * q], x[8 * kk + 2 * q + 1]);
-#pragma unroll
-      for (int i = 0; i < kDVPerWG / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
-
-      if constexpr (SPLIT) {
-        /* P half -> the shared P tile (K-major SW128, rows = heads, columns = the tile's 64 keys):
-         * stmatrix x4 per k16 slice, lane l addresses row 16 warp + l % 8 + 8 ((l / 8) % 2) at
-         * 16-B chunk 2 slice + l / 16 (hopper-notes 2, probe test F). Safe to overwrite: both WGs
-         * finished the previous tile's PV before either passed this tile's kBarMax barrier. */
-        const int r = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
-#pragma unroll
-        for (int kk = 0; kk < SN / 16; ++kk) {
-          const int chunk = 2 * (key0 / 16 + kk) + (lane >> 4);
-          sm90_stmatrix_x4(sp + r * 128 + (((chunk ^ r) & 7) << 4), pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
-        }
-        sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
-        sm90_named_bar_sync(kBarP, 256);
-      }
-
-      /* ---- O += P V: V = the KV tile's dims [256 c, 256 c + 256) read MN-major (tB = 1):
-       * LBO 8192 between 64-dim blocks, SBO 1024 between 8-key groups, +2048 B per k16 of keys.
-       * P: registers (RS) or, in split mode, the shared P tile (SS, K-major, +32 B per k16). */
-#pragma unroll
-      for (int i = 0; i < kDVPerWG / 2; ++i) sm90_fence_operand(o[i]);
-#pragma unroll
-      for (int kk = 0; kk < SN / 16; ++kk)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) sm90_fence_operand_u32(pa[kk][q]);
-      sm90_wgmma_fence();
-      const uint32_t sv = skv + 4 * c * kBlkBytes;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint64_t db = sm90_make_desc_sw128(sv + kk * 2048, kBlkBytes, 1024);
-        if constexpr (SPLIT)
-          sm90_wgmma_ss_m64n256k16<1>(o, sm90_make_desc_sw128(sp + kk * 32, 16, 1024), db, 1);
-        else
-          sm90_wgmma_rs_m64n256k16_tb1(o, pa[kk], db, 1);
-      }
-      sm90_wgmma_commit();
-      sm90_wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < kDVPerWG / 2; ++i) sm90_fence_operand(o[i]);
-      sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
     }
 
     /* ---- epilogue: normalise, sink factor, bf16 out, lse, max_logits */
@@ -386,16 +575,16 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
 }
 
 /* One instantiation per supported head dim (D = 64 * NB). */
-template <int NB, bool SPLIT>
+template <int NB, bool SPLIT, int OVERLAP>
 dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int head_begin,
                   int head_end, int num_hblocks) {
   const char *fn = "dsa_sparse_attn_fwd";
-  const int smem_bytes = Smem<NB, SPLIT>::kBytes;
+  const int smem_bytes = Smem<NB, SPLIT, OVERLAP>::kBytes;
   if (smem_bytes > ctx->max_smem_optin)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d",
                     fn, smem_bytes, ctx->max_smem_optin);
   static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
-  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_kernel<NB, SPLIT>, smem_bytes, 0, ctx->device,
+  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_kernel<NB, SPLIT, OVERLAP>, smem_bytes, 0, ctx->device,
                                attr_set, fn));
   FwdArgs args;
   args.p = *p;
@@ -404,7 +593,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   args.head_begin = head_begin;
   args.head_end = head_end;
   const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
-  attn_fwd_sm90_kernel<NB, SPLIT><<<grid, kThreads, smem_bytes, stream>>>(args);
+  attn_fwd_sm90_kernel<NB, SPLIT, OVERLAP><<<grid, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
@@ -442,8 +631,16 @@ extern "C" dsa_status dsa_launch_attn_fwd_sm90_heads(const dsa_context *ctx, con
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
                     0x7fffffff / num_hblocks, (long long)p->num_tokens);
   const int head_end = head_begin + head_count;
-  return p->head_dim == 576 ? launch<9, kSplitS>(ctx, p, stream, head_begin, head_end, num_hblocks)
-                             : launch<8, kSplitS>(ctx, p, stream, head_begin, head_end, num_hblocks);
+  /* dsa_attn_fwd_sm90_overlap (src/attn_fwd.c): the consumer loop's schedule, split mode only */
+  const int ov = kSplitS && (dsa_attn_fwd_sm90_overlap == 1 || dsa_attn_fwd_sm90_overlap == 2)
+                     ? dsa_attn_fwd_sm90_overlap : 0;
+  if (p->head_dim == 576)
+    return ov == 1 ? launch<9, kSplitS, kSplitS ? 1 : 0>(ctx, p, stream, head_begin, head_end, num_hblocks)
+         : ov == 2 ? launch<9, kSplitS, kSplitS ? 2 : 0>(ctx, p, stream, head_begin, head_end, num_hblocks)
+                   : launch<9, kSplitS, 0>(ctx, p, stream, head_begin, head_end, num_hblocks);
+  return ov == 1 ? launch<8, kSplitS, kSplitS ? 1 : 0>(ctx, p, stream, head_begin, head_end, num_hblocks)
+       : ov == 2 ? launch<8, kSplitS, kSplitS ? 2 : 0>(ctx, p, stream, head_begin, head_end, num_hblocks)
+                 : launch<8, kSplitS, 0>(ctx, p, stream, head_begin, head_end, num_hblocks);
 }
 
 extern "C" dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx, const dsa_attn_fwd_params *p,

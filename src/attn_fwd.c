@@ -8,6 +8,9 @@
  * allowed), 3 = sm_90a small-H kernel only (H <= 64), 4 = the split forced: 64-head kernel on heads
  * [0, 64 floor(H / 64)), small-H kernel on the rest (tests and benchmarks). */
 int dsa_attn_fwd_variant = 0;
+/* The 64-head sm_90a kernel's consumer schedule (src/internal.h): 0 serial, 1 overlapped, 2 S(n+1)
+ * hoisted behind PV(n). Stays 0 until the overlapped ones are verified on an H200. */
+int dsa_attn_fwd_sm90_overlap = 0;
 
 /* Automatic choice on cc 9.0 (docs/design.md section 8 has the table with the reasons), by the
  * remainder r = H mod 64:

@@ -126,6 +126,10 @@ DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ct
                                                            const dsa_attn_fwd_params *p, int head_begin,
                                                            int head_count, cudaStream_t stream);
 DSA_HIDDEN extern int dsa_attn_fwd_variant;
+/* The 64-head sm_90a kernel's consumer schedule (cuda/attn_fwd_sm90.cu header, split-S mode only):
+ * 0 = serial (default), 1 = overlapped (S(n+1) and PV(n) in flight while softmax(n+1) runs),
+ * 2 = serial with S(n+1) issued right behind PV(n); other values mean 0 (tests and benchmarks set it). */
+DSA_HIDDEN extern int dsa_attn_fwd_sm90_overlap;
 
 /* Sparse attention backward (cuda/attn_bwd.cu): the workspace size for validated, stride-resolved
  * params (it depends on p->deterministic; >= 1, includes 256 bytes of alignment slack), and the
