@@ -276,6 +276,7 @@ static void run_case(ix_env *e, tc_rng *r, const ix_case *c) {
   }
   for (int en = 0; en < 3; ++en) {
     int32_t *got, *glen;
+    if (engines[en] == DSA_INDEXER_ENGINE_CUBLAS && tc_sanitize_skips_cublas()) continue; /* test_common.h */
     if (!gpu_run(e, c, &x, engines[en], variants[en], 0, &got, &glen)) continue;
     for (int64_t i = 0; i < nchk; ++i) {
       const int64_t t = rows[i];
@@ -461,6 +462,8 @@ Test(gpu_indexer, many_queries) {
 Test(gpu_indexer, deterministic_and_batch_independent) {
   TC_REQUIRE_GPU();
   ix_env e = ix_open();
+  if (tc_sanitize_skips_cublas()) /* its baseline is the cuBLAS engine (test_common.h) */
+    cr_skip_test("skipped under initcheck / racecheck: the baseline runs cuBLAS; memcheck and synccheck run it");
   tc_rng r = tc_seed("gpu_indexer.deterministic_and_batch_independent");
   static const int32_t cu[] = {0, 1500, 3000};
   ix_case c = {cu, NULL, 2, 3000, 0, -1, NULL, 32, 100, DSA_DTYPE_F32, QL_PLAIN, 0, "rerun"};
@@ -656,7 +659,7 @@ Test(gpu_indexer, graph_capture) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     p.engine = en ? DSA_INDEXER_ENGINE_FUSED : DSA_INDEXER_ENGINE_CUBLAS;
-    if (!gpu_run(&e, &c, &x, p.engine, en, 0, &a, &al)) {
+    if ((en == 0 && tc_sanitize_skips_cublas()) || !gpu_run(&e, &c, &x, p.engine, en, 0, &a, &al)) {
       free(got);
       free(glen);
       continue; /* en = 2: the wgmma kernel declined */

@@ -211,6 +211,7 @@ Test(gpu_numerics, indexer_nan_inf_both_engines) {
         snprintf(what, sizeof what, "%s, %s weights, %s engine", ix_names[c], wbf16 ? "bf16" : "fp32",
                  enames[en]);
         p.engine = engines[en];
+        if (p.engine == DSA_INDEXER_ENGINE_CUBLAS && tc_sanitize_skips_cublas()) continue; /* test_common.h */
         TC_CUDA(cudaMemset(di, 0x5A, (size_t)IX_TK * IX_K * 4));
         TC_CUDA(cudaMemset(dl, 0x5A, IX_TK * 4));
         dsa_indexer_fused_variant = fvariant[en];
