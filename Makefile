@@ -99,7 +99,7 @@ test: check-criterion
 # line fails the target. SANITIZE_SUITES overrides the suite list (default: every gpu_* suite of
 # `dsa_tests --list` except gpu_large); SANITIZE_FILTER, an extended regex matched against each
 # "tool suite test" line, keeps only the matching processes (e.g. finishing a cut-off run; on the make
-# command line write an end anchor as $$$$, since make expands $).
+# command line write an end anchor as $$, since make expands $).
 SANITIZE_TOOLS   ?= racecheck memcheck initcheck synccheck
 SANITIZE_JOBS    ?= 8
 SANITIZE_TIMEOUT ?= 560
