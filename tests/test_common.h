@@ -100,8 +100,8 @@ static inline int tc_sanitize(void) {
 }
 
 /* DSA_TEST_SANITIZE=racecheck: racecheck tracks every shared-memory access, so the attention
- * suites shrink further (tc_racecheck_shrink: at most 320 slots = five 64-key tiles, so every
- * pipeline stage and barrier parity still cycles, and about two 64-wide (query, head) tiles of
+ * suites shrink further (tc_racecheck_shrink: at most 256 slots = four 64-key tiles, so both
+ * stages of a two-stage ring are used with both barrier parities, and about two 64-wide (query, head) tiles of
  * tokens) and skip the T > 65535 cases (a grid-size question, not a shared-memory one: memcheck
  * and the plain run cover it). */
 static inline int tc_racecheck(void) {
@@ -113,7 +113,7 @@ static inline void tc_racecheck_shrink(int64_t *T, int *K, int H) {
   int64_t t_cap = H > 0 ? 128 / H : 2;
   if (t_cap < 2) t_cap = 2;
   if (*T > t_cap && *T <= 65535) *T = t_cap;
-  if (*K > 320) *K = 320;
+  if (*K > 256) *K = 256;
 }
 
 /* DSA_TEST_SANITIZE=initcheck or racecheck: these tools cannot follow cuBLAS's own GEMM kernels

@@ -770,6 +770,9 @@ Test(gpu_numerics, attn_bwd_nan_inf) {
               "reference: NaN behind invalid slots changed dkv");
     for (int v = 1; v <= 2; ++v)
       for (int det = 1; det >= 0; --det) {
+        /* racecheck: the sm_90a kernel only (the portable one ran this test past 496 s on the H200;
+         * gpu_attn_bwd racechecks it on every shape) */
+        if (v == 1 && tc_racecheck()) continue;
         b_res g0, gc;
         b_alloc(&g0, H);
         b_alloc(&gc, H);
