@@ -21,7 +21,7 @@
 extern int dsa_attn_fwd_variant __attribute__((weak));
 static int fwd_variant_forced; /* 0: automatic */
 /* The 64-head sm_90a forward's consumer schedule (src/internal.h dsa_attn_fwd_sm90_overlap: 0 serial,
- * 1 overlapped, 2 S hoisted), from --fwd-overlap LIST or DSA_FWD_OVERLAP=LIST ("0,1,2"): every fwd row
+ * 1 overlapped, 2 S hoisted, 3 tile split), from --fwd-overlap LIST or DSA_FWD_OVERLAP=LIST ("0,1,2,3"): every fwd row
  * runs once per listed schedule and its variant gets ",ov<N>"; neither given: the library default. */
 extern int dsa_attn_fwd_sm90_overlap __attribute__((weak));
 static int fwd_overlap_list[8], fwd_overlap_count; /* count 0: library default, no suffix */
@@ -29,7 +29,7 @@ static int fwd_overlap_list[8], fwd_overlap_count; /* count 0: library default, 
 static int parse_overlap_list(const char *s) {
   fwd_overlap_count = 0;
   while (*s) {
-    if (*s < '0' || *s > '2' || fwd_overlap_count == 8) return -1;
+    if (*s < '0' || *s > '3' || fwd_overlap_count == 8) return -1;
     fwd_overlap_list[fwd_overlap_count++] = *s++ - '0';
     if (*s == ',') ++s;
     else if (*s) return -1;
@@ -701,9 +701,9 @@ static void usage(FILE *f) {
           "  --constructed-indices  GLM rows use host-constructed causal indices, not the indexer's\n"
           "  --fwd-variant N  force the forward kernel: 1 portable, 2 sm_90a 64-head, 3 sm_90a small-H, 4 split\n"
           "                   (variant gets ,portable / ,sm90 / ,small / ,split)\n"
-          "  --fwd-overlap LIST  the 64-head sm_90a forward's consumer schedules to run, e.g. 0,1,2 (0 serial,\n"
-          "                   1 overlapped, 2 S hoisted): one row per schedule, variant gets ,ov<N>; also from\n"
-          "                   DSA_FWD_OVERLAP=LIST (the option wins); default: the library's (0)\n");
+          "  --fwd-overlap LIST  the 64-head sm_90a forward's consumer schedules to run, e.g. 0,1,2,3 (0 serial,\n"
+          "                   1 overlapped, 2 S hoisted, 3 tile split): one row per schedule, variant gets\n"
+          "                   ,ov<N>; also from DSA_FWD_OVERLAP=LIST (the option wins); default: the library's (0)\n");
 }
 
 static void list_shapes(void) {
@@ -762,7 +762,7 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(argv[i], "--fwd-overlap") && i + 1 < argc) {
       if (parse_overlap_list(argv[++i]) != 0) {
-        fprintf(stderr, "--fwd-overlap takes a comma-separated list of 0, 1, 2 (e.g. 0,1)\n");
+        fprintf(stderr, "--fwd-overlap takes a comma-separated list of 0, 1, 2, 3 (e.g. 0,3)\n");
         return 2;
       }
       fwd_overlap_set = 1;
@@ -777,7 +777,7 @@ int main(int argc, char **argv) {
 
   if (!fwd_overlap_set && getenv("DSA_FWD_OVERLAP") && *getenv("DSA_FWD_OVERLAP")) {
     if (parse_overlap_list(getenv("DSA_FWD_OVERLAP")) != 0) {
-      fprintf(stderr, "DSA_FWD_OVERLAP takes a comma-separated list of 0, 1, 2 (e.g. 0,1)\n");
+      fprintf(stderr, "DSA_FWD_OVERLAP takes a comma-separated list of 0, 1, 2, 3 (e.g. 0,3)\n");
       return 2;
     }
   }

@@ -128,8 +128,16 @@ DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ct
 DSA_HIDDEN extern int dsa_attn_fwd_variant;
 /* The 64-head sm_90a kernel's consumer schedule (cuda/attn_fwd_sm90.cu header, split-S mode only):
  * 0 = serial (default), 1 = overlapped (S(n+1) and PV(n) in flight while softmax(n+1) runs),
- * 2 = serial with S(n+1) issued right behind PV(n); other values mean 0 (tests and benchmarks set it). */
+ * 2 = serial with S(n+1) issued right behind PV(n), 3 = tile split between the WGs (its own kernel,
+ * below); other values mean 0 (tests and benchmarks set it). */
 DSA_HIDDEN extern int dsa_attn_fwd_sm90_overlap;
+/* Schedule 3 of the 64-head sm_90a forward (cuda/attn_fwd_sm90_v2.cu: WG0 / WG1 take alternate 64-key
+ * tiles, one chained row max, own P by RS and the peer's by SS; docs/fwd-sm90-next.md), launched by
+ * dsa_launch_attn_fwd_sm90_heads when dsa_attn_fwd_sm90_overlap == 3, after its checks; heads
+ * [head_begin, head_end) in num_hblocks blocks of 64, num_tokens > 0. */
+DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_v2(const dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                                  int head_begin, int head_end, int num_hblocks,
+                                                  cudaStream_t stream);
 
 /* Sparse attention backward (cuda/attn_bwd.cu): the workspace size for validated, stride-resolved
  * params (it depends on p->deterministic; >= 1, includes 256 bytes of alignment slack), and the

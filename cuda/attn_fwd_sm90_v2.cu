@@ -1,0 +1,578 @@
+/*
+ * attn_fwd_sm90_v2.cu - sparse MLA attention forward on sm_90a, consumer schedule 3 of the 64-head
+ * kernel (dsa_attn_fwd_sm90_overlap = 3, opt-in; launched by dsa_launch_attn_fwd_sm90_heads in
+ * cuda/attn_fwd_sm90.cu after its checks). Design and rationale: docs/fwd-sm90-next.md (the tile-split
+ * layout FlashMLA's sm90 sparse prefill uses; written from that description, no code taken).
+ *
+ * One CTA = one query token x 64 heads (as attn_fwd_sm90.cu), 384 threads:
+ *   WG2 producer (56 registers): cp.async gather with the manual 128B swizzle into two KV buffers
+ *       of 64 keys x D, each in two halves with their own mbarriers: L = blocks 0..3 (dims 0..255),
+ *       R = blocks 4..NB-1 (dims 256..D-1). Tile 2i goes to buffer 0, tile 2i + 1 to buffer 1.
+ *   WG0, WG1 consumers (224 registers): WG w computes the whole S = Q K^T (m64n64k16 SS, D/16 steps)
+ *       of the tiles in buffer w, i.e. WG0 the even tiles, WG1 the odd ones. WG0 owns value dims
+ *       0..255 of O, WG1 256..511; each runs PV for both tiles of a pair: its own P from registers
+ *       (RS m64n256k16 x4) and the peer's P from a shared tile (SS m64n256k16 x4).
+ * One running row max for both WGs, chained per pair of tiles through sm_max[64]:
+ *   WG0: m0 = max(m, tilemax(2i)), posts m0 (kBarM0 arrive), O0 *= exp2(m - m0), P0 = exp2(s - m0),
+ *        O0 += P0 V0[0:256] (RS), releases buffer 0 L; waits kBarM1, reads m1, scales its fp32 P0 by
+ *        exp2(m0 - m1) into the shared tile sP0 (kBarS0 arrive), O0 *= exp2(m0 - m1), waits kBarS1,
+ *        O0 += sP1 V1[0:256] (SS), issues S(2i + 2) half L, retires the SS PV (releases buffer 1 L),
+ *        issues half R, waits for S.
+ *   WG1: S(2i + 1) (half R first, the order it arrives), waits kBarM0, m1 = max(m, m0, tilemax),
+ *        posts m1 (kBarM1 arrive), O1 *= exp2(m - m1), P1 = exp2(s - m1), stmatrix P1 into sP1,
+ *        O1 += P1 V1[256:512] (RS), waits kBarS0, O1 += sP0 V0[256:512] (SS), kBarS1 arrive, retires the
+ *        RS PV (releases buffer 1 R), then the SS PV (releases buffer 0 R).
+ *   Each WG sums its own tiles' P (in fp32) into its row sums; the sums meet in the epilogue.
+ * The WGs thus alternate: WG0's softmax runs under WG1's S, WG1's softmax under WG0's RS PV, and WG0
+ * issues the next S right behind its SS PV.
+ * Stage ownership (who releases which half; the producer refills in this order: 0L, 1R, 0R, 1L):
+ *   buffer 0 L: S(even) + WG0's RS PV             -> WG0 after the RS PV (empty[0][0])
+ *   buffer 0 R: S(even) + WG1's SS PV (V0 dims 256..511; at D = 576 block 8 also holds sP0)
+ *                                                 -> WG1 after the SS PV (empty[0][1])
+ *   buffer 1 R: S(odd) + WG1's RS PV              -> WG1 after the RS PV (empty[1][1])
+ *   buffer 1 L: S(odd) + WG0's SS PV              -> WG0 after the SS PV (empty[1][0])
+ * Validity bytes of buffer w are written with the half its owner releases after reading them (0 L,
+ * 1 R). sP0: at D = 576 buffer 0's block 8 (the RoPE dims: only S(even) reads them, and WG0 writes
+ * sP0 after that S completed; the producer refills block 8 only after WG1's SS PV released 0 R); at
+ * D = 512 its own tile. sP1: its own tile; WG1 rewrites it after kBarM0 of the next pair, which WG0
+ * arrives at only after it retired the SS PV that read it.
+ * Any K: an odd number of 64-key tiles ends with a pair whose odd tile has only invalid slots
+ * (zero-filled, masked: P = 0). Rows with no valid slot keep max -inf (rescale factors guarded as
+ * in the other schedules). Results are not bitwise equal to schedule 0 (other summation order; P of
+ * WG0 rounded in two frames).
+ * A WG never waits on the full barriers of the peer's buffer: the peer waited (and ran the proxy
+ * fence) before its kBarS0 / kBarS1 arrive; this WG runs fence.proxy.async after the matching sync.
+ * Named barriers (ids 1..5, 256 threads = both consumer WGs, the non-.aligned forms since the two WGs
+ * reach them from different code): kBarM0, kBarM1, kBarS0, kBarS1 once per pair (one WG arrives, the
+ * other syncs), kBarSum once in the epilogue.
+ * The last pair of WG0 is peeled (template NEXT) so every wgmma wait is unconditional (C7517 / C7514).
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include "sm90_common.cuh"
+
+namespace {
+
+constexpr int kThreads = 384;
+constexpr int kConsumerRegs = 224; /* O 128 + S 32 + P 16 (+ WG0's fp32 P kept for the rescale) */
+constexpr int kProducerRegs = 56;  /* 8 indices per pair held across 4 waits: 40 spilled (ptxas) */
+constexpr int kBlkBytes = 64 * 128; /* one 64 x 64 bf16 SW128 block */
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(2 * kConsumerRegs + kProducerRegs <= 504, "setmaxnreg pool: 384 x 168 = 128 x 504");
+static_assert(DSA_VALUE_DIM == 512, "WG w owns value dims [256 w, 256 w + 256): blocks 4 w .. 4 w + 3");
+
+template <int NB>
+struct Smem2 {
+  static constexpr int kTile = NB * kBlkBytes;
+  static constexpr int kQ = 0;
+  static constexpr int kKV = kTile;                             /* buffer w at kKV + w * kTile */
+  static constexpr int kP1 = kKV + 2 * kTile;                   /* WG1's P, read by WG0 */
+  static constexpr int kP0 = NB == 9 ? kKV + 8 * kBlkBytes : kP1 + kBlkBytes; /* WG0's P */
+  static constexpr int kValid = kP1 + (NB == 9 ? 1 : 2) * kBlkBytes; /* [2][64] bytes */
+  static constexpr int kBars = kValid + 2 * 64;                 /* q_full, full[2][2], empty[2][2] */
+  static constexpr int kMax = kBars + 80;                       /* f32 [64] the chained row max */
+  static constexpr int kSum = kMax + 64 * 4;                    /* f32 [2][64] final row sums */
+  static constexpr int kBytes = kSum + 2 * 64 * 4 + 1024;
+};
+
+static_assert(Smem2<8>::kQ == 0 && Smem2<9>::kQ == 0 && Smem2<8>::kP0 % 1024 == 0 && Smem2<9>::kP0 % 1024 == 0 &&
+                  Smem2<8>::kP1 % 1024 == 0 && Smem2<9>::kP1 % 1024 == 0,
+              "SW128 tiles start on 1024-B boundaries (descriptor base offset 0)");
+static_assert(Smem2<9>::kBytes <= 227 * 1024, "fits the H100 / H200 opt-in shared memory (227 KB)");
+
+struct FwdArgs2 {
+  dsa_attn_fwd_params p;
+  float scale_log2;
+  int num_hblocks, head_begin, head_end;
+};
+
+/* Device helpers: only in the sm_90a pass (and the host pass, which never calls them): the compute_90
+ * PTX pass has no sm90_common.cuh wrappers; the kernel body is guarded the same way. */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kBarM0 = 1, kBarM1 = 2, kBarS0 = 3, kBarS1 = 4, kBarSum = 5; /* named barriers; 0 = __syncthreads */
+
+__device__ __forceinline__ void bar_arrive_any(int id, int count) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+/* Producer: this thread's share of blocks [B0, B1) of one 64-row tile (rows g + 16 i, chunk j). */
+template <int B0, int B1>
+__device__ __forceinline__ void gather_half(uint32_t skv, const int32_t idxs[4], int g, int j, const uint16_t *kv,
+                                            int64_t kv_stride, int64_t num_kv, const uint16_t *harmless,
+                                            uint8_t *valid) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 16 * i;
+    const int32_t idx = idxs[i];
+    const bool ok = idx >= 0 && (int64_t)idx < num_kv;
+    const uint16_t *src = ok ? kv + (int64_t)idx * kv_stride + j * 8 : harmless + j * 8;
+#pragma unroll
+    for (int b = B0; b < B1; ++b)
+      sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+    if (valid != nullptr && j == 0) valid[r] = ok ? 1 : 0;
+  }
+}
+
+/* Issues S += Q K^T over blocks [B0, B1) (m64n64k16 SS, both K-major SW128); ZERO: the first step
+ * overwrites the accumulator. */
+template <int B0, int B1, bool ZERO>
+__device__ __forceinline__ void issue_s(float *sacc, uint32_t sq, uint32_t skv) {
+#pragma unroll
+  for (int b = B0; b < B1; ++b)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t off = b * kBlkBytes + k * 32;
+      sm90_wgmma_ss_m64n64k16<0, 0>(sacc, sm90_make_desc_sw128(sq + off, 16, 1024),
+                                    sm90_make_desc_sw128(skv + off, 16, 1024), !(ZERO && b == B0 && k == 0));
+    }
+}
+
+/* Masks the completed S (32 registers) into x (log2-domain logits, -inf for invalid slots) and returns
+ * the tile's row maxima (rows r0, r0 + 8 of this thread), reduced over the 4 threads of the row. */
+__device__ __forceinline__ void mask_tile(const float *sacc, const uint8_t *vs, float scale_log2, int lane, float *x,
+                                          float tmax[2]) {
+#pragma unroll
+  for (int cc = 0; cc < 8; ++cc) {
+    const uint32_t pair = *(const uint16_t *)(vs + 8 * cc + 2 * (lane & 3));
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 4 * cc + 2 * hr + e;
+        x[i] = ((pair >> (8 * e)) & 0xff) ? sacc[i] * scale_log2 : -INFINITY;
+      }
+  }
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int cc = 0; cc < 8; ++cc) mx = fmaxf(mx, fmaxf(x[4 * cc + 2 * hr], x[4 * cc + 2 * hr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    tmax[hr] = mx;
+  }
+}
+
+/* Online-softmax step with the new row max m_new (>= row_max): alpha = rescale of the old O and sums,
+ * x <- exp2(x - m), row_sum updated, P packed as the RS A operand (slice kk, register q = pair 8 kk + 2 q). */
+__device__ __forceinline__ void softmax_step(float *x, const float m_new[2], float row_max[2], float row_sum[2],
+                                             float alpha[2], uint32_t (*pa)[4]) {
+  float m_use[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    m_use[hr] = m_new[hr] == -INFINITY ? 0.f : m_new[hr]; /* no valid slot yet: avoid (-inf) - (-inf) */
+    alpha[hr] = exp2f(row_max[hr] - m_use[hr]);
+    row_max[hr] = m_new[hr];
+  }
+  float psum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    x[i] = exp2f(x[i] - m_use[(i >> 1) & 1]);
+    psum[(i >> 1) & 1] += x[i];
+  }
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) row_sum[hr] = row_sum[hr] * alpha[hr] + psum[hr];
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) pa[kk][q] = sm90_pack_bf16x2(x[8 * kk + 2 * q], x[8 * kk + 2 * q + 1]);
+}
+
+__device__ __forceinline__ void rescale_o(float *o, const float f[2]) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] *= f[(i >> 1) & 1];
+}
+
+/* P (64 heads x 64 keys, this WG's A-operand registers) -> the K-major SW128 tile at pbuf, then the
+ * proxy fence (stmatrix is generic-proxy, the peer's wgmma reads it through the async proxy). */
+__device__ __forceinline__ void store_p(uint32_t pbuf, uint32_t (*pa)[4], int warp, int lane) {
+  const int r = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const int chunk = 2 * kk + (lane >> 4);
+    sm90_stmatrix_x4(pbuf + r * 128 + (((chunk ^ r) & 7) << 4), pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+  }
+  sm90_fence_proxy_async();
+}
+
+/* O (+)= P V for this WG's value dims: V = buffer blocks [4 c, 4 c + 4) read MN-major (LBO 8192, SBO
+ * 1024, +2048 B per 16 keys). RS: P from registers; SS: P from the shared tile at pbuf. */
+__device__ __forceinline__ void issue_pv_rs(float *o, uint32_t (*pa)[4], uint32_t sv) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    sm90_wgmma_rs_m64n256k16_tb1(o, pa[kk], sm90_make_desc_sw128(sv + kk * 2048, kBlkBytes, 1024), 1);
+}
+__device__ __forceinline__ void issue_pv_ss(float *o, uint32_t pbuf, uint32_t sv) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    sm90_wgmma_ss_m64n256k16<1>(o, sm90_make_desc_sw128(pbuf + kk * 32, 16, 1024),
+                                sm90_make_desc_sw128(sv + kk * 2048, kBlkBytes, 1024), 1);
+}
+
+#define FENCE_ARR(a, n)                                                                                         \
+  do {                                                                                                          \
+    _Pragma("unroll") for (int fi_ = 0; fi_ < (n); ++fi_) sm90_fence_operand((a)[fi_]);                       \
+  } while (0)
+#define FENCE_PA(pa)                                                                                            \
+  do {                                                                                                          \
+    _Pragma("unroll") for (int fk_ = 0; fk_ < 4; ++fk_) _Pragma("unroll") for (int fq_ = 0; fq_ < 4; ++fq_)    \
+        sm90_fence_operand_u32((pa)[fk_][fq_]);                                                               \
+  } while (0)
+
+/* Waits for one half of a buffer and makes the cp.async data visible to wgmma. */
+__device__ __forceinline__ void wait_half(uint64_t *bar, uint32_t parity) {
+  sm90_mbar_wait(bar, parity);
+  sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
+}
+
+/* WG0, pair i: S(2i) complete in sacc on entry, nothing in flight. NEXT: pair i + 1 exists; then
+ * S(2i + 2) is complete on return. */
+template <int NB, bool NEXT>
+__device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint32_t sq,
+                                         float scale_log2, int warp, int lane, float *o, float *sacc,
+                                         float row_max[2], float row_sum[2]) {
+  typedef Smem2<NB> L;
+  const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
+  const uint32_t sp0 = sm90_smem_addr(smem + L::kP0), sp1 = sm90_smem_addr(smem + L::kP1);
+  float *sm_max = (float *)(smem + L::kMax);
+  const int r0 = 16 * warp + (lane >> 2);
+  float x[32], tmax[2], m0[2], alpha[2];
+  uint32_t pa[4][4];
+  mask_tile(sacc, smem + L::kValid, scale_log2, lane, x, tmax);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) m0[hr] = fmaxf(row_max[hr], tmax[hr]);
+  softmax_step(x, m0, row_max, row_sum, alpha, pa);
+  rescale_o(o, alpha);
+  if ((lane & 3) == 0) {
+    sm_max[r0] = m0[0];
+    sm_max[r0 + 8] = m0[1];
+  }
+  bar_arrive_any(kBarM0, 256);
+  /* O0 += P0 V0[0:256] */
+  FENCE_ARR(o, 128);
+  FENCE_PA(pa);
+  sm90_wgmma_fence();
+  issue_pv_rs(o, pa, sb0);
+  sm90_wgmma_commit();
+  sm90_wgmma_wait<0>();
+  FENCE_ARR(o, 128);
+  FENCE_PA(pa);
+  sm90_mbar_arrive(&empty[0][0]); /* buffer 0 L: S(2i) and this PV done, mask read */
+  /* the chain's max after WG1's tile: bring P0 (fp32) and O0 into that frame */
+  sm90_named_bar_sync_any(kBarM1, 256);
+  float sc[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const float m1 = sm_max[r0 + 8 * hr];
+    sc[hr] = m0[hr] == -INFINITY ? 1.f : exp2f(m0[hr] - m1); /* m0 = -inf: P0 = O0 = sum = 0 */
+    row_max[hr] = m1;
+    row_sum[hr] *= sc[hr];
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int e = 8 * kk + 2 * q;
+      pa[kk][q] = sm90_pack_bf16x2(x[e] * sc[(e >> 1) & 1], x[e + 1] * sc[(e >> 1) & 1]);
+    }
+  store_p(sp0, pa, warp, lane);
+  bar_arrive_any(kBarS0, 256);
+  rescale_o(o, sc);
+  sm90_named_bar_sync_any(kBarS1, 256);
+  /* buffer 1 L's cp.async data: WG1 waited full[1][0] before kBarS1; order it for this WG's wgmma */
+  sm90_fence_proxy_async();
+  /* O0 += sP1 V1[0:256] */
+  FENCE_ARR(o, 128);
+  sm90_wgmma_fence();
+  issue_pv_ss(o, sp1, sb1);
+  sm90_wgmma_commit();
+  if constexpr (NEXT) {
+    const uint32_t par = (uint32_t)(i + 1) & 1;
+    wait_half(&full[0][0], par);
+    FENCE_ARR(sacc, 32);
+    sm90_wgmma_fence();
+    issue_s<0, 4, true>(sacc, sq, sb0);
+    sm90_wgmma_commit();
+    sm90_wgmma_wait<1>(); /* the SS PV retired (groups retire in order); S half L may run on */
+    FENCE_ARR(o, 128);
+    sm90_mbar_arrive(&empty[1][0]); /* buffer 1 L: S(2i + 1) and this PV done */
+    wait_half(&full[0][1], par);
+    sm90_wgmma_fence();
+    issue_s<4, NB, false>(sacc, sq, sb0);
+    sm90_wgmma_commit();
+    sm90_wgmma_wait<0>();
+    FENCE_ARR(sacc, 32);
+  } else {
+    sm90_wgmma_wait<0>();
+    FENCE_ARR(o, 128);
+    sm90_mbar_arrive(&empty[1][0]);
+  }
+}
+
+/* WG1, pair i: nothing in flight on entry or return. */
+template <int NB>
+__device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint32_t sq,
+                                         float scale_log2, int warp, int lane, float *o, float *sacc,
+                                         float row_max[2], float row_sum[2]) {
+  typedef Smem2<NB> L;
+  const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
+  const uint32_t sp0 = sm90_smem_addr(smem + L::kP0), sp1 = sm90_smem_addr(smem + L::kP1);
+  float *sm_max = (float *)(smem + L::kMax);
+  const int r0 = 16 * warp + (lane >> 2);
+  const uint32_t par = (uint32_t)i & 1;
+  /* S(2i + 1), half R first (the producer fills buffer 1 R before L) */
+  wait_half(&full[1][1], par);
+  FENCE_ARR(sacc, 32);
+  sm90_wgmma_fence();
+  issue_s<4, NB, true>(sacc, sq, sb1);
+  wait_half(&full[1][0], par);
+  sm90_wgmma_fence();
+  issue_s<0, 4, false>(sacc, sq, sb1);
+  sm90_wgmma_commit();
+  sm90_wgmma_wait<0>();
+  FENCE_ARR(sacc, 32);
+  float x[32], tmax[2], m1[2], alpha[2];
+  uint32_t pa[4][4];
+  mask_tile(sacc, smem + L::kValid + 64, scale_log2, lane, x, tmax);
+  sm90_named_bar_sync_any(kBarM0, 256);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) m1[hr] = fmaxf(fmaxf(row_max[hr], sm_max[r0 + 8 * hr]), tmax[hr]);
+  __syncwarp(); /* every lane of the row read m0 before its writer posts m1 */
+  if ((lane & 3) == 0) {
+    sm_max[r0] = m1[0];
+    sm_max[r0 + 8] = m1[1];
+  }
+  bar_arrive_any(kBarM1, 256);
+  softmax_step(x, m1, row_max, row_sum, alpha, pa);
+  rescale_o(o, alpha);
+  /* P1 for WG0 first: the A registers must not be read while the RS wgmma that reads them is in flight */
+  store_p(sp1, pa, warp, lane);
+  /* O1 += P1 V1[256:512] */
+  FENCE_ARR(o, 128);
+  FENCE_PA(pa);
+  sm90_wgmma_fence();
+  issue_pv_rs(o, pa, sb1 + 4 * kBlkBytes);
+  sm90_wgmma_commit();
+  sm90_named_bar_sync_any(kBarS0, 256);
+  /* buffer 0 R's cp.async data: WG0 waited full[0][1] before kBarS0; order it for this WG's wgmma */
+  sm90_fence_proxy_async();
+  /* O1 += sP0 V0[256:512] */
+  sm90_wgmma_fence();
+  issue_pv_ss(o, sp0, sb0 + 4 * kBlkBytes);
+  sm90_wgmma_commit();
+  bar_arrive_any(kBarS1, 256);
+  sm90_wgmma_wait<1>();
+  FENCE_PA(pa);
+  sm90_mbar_arrive(&empty[1][1]); /* buffer 1 R: S(2i + 1), the RS PV, mask read */
+  sm90_wgmma_wait<0>();
+  FENCE_ARR(o, 128);
+  sm90_mbar_arrive(&empty[0][1]); /* buffer 0 R: S(2i) (WG0, done before kBarS0) and the SS PV */
+}
+
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL || !__CUDA_ARCH__ */
+
+template <int NB>
+__global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __grid_constant__ FwdArgs2 args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(NB == 8 || NB == 9, "D = 512 or 576");
+  typedef Smem2<NB> L;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint64_t *bars = (uint64_t *)(smem + L::kBars);
+  uint64_t *q_full = bars;
+  uint64_t(*full)[2] = (uint64_t(*)[2])(bars + 1);
+  uint64_t(*empty)[2] = (uint64_t(*)[2])(bars + 5);
+
+  const dsa_attn_fwd_params &p = args.p;
+  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
+  const int64_t tok = blockIdx.x / args.num_hblocks;
+  const int h0 = args.head_begin + (int)(blockIdx.x % args.num_hblocks) * 64;
+  const int h_end = args.head_end;
+  int klen = p.topk;
+  if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
+  const int ntiles = (klen + 63) / 64;
+  const int npairs = (ntiles + 1) / 2; /* an odd count ends with an all-invalid odd tile */
+
+  if (tid == 0) {
+    sm90_mbar_init(q_full, 128);
+    for (int w = 0; w < 2; ++w)
+      for (int h = 0; h < 2; ++h) {
+        sm90_mbar_init(&full[w][h], 256); /* 128 cp.async .noinc + 128 plain (mask bytes) */
+        sm90_mbar_init(&empty[w][h], 128); /* the releasing WG */
+      }
+    sm90_mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    /* ================= producer ================= */
+    sm90_setmaxnreg_dec<kProducerRegs>();
+    const int g = t >> 3, j = t & 7;
+    const uint32_t sq = sm90_smem_addr(smem + L::kQ);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = g + 16 * i, h = h0 + r;
+      const bool ok = h < h_end;
+      const uint16_t *src = p.q + tok * p.q_stride_token + (int64_t)(ok ? h : h0) * p.q_stride_head + j * 8;
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        sm90_cp_async16(sq + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+    }
+    sm90_cp_async_mbar_arrive_noinc(q_full);
+
+    const int32_t *irow = p.indices + tok * p.indices_stride;
+    const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
+    uint8_t *valid = smem + L::kValid;
+    for (int i = 0; i < npairs; ++i) {
+      const uint32_t par = ((uint32_t)i & 1) ^ 1; /* first use of a half: parity 1 returns at once */
+      int32_t ia[4], ib[4];
+      sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
+      sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
+      sm90_mbar_wait(&empty[0][0], par);
+      gather_half<0, 4>(sb0, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, valid);
+      sm90_cp_async_mbar_arrive_noinc(&full[0][0]);
+      sm90_mbar_arrive(&full[0][0]);
+      sm90_mbar_wait(&empty[1][1], par);
+      gather_half<4, NB>(sb1, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, valid + 64);
+      sm90_cp_async_mbar_arrive_noinc(&full[1][1]);
+      sm90_mbar_arrive(&full[1][1]);
+      sm90_mbar_wait(&empty[0][1], par);
+      gather_half<4, NB>(sb0, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, nullptr);
+      sm90_cp_async_mbar_arrive_noinc(&full[0][1]);
+      sm90_mbar_arrive(&full[0][1]);
+      sm90_mbar_wait(&empty[1][0], par);
+      gather_half<0, 4>(sb1, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, nullptr);
+      sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
+      sm90_mbar_arrive(&full[1][0]);
+    }
+    sm90_cp_async_wait_all();
+  } else {
+    /* ================= consumers ================= */
+    sm90_setmaxnreg_inc<kConsumerRegs>();
+    const int c = wg; /* value dims [256 c, 256 c + 256); tiles of buffer c */
+    const int warp = t >> 5, lane = t & 31;
+    const float scale_log2 = args.scale_log2;
+    float o[128], sacc[32];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+    sm90_mbar_wait(q_full, 0);
+    sm90_fence_proxy_async();
+    const uint32_t sq = sm90_smem_addr(smem + L::kQ);
+
+    if (c == 0) {
+      if (npairs > 0) { /* S(0) */
+        const uint32_t sb0 = sm90_smem_addr(smem + L::kKV);
+        wait_half(&full[0][0], 0);
+        FENCE_ARR(sacc, 32);
+        sm90_wgmma_fence();
+        issue_s<0, 4, true>(sacc, sq, sb0);
+        wait_half(&full[0][1], 0);
+        sm90_wgmma_fence();
+        issue_s<4, NB, false>(sacc, sq, sb0);
+        sm90_wgmma_commit();
+        sm90_wgmma_wait<0>();
+        FENCE_ARR(sacc, 32);
+      }
+      for (int i = 0; i < npairs - 1; ++i)
+        wg0_pair<NB, true>(i, smem, full, empty, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum);
+      if (npairs > 0)
+        wg0_pair<NB, false>(npairs - 1, smem, full, empty, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum);
+    } else {
+      for (int i = 0; i < npairs; ++i)
+        wg1_pair<NB>(i, smem, full, empty, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum);
+    }
+
+    /* ---- epilogue (as schedule 0): normalise, sink factor, bf16 out, lse, max_logits. Both WGs end
+     * with the same row max (the chain's last m1); each summed only its own tiles. */
+    float *red_sum = (float *)(smem + L::kSum);
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float l = row_sum[hr];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      row_sum[hr] = l;
+    }
+    if ((lane & 3) == 0) {
+      red_sum[c * 64 + 16 * warp + (lane >> 2)] = row_sum[0];
+      red_sum[c * 64 + 16 * warp + (lane >> 2) + 8] = row_sum[1];
+    }
+    sm90_named_bar_sync_any(kBarSum, 256);
+    row_sum[0] += red_sum[(c ^ 1) * 64 + 16 * warp + (lane >> 2)];
+    row_sum[1] += red_sum[(c ^ 1) * 64 + 16 * warp + (lane >> 2) + 8];
+    float fac[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const float l = row_sum[hr];
+      const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
+      const bool empty_row = row_max[hr] == -INFINITY && l == 0.f;
+      const float lse = empty_row ? INFINITY : (row_max[hr] + log2f(l)) * kLn2;
+      float f = 0.f;
+      if (!empty_row && h < h_end) {
+        f = 1.f / l;
+        if (p.sink) f *= 1.f / (1.f + expf(p.sink[h] - lse));
+      }
+      fac[hr] = f;
+      if (c == 0 && (lane & 3) == 0 && h < h_end) {
+        const int64_t th = tok * p.num_heads + h;
+        p.lse[th] = lse;
+        if (p.max_logits) p.max_logits[th] = empty_row ? -INFINITY : row_max[hr] * kLn2;
+      }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
+      if (h >= h_end) continue;
+      uint16_t *orow = p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * 256 + 2 * (lane & 3);
+#pragma unroll
+      for (int cc = 0; cc < 32; ++cc) {
+        const int i = 4 * cc + 2 * hr;
+        *(uint32_t *)(orow + 8 * cc) = sm90_pack_bf16x2(o[i] * fac[hr], o[i + 1] * fac[hr]);
+      }
+    }
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+template <int NB>
+dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int head_begin,
+                   int head_end, int num_hblocks) {
+  const char *fn = "dsa_sparse_attn_fwd";
+  const int smem_bytes = Smem2<NB>::kBytes;
+  if (smem_bytes > ctx->max_smem_optin)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a kernel (schedule 3) needs %d bytes of shared memory, device has %d", fn,
+                    smem_bytes, ctx->max_smem_optin);
+  static int attr_set[DSA_TRACKED_DEVICES];
+  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_v2_kernel<NB>, smem_bytes, 0, ctx->device, attr_set,
+                               fn));
+  FwdArgs2 args;
+  args.p = *p;
+  args.scale_log2 = p->softmax_scale * kLog2e;
+  args.num_hblocks = num_hblocks;
+  args.head_begin = head_begin;
+  args.head_end = head_end;
+  const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
+  attn_fwd_sm90_v2_kernel<NB><<<grid, kThreads, smem_bytes, stream>>>(args);
+  return dsa_cuda_status((int)cudaGetLastError(), fn);
+}
+
+}  // namespace
+
+/* Called by dsa_launch_attn_fwd_sm90_heads (cuda/attn_fwd_sm90.cu) after its checks (cc 9.0, D 512 /
+ * 576, alignment, head range, token count), with num_tokens > 0. */
+extern "C" dsa_status dsa_launch_attn_fwd_sm90_v2(const dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                                  int head_begin, int head_end, int num_hblocks,
+                                                  cudaStream_t stream) {
+  if (p->head_dim == 576) return launch2<9>(ctx, p, stream, head_begin, head_end, num_hblocks);
+  return launch2<8>(ctx, p, stream, head_begin, head_end, num_hblocks);
+}
