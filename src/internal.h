@@ -194,7 +194,9 @@ DSA_HIDDEN extern int dsa_topk_compact_long_rows;
 /* Top-k kernel (cuda/topk.cu): 0 = automatic (3 where every row has <= 32768 columns, else 1),
  * 1 = the shared-memory key-cache kernel, 2 = register-resident (1024 threads, one CTA per SM),
  * 3 = registers + shared memory (512 threads, two CTAs per SM); 2 and 3 fall back to 1 for longer
- * rows. Tests run each; dsa_bench sets it from DSA_TOPK_VARIANT. */
+ * rows; 4 = sampled threshold + one filtering read + exact select on the candidates (any row, its
+ * own exact fallback; not run on a GPU yet, not in the automatic choice). Tests run each; dsa_bench
+ * sets it from DSA_TOPK_VARIANT. */
 DSA_HIDDEN extern int dsa_topk_variant;
 /* Indexer helpers: copies q rows [tokens, heads, 128] (any strides) into a packed
  * [tokens * heads, 128] bf16 matrix; and the head reduction

@@ -5,13 +5,14 @@
  * limit; more than 65535 rows; strided scores and indices (gaps stay untouched); bitwise reruns;
  * a row alone equals the same row inside a batch; the workspace contract; bad arguments; CUDA graph
  * capture; the indexer's launch interface (per-row column offsets, out_lengths). Every comparison
- * runs each kernel variant (dsa_topk_variant 1, 2, 3; 2 and 3 apply to rows of <= 32768 columns and
- * fall back to 1 beyond). */
+ * runs each kernel variant (dsa_topk_variant 1, 2, 3, 4; 2 and 3 apply to rows of <= 32768 columns and
+ * fall back to 1 beyond; 4, the sampled-threshold filter, takes any row and has its own exact fallback,
+ * whose paths sampled_filter_paths drives). */
 #include "test_common.h"
 #include "internal.h" /* dsa_topk_compact_long_rows, dsa_topk_variant: every path is tested */
 
-static const int tk_variants[] = {1, 2, 3};
-#define TK_NVARIANTS 3
+static const int tk_variants[] = {1, 2, 3, 4};
+#define TK_NVARIANTS 4
 
 typedef struct {
   dsa_context *ctx;
@@ -215,6 +216,60 @@ Test(gpu_topk, constant_and_nan_rows) {
     check_topk(&e, &p, "NaN / -inf rows");
     free(s);
   }
+  tk_close(&e);
+}
+
+/* Variant 4 (a sampled threshold, one filtering read, the exact select on the candidates; its
+ * candidate capacity is 8192) on rows longer than that capacity, one row per pattern: uniform
+ * [-1, 1] (the filter path, as dsa_bench); columns 128 c .. 128 c + 3 (the sampled vectors of an
+ * aligned row of these lengths) high, so the sample overestimates the threshold (too few candidates
+ * for large k, just enough for small k); the same columns low (too many candidates); 97% NaN (the
+ * sampled threshold is NaN); random bit patterns of small magnitude (denormals, signed zeros); 64
+ * distinct values (many ties at the threshold); a few +inf among random values. Both fallbacks and
+ * the filter path, checked for every variant against the reference. */
+static void sampled_pattern_row(tc_rng *r, float *s, int64_t cols, int pattern) {
+  for (int64_t c = 0; c < cols; ++c) {
+    const int sampled = (c % 128) < 4;
+    float v;
+    switch (pattern) {
+      case 0: v = (float)tc_range(r, -1.0, 1.0); break;
+      case 1: v = sampled ? (float)tc_range(r, 1000.0, 1001.0) : (float)tc_range(r, -1.0, 1.0); break;
+      case 2: v = sampled ? -1000.0f : (float)tc_range(r, -1.0, 1.0); break;
+      case 3: v = tc_below(r, 100) < 97 ? nanf("") : (float)tc_range(r, -1.0, 1.0); break;
+      case 4: {
+        const uint32_t b = (uint32_t)tc_next(r) & 0x807FFFFFu; /* exponent 0: subnormals and +-0 */
+        memcpy(&v, &b, 4);
+        break;
+      }
+      case 5: v = (float)tc_below(r, 64) - 32.0f; break;
+      default: v = tc_below(r, 1000) == 0 ? INFINITY : (float)tc_range(r, -1.0, 1.0); break;
+    }
+    s[c] = v;
+  }
+}
+
+Test(gpu_topk, sampled_filter_paths) {
+  TC_REQUIRE_GPU();
+  tk_env e = tk_open();
+  tc_rng r = tc_seed("gpu_topk.sampled_filter_paths");
+  static const int64_t colss[] = {8193, 9000, 40000, 131072};
+  static const int32_t ks[] = {1, 100, 2048};
+  const int64_t rows = 7;
+  for (int ci = 0; ci < 4; ++ci)
+    for (int ki = 0; ki < 3; ++ki) {
+      const int64_t cols = colss[ci];
+      float *s = (float *)malloc((size_t)(rows * cols) * 4);
+      dsa_topk_params p;
+      cr_assert_not_null(s);
+      for (int64_t i = 0; i < rows; ++i) sampled_pattern_row(&r, s + i * cols, cols, (int)i);
+      memset(&p, 0, sizeof p);
+      p.rows = rows;
+      p.columns = cols;
+      p.k = ks[ki];
+      p.scores = s;
+      check_topk(&e, &p, "sampled-filter patterns (row = pattern)");
+      free(s);
+    }
   tk_close(&e);
 }
 
