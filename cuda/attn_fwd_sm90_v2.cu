@@ -58,7 +58,7 @@ namespace {
 
 constexpr int kThreads = 384;
 constexpr int kConsumerRegs = 224; /* O 128 + S 32 + P 16 (+ WG0's fp32 P kept for the rescale) */
-constexpr int kProducerRegs = 56;  /* 8 indices per pair held across 4 waits: 40 spilled (ptxas) */
+constexpr int kProducerRegs = 56;  /* 8 indices per pair held across 4 waits (at 40 ptxas spilled 16 B) */
 constexpr int kBlkBytes = 64 * 128; /* one 64 x 64 bf16 SW128 block */
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(2 * kConsumerRegs + kProducerRegs <= 504, "setmaxnreg pool: 384 x 168 = 128 x 504");
