@@ -19,7 +19,8 @@
  * each checked in full; schedules 1 and 2 do the same arithmetic in the same order as 0, so a result
  * that is not bitwise identical to schedule 0's is logged as a warning (a race that stays inside the
  * tolerance would show there first). Schedule 3 sums in another order (and rounds WG0's P in two
- * frames): it is checked against the reference only. */
+ * frames): it is checked against the reference only, and runs only with DSA_TEST_EXPERIMENTAL=1 until
+ * it has passed on a GPU (tests/test_common.h). */
 #include <limits.h>
 #include "test_common.h"
 #include <criterion/parameterized.h>
@@ -109,7 +110,8 @@ static int same_order_as_0(int ov) { return ov == 1 || ov == 2; }
  * spend its time on the schedule it needs. */
 static int fwd_schedules(void) {
   const char *s = getenv("DSA_TEST_FWD_SCHEDULES");
-  const int n = s ? atoi(s) : NUM_OVERLAP;
+  /* schedule 3 (cuda/attn_fwd_sm90_v2.cu) has not run on a GPU yet: only with DSA_TEST_EXPERIMENTAL */
+  const int n = s ? atoi(s) : tc_experimental() ? NUM_OVERLAP : NUM_OVERLAP - 1;
   return n < 1 ? 1 : n > NUM_OVERLAP ? NUM_OVERLAP : n;
 }
 
