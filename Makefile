@@ -152,6 +152,13 @@ $(BUILD)/bench/%: bench/%.c $(BENCH_COMMON) bench/bench_common.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Ibench -o $@ $< $(BENCH_COMMON) $(LIB_A) $(LDLIBS_CUDA) $(RPATH_CUDA)
 
+# Atomic-throughput probe (docs/bwd-sm90-next.md, P0): standalone CUDA program, no libdsa, sm_90a only.
+.PHONY: atomic-probe
+atomic-probe: $(BUILD)/bench/atomic_probe
+$(BUILD)/bench/atomic_probe: bench/atomic_probe.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o $@ $<
+
 run: $(BUILD)/bench/dsa_layer
 	$(BUILD)/bench/dsa_layer $(RUN_ARGS)
 
