@@ -6,7 +6,7 @@
  * bench/results/YYYY-MM-DD-<card>.json (rewritten after every row, so a crash keeps what ran).
  *
  *   dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--fwd-variant N]
- *             [--fwd-overlap LIST] [--list]
+ *             [--fwd-overlap LIST] [--bwd-dkv-layout LIST] [--list]
  *
  * An op that returns DSA_ERROR_UNSUPPORTED is reported as "not on the GPU yet", never a failure.
  */
@@ -43,6 +43,26 @@ extern int dsa_topk_variant __attribute__((weak));
  * the "fused" row runs the automatic choice, "fused,mma" and "fused,wgmma" force each. */
 extern int dsa_indexer_fused_variant __attribute__((weak));
 static int topk_variant_forced; /* 0: automatic */
+/* The sm_90a backward's fp32 dKV accumulator layout (src/internal.h dsa_attn_bwd_dkv_layout: 0 real
+ * column order, 1 permuted for 64-B v4 atomics), from --bwd-dkv-layout LIST or DSA_BWD_DKV_LAYOUT=LIST
+ * ("0,1"): every bwd det0 row runs once per listed layout and layout 1's variant gets ",lay1" (det1
+ * always uses layout 0 and runs once); neither given: the library default, no suffix. */
+extern int dsa_attn_bwd_dkv_layout __attribute__((weak));
+static int bwd_layout_list[4], bwd_layout_count; /* count 0: library default */
+/* The backward kernel switch (src/internal.h dsa_attn_bwd_variant: 1 portable, 2 sm_90a 64-head, 3 sm_90a
+ * small-H), from DSA_BWD_VARIANT (unset: automatic); bwd rows then get ",bv<N>" in their variant. */
+extern int dsa_attn_bwd_variant __attribute__((weak));
+static int bwd_variant_forced; /* 0: automatic */
+static int parse_layout_list(const char *s) {
+  bwd_layout_count = 0;
+  while (*s) {
+    if (*s < '0' || *s > '1' || bwd_layout_count == 4) return -1;
+    bwd_layout_list[bwd_layout_count++] = *s++ - '0';
+    if (*s == ',') ++s;
+    else if (*s) return -1;
+  }
+  return bwd_layout_count > 0 ? 0 : -1;
+}
 
 /* ---------------------------------------------------------------------------------------------
  * Canonical shapes (names are stable: results are compared over time by name).
@@ -556,8 +576,13 @@ static void bench_bwd(bench *b, const shape *sh) {
   }
   printf("done\n");
 
-  for (int det = 0; det <= 1; ++det) {
-    const char *variant = det ? "det1" : "det0";
+  const int nlay = bwd_layout_count ? bwd_layout_count : 1;
+  for (int job = 0; job < nlay + 1; ++job) {
+    const int det = job == nlay; /* det0 once per listed layout, then det1 */
+    const int lay = (!det && bwd_layout_count) ? bwd_layout_list[job] : -1; /* -1: library default */
+    char variant[32];
+    snprintf(variant, sizeof variant, "%s%s", det ? "det1" : "det0", lay == 1 ? ",lay1" : "");
+    if (bwd_variant_forced) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",bv%d", bwd_variant_forced);
     progress(sh, variant);
     bwd_arg a;
     memset(&a, 0, sizeof a);
@@ -584,7 +609,9 @@ static void bench_bwd(bench *b, const shape *sh) {
     dsa_status st = dsa_sparse_attn_bwd(b->ctx, p, NULL, &a.ws_bytes, b->timer.stream);
     if (st == DSA_SUCCESS) {
       a.ws = bc_dmalloc(a.ws_bytes);
+      if (lay >= 0) dsa_attn_bwd_dkv_layout = lay;
       st = bc_time_op(&b->timer, bwd_run, &a, &ms);
+      if (lay >= 0) dsa_attn_bwd_dkv_layout = 0;
       cudaFree(a.ws);
     }
     add_result(b, sh, variant, note, st, ms, bc_flops_bwd_d(in.slots, in.H, in.D), 0);
@@ -696,7 +723,7 @@ static void bench_topk(bench *b, const shape *sh) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--fwd-variant N]\n"
-          "                 [--fwd-overlap LIST] [--list]\n"
+          "                 [--fwd-overlap LIST] [--bwd-dkv-layout LIST] [--list]\n"
           "  --shapes   canonical shape names (see --list), comma separated; default: all\n"
           "  --reps     timed repetitions per row, median reported (default 20)\n"
           "  --out      JSON output (default bench/results/YYYY-MM-DD-<card>.json)\n"
@@ -705,7 +732,10 @@ static void usage(FILE *f) {
           "                   (variant gets ,portable / ,sm90 / ,small / ,split)\n"
           "  --fwd-overlap LIST  the 64-head sm_90a forward's consumer schedules to run, e.g. 0,1,2,3 (0 serial,\n"
           "                   1 overlapped, 2 S hoisted, 3 tile split): one row per schedule, variant gets\n"
-          "                   ,ov<N>; also from DSA_FWD_OVERLAP=LIST (the option wins); default: the library's (0)\n");
+          "                   ,ov<N>; also from DSA_FWD_OVERLAP=LIST (the option wins); default: the library's (0)\n"
+          "  --bwd-dkv-layout LIST  the sm_90a backward's fp32 dKV layouts to run in det0, e.g. 0,1 (0 real order,\n"
+          "                   1 permuted, 64-B v4 atomics): one det0 row per layout, layout 1 gets ,lay1; also from\n"
+          "                   DSA_BWD_DKV_LAYOUT=LIST (the option wins); default: the library's (0)\n");
 }
 
 static void list_shapes(void) {
@@ -733,7 +763,7 @@ static void print_table(const bench *b) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* progress survives a crash when the output is a file */
   const char *shape_arg = NULL, *out_arg = NULL;
-  int reps = 20, fwd_overlap_set = 0;
+  int reps = 20, fwd_overlap_set = 0, bwd_layout_set = 0;
   bench b;
   memset(&b, 0, sizeof b);
   for (int i = 1; i < argc; ++i) {
@@ -768,6 +798,12 @@ int main(int argc, char **argv) {
         return 2;
       }
       fwd_overlap_set = 1;
+    } else if (!strcmp(argv[i], "--bwd-dkv-layout") && i + 1 < argc) {
+      if (parse_layout_list(argv[++i]) != 0) {
+        fprintf(stderr, "--bwd-dkv-layout takes a comma-separated list of 0, 1 (e.g. 0,1)\n");
+        return 2;
+      }
+      bwd_layout_set = 1;
     } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
       return 0;
@@ -782,6 +818,16 @@ int main(int argc, char **argv) {
       fprintf(stderr, "DSA_FWD_OVERLAP takes a comma-separated list of 0, 1, 2, 3 (e.g. 0,3)\n");
       return 2;
     }
+  }
+  if (!bwd_layout_set && getenv("DSA_BWD_DKV_LAYOUT") && *getenv("DSA_BWD_DKV_LAYOUT")) {
+    if (parse_layout_list(getenv("DSA_BWD_DKV_LAYOUT")) != 0) {
+      fprintf(stderr, "DSA_BWD_DKV_LAYOUT takes a comma-separated list of 0, 1 (e.g. 0,1)\n");
+      return 2;
+    }
+  }
+  if (bwd_layout_count && !&dsa_attn_bwd_dkv_layout) {
+    fprintf(stderr, "--bwd-dkv-layout / DSA_BWD_DKV_LAYOUT: this libdsa has no dKV layout switch\n");
+    return 2;
   }
   if (fwd_overlap_count && !&dsa_attn_fwd_sm90_overlap) {
     fprintf(stderr, "--fwd-overlap / DSA_FWD_OVERLAP: this libdsa has no forward overlap switch\n");
@@ -813,7 +859,9 @@ int main(int argc, char **argv) {
   }
   job_count = 0;
   for (int j = 0; j < num_sel; ++j)
-    job_count += shapes[selected[j]].op == OP_FWD ? (fwd_overlap_count ? fwd_overlap_count : 1) : 2;
+    job_count += shapes[selected[j]].op == OP_FWD   ? (fwd_overlap_count ? fwd_overlap_count : 1)
+                 : shapes[selected[j]].op == OP_BWD ? (bwd_layout_count ? bwd_layout_count : 1) + 1
+                                                    : 2;
 
   if (!bc_have_gpu()) {
     printf("no CUDA device: nothing to benchmark\n");
@@ -839,6 +887,11 @@ int main(int argc, char **argv) {
   b.out_path = out_path;
 
   if (fwd_variant_forced) dsa_attn_fwd_variant = fwd_variant_forced;
+  if (getenv("DSA_BWD_VARIANT") && &dsa_attn_bwd_variant) {
+    bwd_variant_forced = atoi(getenv("DSA_BWD_VARIANT"));
+    dsa_attn_bwd_variant = bwd_variant_forced;
+    printf("backward kernel variant %d (DSA_BWD_VARIANT)\n", bwd_variant_forced);
+  }
   if (getenv("DSA_TOPK_VARIANT") && &dsa_topk_variant) {
     topk_variant_forced = atoi(getenv("DSA_TOPK_VARIANT"));
     dsa_topk_variant = topk_variant_forced;

@@ -11,6 +11,7 @@
  *             L' = logaddexp(lse, sink) (+inf for rows that contribute nothing: no valid slot, or
  *             lse = +inf), part = exp(sink - L') * Delta (0 where excluded).
  *  - convert: fp32 accumulator [T_kv, D] (row stride D) -> bf16 dkv; a NULL source writes zeros.
+ *             bwd_convert_lay1_kernel<D>: the same from the sm_90a kernels' permuted layout 1.
  *  - dsink:   one CTA per head sums the per-token partials in a fixed order (deterministic in both
  *             modes).
  *  - keys:    entry i < n of a token range starting at tok0 (token tok0 + i / K, slot i % K):
@@ -105,6 +106,20 @@ __global__ void bwd_convert_kernel(const __grid_constant__ dsa_attn_bwd_params p
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / p.head_dim, d = i - r * p.head_dim;
     p.dkv[r * p.dkv_stride + d] = src ? f2bf(src[i]) : (uint16_t)0;
+  }
+}
+
+/* ---- the same from the sm_90a kernels' permuted accumulator (layout 1, src/internal.h
+ * dsa_bwd_dkv_slot): dkv[r][c] = bf16(src[r][slot(c)]). The permutation stays inside aligned
+ * 16-column groups, so a warp's reads still cover the same 128 B as layout 0's. D (576 / 512) is a
+ * template constant; a template so that only the launchers that run layout 1 instantiate it. */
+template <int D>
+__global__ void bwd_convert_lay1_kernel(const __grid_constant__ dsa_attn_bwd_params p, const float *src) {
+  const int64_t n = p.num_kv * D;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / D;
+    const int d = (int)(i - r * D);
+    p.dkv[r * p.dkv_stride + d] = f2bf(src[r * D + dsa_bwd_dkv_slot(d)]);
   }
 }
 
@@ -229,6 +244,14 @@ inline dsa_status bwd_launch_prep(const dsa_attn_bwd_params *p, float *delta, fl
 inline dsa_status bwd_launch_convert(const dsa_attn_bwd_params *p, const float *src, cudaStream_t stream) {
   bwd_convert_kernel<<<bwd_grid_for(p->num_kv * p->head_dim, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0,
                        stream>>>(*p, src);
+  return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
+}
+
+/* layout 1 (src non-NULL, p->head_dim == D): un-permutes while converting */
+template <int D>
+inline dsa_status bwd_launch_convert_lay1(const dsa_attn_bwd_params *p, const float *src, cudaStream_t stream) {
+  bwd_convert_lay1_kernel<D><<<bwd_grid_for(p->num_kv * D, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0,
+                               stream>>>(*p, src);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
 

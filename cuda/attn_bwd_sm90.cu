@@ -44,6 +44,11 @@
  *      read MN-major (tB = 1), 4 + 4 k-steps (block 8 of D = 576 has no dO part); then vector fp32 atomics
  *      (atomicAdd on float2 = red.global.add.v2.f32, sm_90) into acc[idx[key]] for valid keys.
  * dQ is written (bf16 pairs) from registers after the last tile.
+ * dKV accumulator layout 1 (opt-in, dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
+ * dsa_bwd_dkv_slot; docs/bwd-sm90-next.md section 6): attn_bwd_sm90_lay1_kernel, the same body with
+ * the acc row's columns permuted inside 16-column groups so that step 5 issues 8 red.global.add.v4.f32
+ * per thread per block (a quad = 64 contiguous bytes of a row) instead of 16 v2 (32 B); the convert
+ * pass un-permutes (bwd_convert_lay1_kernel). ptxas: 228 / 202 registers (D = 576 / 512), no spills.
  * ptxas (nvcc 13, -Xptxas -v, __launch_bounds__(256, 1)), no spills, no C7511/C7515 in any of the
  * four instantiations: D = 576 226 registers (deterministic: 230), two C7519 notes each
  * (warpgroup.arrive injected around the optional P^T dO chain of block 8's dKV); D = 512 196
@@ -149,7 +154,7 @@ struct MainArgs {
  * B0 of the NBT blocks of a row (NBT = 9: WG0 <4, 0>, WG1 <5, 4>; NBT = 8: WG0 <4, 0>, WG1 <4, 4>).
  * Both warpgroups run the same sequence of named barriers, each from its own instantiation (different
  * instructions), hence the non-.aligned sm90_named_bar_sync_any (synccheck rejects bar.sync there). */
-template <int NBT, int NB, int B0, bool kDet>
+template <int NBT, int NB, int B0, bool kDet, int kLay>
 __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t *smem, int wg, int ntiles,
                                                   int64_t tok, int h0, int klen) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -349,6 +354,28 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 #pragma unroll
           for (int cc = 0; cc < 8; ++cc) __stcs((float2 *)(row + 8 * cc), make_float2(acc[4 * cc + 2], acc[4 * cc + 3]));
         }
+      } else if constexpr (kLay == 1) {
+        /* permuted accumulator (layout 1, src/internal.h dsa_bwd_dkv_slot): for 16-column group g the
+         * registers 8 g + {0, 1, 4, 5} (row r0; + 2 for row r0 + 8) are real columns 64 b + 16 g +
+         * {2 q, 2 q + 1, 8 + 2 q, 9 + 2 q}, q = lane % 4, stored at slots 64 b + 16 g + 4 q + {0..3}:
+         * one red.global.add.v4.f32 per (row, group), the quad's 4 lanes 64 contiguous bytes. 8 v4
+         * per thread per block instead of 16 v2. Row stride 2304 / 2048 B and the 256-B aligned acc
+         * keep every vector 16-B aligned. */
+        const int s0 = dsa_bwd_dkv_slot(64 * b + 2 * (lane & 3)); /* = 64 b + 4 (lane % 4) */
+        if (kr0 >= 0) {
+          float *row = args.acc + (int64_t)kr0 * kD + s0;
+#pragma unroll
+          for (int g4 = 0; g4 < 4; ++g4)
+            atomicAdd((float4 *)(row + 16 * g4),
+                      make_float4(acc[8 * g4], acc[8 * g4 + 1], acc[8 * g4 + 4], acc[8 * g4 + 5]));
+        }
+        if (kr1 >= 0) {
+          float *row = args.acc + (int64_t)kr1 * kD + s0;
+#pragma unroll
+          for (int g4 = 0; g4 < 4; ++g4)
+            atomicAdd((float4 *)(row + 16 * g4),
+                      make_float4(acc[8 * g4 + 2], acc[8 * g4 + 3], acc[8 * g4 + 6], acc[8 * g4 + 7]));
+        }
       } else {
         if (kr0 >= 0) {
           float *row = args.acc + (int64_t)kr0 * kD + c0;
@@ -381,8 +408,10 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 #endif
 }
 
-template <int NBT, bool kDet>
-__global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid_constant__ MainArgs args) {
+/* The kernel body, for both kernels below (kLay: the non-deterministic mode's dKV accumulator layout,
+ * src/internal.h dsa_attn_bwd_dkv_layout; layout 0 keeps its own kernel, machine code unchanged). */
+template <int NBT, bool kDet, int kLay>
+__device__ __forceinline__ void attn_bwd_sm90_main(const MainArgs &args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   typedef Smem<NBT> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -437,10 +466,27 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid
     }
   }
   if (wg == 0)
-    bwd_sm90_consumer<NBT, 4, 0, kDet>(args, smem, 0, ntiles, tok, h0, klen);
+    bwd_sm90_consumer<NBT, 4, 0, kDet, kLay>(args, smem, 0, ntiles, tok, h0, klen);
   else
-    bwd_sm90_consumer<NBT, NBT - 4, 4, kDet>(args, smem, 1, ntiles, tok, h0, klen);
+    bwd_sm90_consumer<NBT, NBT - 4, 4, kDet, kLay>(args, smem, 1, ntiles, tok, h0, klen);
   sm90_cp_async_wait_all();
+#endif
+}
+
+template <int NBT, bool kDet>
+__global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid_constant__ MainArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  attn_bwd_sm90_main<NBT, kDet, 0>(args);
+#elif defined(__CUDA_ARCH__)
+  __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
+#endif
+}
+
+/* Non-deterministic mode with the permuted dKV accumulator (layout 1: 64-B v4 atomics). */
+template <int NBT>
+__global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_lay1_kernel(const __grid_constant__ MainArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  attn_bwd_sm90_main<NBT, false, 1>(args);
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
 #endif
@@ -455,11 +501,13 @@ static_assert(kBlockM == kBwdDetHeadBlock, "contrib head blocks are this kernel'
 /* The main kernel's dynamic shared memory limit is a per-device attribute: raise it once per (head
  * dim, mode, device). A flag is set only after a successful call; two threads racing on the first
  * call only repeat the same harmless call (as in cuda/attn_fwd_sm90.cu). */
-template <int NBT, bool kDet>
+template <int NBT, bool kDet, int kLay>
 dsa_status prepare_main(int dev) {
   static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
-  return dsa_kernel_smem_once((const void *)attn_bwd_sm90_kernel<NBT, kDet>, Smem<NBT>::kBytes, 0, dev,
-                              attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
+  const void *fn;
+  if constexpr (kLay == 1) fn = (const void *)attn_bwd_sm90_lay1_kernel<NBT>;
+  else fn = (const void *)attn_bwd_sm90_kernel<NBT, kDet>;
+  return dsa_kernel_smem_once(fn, Smem<NBT>::kBytes, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
 /* Everything after the checks, for D = 64 * NBT (one instantiation per head dim). */
@@ -485,13 +533,17 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   }
 
   const int det = p->deterministic ? 1 : 0;
+  /* dKV accumulator layout (src/internal.h): the deterministic mode always uses layout 0 */
+  const int lay1 = !det && dsa_attn_bwd_dkv_layout == 1;
   BwdDetLayout DL = BwdDetLayout(); /* value-initialised: filled by bwd_det_layout in the deterministic mode */
   if (det) {
     DSA_TRY(bwd_det_layout(p, &DL));
     /* bwd_det_layout puts delta, lp, part and acc at the offsets used above (same construction) */
-    DSA_TRY((prepare_main<NBT, true>(ctx->device)));
+    DSA_TRY((prepare_main<NBT, true, 0>(ctx->device)));
+  } else if (lay1) {
+    DSA_TRY((prepare_main<NBT, false, 1>(ctx->device)));
   } else {
-    DSA_TRY((prepare_main<NBT, false>(ctx->device)));
+    DSA_TRY((prepare_main<NBT, false, 0>(ctx->device)));
   }
 
   DSA_TRY(bwd_launch_prep(p, delta, lp, part, stream));
@@ -509,7 +561,10 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   args.scale_log2 = p->softmax_scale * kLog2e;
   args.num_hblocks = num_hblocks;
   if (!det) {
-    attn_bwd_sm90_kernel<NBT, false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+    if (lay1)
+      attn_bwd_sm90_lay1_kernel<NBT><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+    else
+      attn_bwd_sm90_kernel<NBT, false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   } else {
     /* chunks of C tokens in ascending order: the main kernel writes the chunk's per-slot dKV rows to
@@ -530,7 +585,7 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
     }
   }
 
-  if (p->num_kv > 0) DSA_TRY(bwd_launch_convert(p, acc, stream));
+  if (p->num_kv > 0) DSA_TRY(lay1 ? bwd_launch_convert_lay1<kD>(p, acc, stream) : bwd_launch_convert(p, acc, stream));
   if (p->dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
   return DSA_SUCCESS;
 }

@@ -36,6 +36,11 @@
  *   v2 form), or (deterministic) the row stored to contrib[(token - tok0) K + slot][D] exactly as
  *   the 64-head kernel with one head block writes it, so the same CUB sort + fixed-order reduction
  *   (the launcher below, same det layout) consumes it.
+ * dKV accumulator layout 1 (opt-in, dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
+ * dsa_bwd_dkv_slot): attn_bwd_sm90_small_lay1_kernel, no pair swap: each lane adds 4 permuted slots of
+ * rows r0 and r0 + 8 per 16-column group (a quad = 64 contiguous bytes of a row); the convert pass
+ * un-permutes. Not instantiated at N = 32, D = 576 (it spilled 16 B at 255 registers): that
+ * configuration (H 25..32 at D = 576) runs layout 0 whatever the switch says.
  * One CTA = one query token. 256 threads: WG0 consumer (all products), WG1 producer (cp.async gather
  * of 64 kv rows per tile with the manual 128B swizzle into 2 KV stages, Q / dO / L' / Delta once),
  * mbarriers as in the forward (hopper-notes 4):
@@ -157,7 +162,7 @@ __device__ __forceinline__ void sb_stmatrix_x2_trans(uint32_t addr, uint32_t r0,
  * r0 + 8 ((i >> 1) & 1), dim CW ch + 8 (i >> 2) + 2 (lane % 4) + (i & 1). Lanes l and l ^ 1 swap one
  * pair so that the even lane holds 4 consecutive dims of row r0 and the odd lane 4 of row r0 + 8:
  * one 16-B atomic / store per (lane, 8-dim group). */
-template <int NB, int N, int CW, bool KDO, bool kDet>
+template <int NB, int N, int CW, bool KDO, bool kDet, int kLay>
 __device__ __forceinline__ void small_bwd_dkv_chunk(const SArgs &args, uint32_t sq, uint32_t sdo,
                                                     const uint32_t (*ads)[4], const uint32_t (*ap)[4], int ch,
                                                     int lane, int32_t kr, int64_t crow) {
@@ -185,6 +190,29 @@ __device__ __forceinline__ void small_bwd_dkv_chunk(const SArgs &args, uint32_t 
   sm90_wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < CW / 2; ++i) sm90_fence_operand(acc[i]);
+  if constexpr (kLay == 1) {
+    /* permuted accumulator (layout 1, non-deterministic only; src/internal.h dsa_bwd_dkv_slot): no
+     * pair swap. kr is row r0's kv row on even lanes and row r0 + 8's on odd ones (as for layout 0;
+     * one register: holding both across the tile spilled 16 B at N = 32, D = 576), so one shfl per
+     * chunk fetches the other from lane ^ 1 (same r0). For 16-column group g, registers 8 g +
+     * {0, 1, 4, 5} (+ 2: row r0 + 8) are real columns CW ch + 16 g + {2 q, 2 q + 1, 8 + 2 q, 9 + 2 q},
+     * q = lane % 4, stored at slots CW ch + 16 g + 4 q + {0..3}: one v4 per (row, group), the quad
+     * 64 contiguous bytes of a row (layout 0: 2 lanes, 32 B). Still 8 v4 per thread per chunk. */
+    static_assert(!kDet, "the deterministic mode keeps layout 0");
+    const int32_t kother = __shfl_xor_sync(0xffffffffu, kr, 1);
+    const int32_t kr_lo = (lane & 1) ? kother : kr, kr_hi = (lane & 1) ? kr : kother;
+    const int s0 = dsa_bwd_dkv_slot(CW * ch + 2 * (lane & 3)); /* = CW ch + 4 (lane % 4) */
+#pragma unroll
+    for (int g4 = 0; g4 < CW / 16; ++g4) {
+      if (kr_lo >= 0)
+        atomicAdd((float4 *)(args.acc + (int64_t)kr_lo * kD + s0 + 16 * g4),
+                  make_float4(acc[8 * g4], acc[8 * g4 + 1], acc[8 * g4 + 4], acc[8 * g4 + 5]));
+      if (kr_hi >= 0)
+        atomicAdd((float4 *)(args.acc + (int64_t)kr_hi * kD + s0 + 16 * g4),
+                  make_float4(acc[8 * g4 + 2], acc[8 * g4 + 3], acc[8 * g4 + 6], acc[8 * g4 + 7]));
+    }
+    return;
+  }
   const int odd = lane & 1;
   const int c0 = CW * ch + 2 * (lane & 2); /* + 8 cc: first of this lane's 4 dims */
 #pragma unroll
@@ -205,7 +233,7 @@ __device__ __forceinline__ void small_bwd_dkv_chunk(const SArgs &args, uint32_t 
 }
 
 /* The consumer warpgroup (t = thread in the WG). */
-template <int NB, int N, bool kDet>
+template <int NB, int N, bool kDet, int kLay>
 __device__ __forceinline__ void small_bwd_consumer(const SArgs &args, uint8_t *smem, int t, int ntiles) {
   typedef SSmem<NB, N> L;
   constexpr int kD = 64 * NB;
@@ -388,9 +416,9 @@ __device__ __forceinline__ void small_bwd_consumer(const SArgs &args, uint8_t *s
     const int64_t crow = (int64_t)blockIdx.x * p.topk + (int64_t)n * kSBlockK + r0 + 8 * odd; /* det: contrib row */
 #pragma unroll 1
     for (int b = 0; b < kSNBV; ++b)
-      small_bwd_dkv_chunk<NB, N, 64, true, kDet>(args, sq, sdo, ads, ap, b, lane, kr, crow);
+      small_bwd_dkv_chunk<NB, N, 64, true, kDet, kLay>(args, sq, sdo, ads, ap, b, lane, kr, crow);
     if constexpr (NB > kSNBV)
-      small_bwd_dkv_chunk<NB, N, 64, false, kDet>(args, sq, sdo, ads, ap, kSNBV, lane, kr, crow);
+      small_bwd_dkv_chunk<NB, N, 64, false, kDet, kLay>(args, sq, sdo, ads, ap, kSNBV, lane, kr, crow);
   }
 
   /* ---- dQ out: dQ^T -> staged [head][D] bf16 rows in KV stage 0 (every tile consumed: no copy in
@@ -428,8 +456,10 @@ __device__ __forceinline__ void small_bwd_consumer(const SArgs &args, uint8_t *s
 }
 #endif
 
-template <int NB, int N, bool kDet>
-__global__ void __launch_bounds__(kSThreads, 1) attn_bwd_sm90_small_kernel(const __grid_constant__ SArgs args) {
+/* The kernel body, for both kernels below (kLay: the non-deterministic mode's dKV accumulator layout,
+ * src/internal.h dsa_attn_bwd_dkv_layout; layout 0 keeps its own kernel, machine code unchanged). */
+template <int NB, int N, bool kDet, int kLay>
+__device__ __forceinline__ void attn_bwd_sm90_small_main(const SArgs &args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   typedef SSmem<NB, N> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -507,8 +537,25 @@ __global__ void __launch_bounds__(kSThreads, 1) attn_bwd_sm90_small_kernel(const
     }
     sm90_cp_async_wait_all();
   } else {
-    small_bwd_consumer<NB, N, kDet>(args, smem, t, ntiles);
+    small_bwd_consumer<NB, N, kDet, kLay>(args, smem, t, ntiles);
   }
+#endif
+}
+
+template <int NB, int N, bool kDet>
+__global__ void __launch_bounds__(kSThreads, 1) attn_bwd_sm90_small_kernel(const __grid_constant__ SArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  attn_bwd_sm90_small_main<NB, N, kDet, 0>(args);
+#elif defined(__CUDA_ARCH__)
+  __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
+#endif
+}
+
+/* Non-deterministic mode with the permuted dKV accumulator (layout 1: 64-B v4 atomics, no pair swap). */
+template <int NB, int N>
+__global__ void __launch_bounds__(kSThreads, 1) attn_bwd_sm90_small_lay1_kernel(const __grid_constant__ SArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  attn_bwd_sm90_small_main<NB, N, false, 1>(args);
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
 #endif
@@ -519,11 +566,13 @@ __global__ void __launch_bounds__(kSThreads, 1) attn_bwd_sm90_small_kernel(const
  * block, and contrib row (token - tok0) K + slot is what that kernel reads for entry id i. */
 
 /* Dynamic smem attribute: once per (instantiation, device). */
-template <int NB, int N, bool kDet>
+template <int NB, int N, bool kDet, int kLay>
 dsa_status small_prepare(int dev) {
   static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
-  return dsa_kernel_smem_once((const void *)attn_bwd_sm90_small_kernel<NB, N, kDet>, SSmem<NB, N>::kBytes, 0,
-                              dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
+  const void *fn;
+  if constexpr (kLay == 1) fn = (const void *)attn_bwd_sm90_small_lay1_kernel<NB, N>; /* instantiated only if used */
+  else fn = (const void *)attn_bwd_sm90_small_kernel<NB, N, kDet>;
+  return dsa_kernel_smem_once(fn, SSmem<NB, N>::kBytes, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
 template <int NB, int N>
@@ -547,12 +596,19 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
     return DSA_SUCCESS;
   }
   const int det = p->deterministic ? 1 : 0;
+  /* dKV accumulator layout (src/internal.h): the deterministic mode always uses layout 0. Not at
+   * N = 32, D = 576 either: there the layout-1 kernel spilled 16 B at 255 registers (ptxas, nvcc 13.0),
+   * so that configuration keeps layout 0 (no layout-1 kernel is instantiated for it). */
+  constexpr bool kLay1Ok = !(NB == 9 && N == 32);
+  const int lay1 = kLay1Ok && !det && dsa_attn_bwd_dkv_layout == 1;
   BwdDetLayout DL = BwdDetLayout(); /* value-initialised: filled by bwd_det_layout in the deterministic mode */
   if (det) {
     DSA_TRY(bwd_det_layout(p, &DL));
-    DSA_TRY((small_prepare<NB, N, true>(ctx->device)));
+    DSA_TRY((small_prepare<NB, N, true, 0>(ctx->device)));
+  } else if (lay1) {
+    if constexpr (kLay1Ok) DSA_TRY((small_prepare<NB, N, false, 1>(ctx->device)));
   } else {
-    DSA_TRY((small_prepare<NB, N, false>(ctx->device)));
+    DSA_TRY((small_prepare<NB, N, false, 0>(ctx->device)));
   }
   DSA_TRY(bwd_launch_prep(p, delta, lp, part, stream));
   if (p->num_kv > 0) DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(acc, 0, (size_t)p->num_kv * kD * 4, stream), fn));
@@ -568,7 +624,14 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
   args.scale_log2 = p->softmax_scale * kSLog2e;
   args.dq_vec16 = !((uintptr_t)p->dq & 15) && !(p->dq_stride_token & 7) && !(p->dq_stride_head & 7);
   if (!det) {
-    attn_bwd_sm90_small_kernel<NB, N, false><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
+    if constexpr (kLay1Ok) {
+      if (lay1)
+        attn_bwd_sm90_small_lay1_kernel<NB, N><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
+      else
+        attn_bwd_sm90_small_kernel<NB, N, false><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
+    } else {
+      attn_bwd_sm90_small_kernel<NB, N, false><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
+    }
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   } else {
     args.contrib = (float *)(ws + DL.contrib);
@@ -581,7 +644,7 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
       DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, acc, stream)));
     }
   }
-  if (p->num_kv > 0) DSA_TRY(bwd_launch_convert(p, acc, stream));
+  if (p->num_kv > 0) DSA_TRY(lay1 ? bwd_launch_convert_lay1<kD>(p, acc, stream) : bwd_launch_convert(p, acc, stream));
   if (p->dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
   return DSA_SUCCESS;
 }

@@ -165,6 +165,37 @@ DSA_HIDDEN extern int dsa_attn_bwd_variant;
  * of that mode (0 = from its 2 GiB contribution budget; tests set it small to force many chunks). */
 DSA_HIDDEN dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes);
 DSA_HIDDEN extern int dsa_attn_bwd_det_chunk_tokens;
+/* The sm_90a kernels' fp32 dKV accumulator layout in the non-deterministic mode (the deterministic
+ * mode always uses layout 0): 0 = real column order (today's; red.global.add.v2.f32 in the 64-head
+ * kernel, v4 after one lane-pair shfl in the small-H kernel: 32 contiguous bytes of a row per quad per
+ * instruction), 1 = permuted "fake-column" order inside every aligned 16-column group, so that the 4
+ * lanes of a quad write 64 contiguous bytes of a row with one red.global.add.v4.f32 each (docs/
+ * bwd-sm90-next.md P1); the convert pass un-permutes. Any value other than 1 means 0. Opt-in until
+ * measured (tests, benchmarks). */
+DSA_HIDDEN extern int dsa_attn_bwd_dkv_layout;
+/* Layout 1's permutation, one formula for host and device (a bijection of [16 g, 16 g + 16) onto
+ * itself for every g, so of [0, D) for any D that is a multiple of 16: 576 and 512). Within a group,
+ * real column c = 8 h + 2 q + e (h, e in {0, 1}, q in 0..3; bits c3 | c2 c1 | c0) lives in slot
+ * 4 q + 2 h + e (bits c2 c1 | c3 | c0): a rotation of bits 1..3. Why: in the wgmma m64nNk16
+ * accumulator fragment (hopper-notes 2) lane l of a quad (q = l % 4) holds, of row 16 w + l / 4 (and
+ * + 8), the columns 8 j + 2 q + {0, 1} for j = 0 .. N / 8 - 1; for j = 2 g + h these are the 4 real
+ * columns 16 g + {2 q, 2 q + 1, 8 + 2 q, 8 + 2 q + 1}, i.e. slots 16 g + 4 q + {0, 1, 2, 3}: one 16-B
+ * vector per lane, and the quad's 4 vectors are slots 16 g .. 16 g + 15 = 64 contiguous bytes.
+ * Worked example, q = 1, g = 2 (columns 32..47 of a 64-column block): the lane holds real columns
+ * 34, 35 (j = 4) and 42, 43 (j = 5); slots 32 + 4 + {0, 1, 2, 3} = 36, 37, 38, 39 (so slot 38 holds
+ * real column 42). dsa_bwd_dkv_col is the inverse (slot -> real column), used by the convert pass.
+ * Checked by the CPU test bwd_dkv_layout (tests/test_bwd_dkv_layout.c). */
+#ifdef __CUDACC__
+#define DSA_HOST_DEVICE __host__ __device__
+#else
+#define DSA_HOST_DEVICE
+#endif
+static inline DSA_HOST_DEVICE int dsa_bwd_dkv_slot(int c) {
+  return (c & ~15) | (((c >> 1) & 3) << 2) | (((c >> 3) & 1) << 1) | (c & 1);
+}
+static inline DSA_HOST_DEVICE int dsa_bwd_dkv_col(int s) {
+  return (s & ~15) | (((s >> 1) & 1) << 3) | (((s >> 2) & 3) << 1) | (s & 1);
+}
 
 /* ---- top-k and indexer launchers (cuda/topk.cu, cuda/indexer.cu; used by src/topk.c and
  * src/indexer.c) ---- */

@@ -17,7 +17,9 @@
  * at both head dims (D = 576, and D = 512: no rope part, all dims are value dims). The sm_90a deterministic mode
  * works in chunks of tokens; its fp32 sums add every kv row's contributions in ascending (token,
  * slot, head block) order whatever the chunk size, so with chunk_sweep its reruns with 1, 2 and 5
- * tokens per chunk (dsa_attn_bwd_det_chunk_tokens) must be bitwise identical to the one-chunk run. */
+ * tokens per chunk (dsa_attn_bwd_det_chunk_tokens) must be bitwise identical to the one-chunk run.
+ * The non-deterministic mode of both sm_90a kernels also runs with the permuted fp32 dKV accumulator
+ * (dsa_attn_bwd_dkv_layout = 1, src/internal.h), checked the same way (reference, poison, gaps). */
 #include <limits.h>
 #include "test_common.h"
 #include "internal.h"
@@ -221,14 +223,16 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   uint16_t *dq_host = malloc(ndq * 2), *dkv_host = malloc(ndkv * 2);
   uint16_t *dq_c = malloc(nz(T * H * D) * 2);
   uint16_t *dkv_c = malloc(nz(Tkv * D) * 2);
-  gpu_result res[6] = {{0}}; /* run 0 of each pass */
+  gpu_result res[8] = {{0}}; /* run 0 of each pass */
   cr_assert(dq_host && dkv_host && dq_c && dkv_c);
 
   /* passes 0, 1, 2: non-deterministic on variant 1 (portable), 2 (64-head sm_90a), 3 (small-H
-   * sm_90a, H <= 32 only); passes 3, 4, 5: the same, deterministic */
+   * sm_90a, H <= 32 only); passes 3, 4, 5: the same, deterministic; passes 6, 7: non-deterministic on
+   * variants 2, 3 with the permuted fp32 dKV accumulator (dsa_attn_bwd_dkv_layout = 1) */
   static const int sweep[4] = {0, 1, 2, 5};
-  for (int pass = 0; pass < 6; ++pass) {
-    const int mode = pass >= 3, variant = 1 + pass % 3;
+  for (int pass = 0; pass < 8; ++pass) {
+    const int lay = pass >= 6;
+    const int mode = pass >= 3 && !lay, variant = lay ? pass - 4 : 1 + pass % 3;
     if (variant == 3 && H > 32) continue; /* the small-H kernel runs H <= 32 */
     const int sweep_pass = mode && variant != 1 && c->chunk_sweep; /* sm_90a deterministic chunks */
     p.deterministic = mode;
@@ -247,9 +251,11 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
       size_t b = ws_bytes;
       dsa_attn_bwd_variant = variant;
       dsa_attn_bwd_det_chunk_tokens = sweep_pass ? (tc_sanitize() ? 2 * run : sweep[run]) : 0;
+      dsa_attn_bwd_dkv_layout = lay;
       const dsa_status st = dsa_sparse_attn_bwd(ctx, &p, ws + 1, &b, stream);
       dsa_attn_bwd_variant = 0;
       dsa_attn_bwd_det_chunk_tokens = 0;
+      dsa_attn_bwd_dkv_layout = 0;
       if (variant != 1 && st == DSA_ERROR_UNSUPPORTED) {
         if ((D == 576 || D == 512) && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
           cr_assert_fail("%s: the sm_90a kernel (variant %d) declined D=%d H=%d (it must run it): %s", name,
@@ -273,10 +279,10 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
       if (run == 0) {
         const double e_dq = tc_rel_err_bf16(dq_c, dq_ref, (size_t)(T * H * D));
         const double e_dkv = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
-        cr_log_info("%s mode %d variant %d: dq rel err %.3g, dkv rel err %.3g", name, mode, variant,
-                    e_dq, e_dkv);
-        cr_assert(e_dq <= 1e-2, "%s mode %d variant %d: dq rel err %g", name, mode, variant, e_dq);
-        cr_assert(e_dkv <= 1e-2, "%s mode %d variant %d: dkv rel err %g", name, mode, variant,
+        cr_log_info("%s mode %d variant %d layout %d: dq rel err %.3g, dkv rel err %.3g", name, mode, variant,
+                    lay, e_dq, e_dkv);
+        cr_assert(e_dq <= 1e-2, "%s mode %d variant %d layout %d: dq rel err %g", name, mode, variant, lay, e_dq);
+        cr_assert(e_dkv <= 1e-2, "%s mode %d variant %d layout %d: dkv rel err %g", name, mode, variant, lay,
                   e_dkv);
         if (!c->no_dsink) {
           for (int h = 0; h < H; ++h) {
@@ -319,8 +325,17 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
     cr_assert(e_modes <= 1e-2, "%s: dkv of the two modes (variant %d) differ by %g", name, v + 1,
               e_modes);
   }
+  /* layout 1 (passes 6, 7: variants 2, 3) against the same variant's deterministic run */
+  for (int v = 1; v < 3; ++v) {
+    if (res[5 + v].dkv == NULL || res[v + 3].dkv == NULL) continue; /* skipped or declined */
+    gather3(dkv_c, res[5 + v].dkv, Tkv, dkv_st, 1, 0, D);
+    gather3(dkv_ref, res[v + 3].dkv, Tkv, dkv_st, 1, 0, D);
+    const double e_modes = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
+    cr_assert(e_modes <= 1e-2, "%s: dkv of layout 1 and the deterministic mode (variant %d) differ by %g", name,
+              v + 1, e_modes);
+  }
 
-  for (int m = 0; m < 6; ++m) {
+  for (int m = 0; m < 8; ++m) {
     free(res[m].dq);
     free(res[m].dkv);
   }

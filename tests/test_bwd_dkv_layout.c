@@ -1,0 +1,59 @@
+/* test_bwd_dkv_layout.c - CPU suite bwd_dkv_layout: the sm_90a backward's permuted fp32 dKV
+ * accumulator layout 1 (src/internal.h dsa_bwd_dkv_slot / dsa_bwd_dkv_col, the formula the kernels
+ * and the convert pass use):
+ *  - at D = 576 and D = 512 every real column maps to exactly one slot in [0, D) and back (bijection,
+ *    dsa_bwd_dkv_col the inverse of dsa_bwd_dkv_slot), and every slot stays in its 16-column group;
+ *  - the wgmma m64nNk16 accumulator fragment (hopper-notes 2: register i of lane l holds column
+ *    8 (i >> 2) + 2 (l % 4) + (i & 1) of row l / 4 + 8 ((i >> 1) & 1)) lands as the kernels store it:
+ *    for row half hr and 16-column group g, lane q's registers 8 g + 2 hr + {0, 1, 4, 5} go to the 4
+ *    consecutive slots 16 g + 4 q + {0, 1, 2, 3} (one 16-B red.global.add.v4.f32), and the quad's 4
+ *    lanes cover slots 16 g .. 16 g + 15 (64 contiguous bytes) exactly once. */
+#include "test_common.h"
+#include "internal.h"
+
+static void check_bijection(int D) {
+  int *seen = calloc((size_t)D, sizeof(int));
+  cr_assert(seen);
+  for (int c = 0; c < D; ++c) {
+    const int s = dsa_bwd_dkv_slot(c);
+    cr_assert(s >= 0 && s < D, "D=%d: column %d -> slot %d out of range", D, c, s);
+    cr_assert_eq(s / 16, c / 16, "D=%d: column %d -> slot %d leaves its 16-column group", D, c, s);
+    cr_assert_eq(dsa_bwd_dkv_col(s), c, "D=%d: col(slot(%d)) = %d", D, c, dsa_bwd_dkv_col(s));
+    ++seen[s];
+  }
+  for (int s = 0; s < D; ++s) cr_assert_eq(seen[s], 1, "D=%d: slot %d used %d times", D, s, seen[s]);
+  free(seen);
+}
+
+Test(bwd_dkv_layout, bijection_576_512) {
+  check_bijection(576);
+  check_bijection(512);
+}
+
+Test(bwd_dkv_layout, quad_writes_64_contiguous_bytes) {
+  /* one 64-column block (N = 64: 32 registers per lane); the map is the same in every block */
+  static const int reg_of_k[4] = {0, 1, 4, 5}; /* + 8 g + 2 hr: the v4's components in order */
+  for (int b = 0; b < 9; ++b)
+    for (int hr = 0; hr < 2; ++hr)
+      for (int g = 0; g < 4; ++g) {
+        int hit[16] = {0};
+        for (int q = 0; q < 4; ++q)
+          for (int k = 0; k < 4; ++k) {
+            const int i = 8 * g + 2 * hr + reg_of_k[k];
+            cr_assert_eq((i >> 1) & 1, hr, "register %d is not on row half %d", i, hr);
+            const int col = 64 * b + 8 * (i >> 2) + 2 * q + (i & 1); /* accumulator map */
+            const int s = dsa_bwd_dkv_slot(col);
+            cr_assert_eq(s, 64 * b + 16 * g + 4 * q + k,
+                         "block %d hr %d g %d lane %d comp %d: column %d -> slot %d, kernel stores %d", b, hr, g,
+                         q, k, col, s, 64 * b + 16 * g + 4 * q + k);
+            ++hit[s - 64 * b - 16 * g];
+          }
+        for (int x = 0; x < 16; ++x) cr_assert_eq(hit[x], 1, "group %d slot %d hit %d times", g, x, hit[x]);
+      }
+  /* the worked example of src/internal.h: q = 1, g = 2 -> real 34, 35, 42, 43 at slots 36..39 */
+  cr_assert_eq(dsa_bwd_dkv_slot(34), 36);
+  cr_assert_eq(dsa_bwd_dkv_slot(35), 37);
+  cr_assert_eq(dsa_bwd_dkv_slot(42), 38);
+  cr_assert_eq(dsa_bwd_dkv_slot(43), 39);
+  cr_assert_eq(dsa_bwd_dkv_col(38), 42);
+}
