@@ -129,7 +129,8 @@ static inline int tc_sanitize_skips_cublas(void) {
 }
 
 /* DSA_TEST_EXPERIMENTAL=1 also runs the kernel paths that are written but not yet verified on a GPU
- * (today: the forward's schedule 3, cuda/attn_fwd_sm90_v2.cu, and top-k variant 4). Off by default,
+ * (today: the forward's schedule 3, cuda/attn_fwd_sm90_v2.cu, top-k variant 4, and the backward's
+ * permuted dKV layout, dsa_attn_bwd_dkv_layout = 1). Off by default,
  * so that `make test` on a GPU machine never runs unverified device code (a hang there would hang the
  * suite); the next GPU session runs them with it set, then folds the verified ones into the default. */
 static inline int tc_experimental(void) {
