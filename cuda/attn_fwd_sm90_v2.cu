@@ -99,24 +99,6 @@ __device__ __forceinline__ void bar_arrive_any(int id, int count) {
   asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-/* Producer: this thread's share of blocks [B0, B1) of one 64-row tile (rows g + 16 i, chunk j). */
-template <int B0, int B1>
-__device__ __forceinline__ void gather_half(uint32_t skv, const int32_t idxs[4], int g, int j, const uint16_t *kv,
-                                            int64_t kv_stride, int64_t num_kv, const uint16_t *harmless,
-                                            uint8_t *valid) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = g + 16 * i;
-    const int32_t idx = idxs[i];
-    const bool ok = idx >= 0 && (int64_t)idx < num_kv;
-    const uint16_t *src = ok ? kv + (int64_t)idx * kv_stride + j * 8 : harmless + j * 8;
-#pragma unroll
-    for (int b = B0; b < B1; ++b)
-      sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
-    if (valid != nullptr && j == 0) valid[r] = ok ? 1 : 0;
-  }
-}
-
 /* Issues S += Q K^T over blocks [B0, B1) (m64n64k16 SS, both K-major SW128); ZERO: the first step
  * overwrites the accumulator. */
 template <int B0, int B1, bool ZERO>
@@ -433,19 +415,19 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
       sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
       sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
       sm90_mbar_wait(&empty[0][0], par);
-      gather_half<0, 4>(sb0, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, valid);
+      sm90_gather_kv_blocks<0, 4, true>(sb0, valid, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
       sm90_cp_async_mbar_arrive_noinc(&full[0][0]);
       sm90_mbar_arrive(&full[0][0]);
       sm90_mbar_wait(&empty[1][1], par);
-      gather_half<4, NB>(sb1, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, valid + 64);
+      sm90_gather_kv_blocks<4, NB, true>(sb1, valid + 64, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
       sm90_cp_async_mbar_arrive_noinc(&full[1][1]);
       sm90_mbar_arrive(&full[1][1]);
       sm90_mbar_wait(&empty[0][1], par);
-      gather_half<4, NB>(sb0, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, nullptr);
+      sm90_gather_kv_blocks<4, NB, false>(sb0, nullptr, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
       sm90_cp_async_mbar_arrive_noinc(&full[0][1]);
       sm90_mbar_arrive(&full[0][1]);
       sm90_mbar_wait(&empty[1][0], par);
-      gather_half<0, 4>(sb1, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, nullptr);
+      sm90_gather_kv_blocks<0, 4, false>(sb1, nullptr, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
       sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
       sm90_mbar_arrive(&full[1][0]);
     }
