@@ -183,7 +183,8 @@ DSA_HIDDEN extern int dsa_attn_bwd_dkv_layout;
  * vector per lane, and the quad's 4 vectors are slots 16 g .. 16 g + 15 = 64 contiguous bytes.
  * Worked example, q = 1, g = 2 (columns 32..47 of a 64-column block): the lane holds real columns
  * 34, 35 (j = 4) and 42, 43 (j = 5); slots 32 + 4 + {0, 1, 2, 3} = 36, 37, 38, 39 (so slot 38 holds
- * real column 42). dsa_bwd_dkv_col is the inverse (slot -> real column), used by the convert pass.
+ * real column 42). dsa_bwd_dkv_col is the inverse (slot -> real column), checked by the CPU test;
+ * the convert pass gathers with dsa_bwd_dkv_slot (dkv[r][c] = acc[r][slot(c)]).
  * Checked by the CPU test bwd_dkv_layout (tests/test_bwd_dkv_layout.c). */
 #ifdef __CUDACC__
 #define DSA_HOST_DEVICE __host__ __device__
