@@ -389,17 +389,11 @@ extern "C" dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn
   Layout L;
   DSA_TRY(make_layout(p, &L));
   const BwdArgs a = make_args(p);
-  unsigned char *ws = (unsigned char *)(((uintptr_t)workspace + kAlign - 1) & ~(uintptr_t)(kAlign - 1));
+  unsigned char *ws = bwd_align_workspace(workspace);
   float *delta = (float *)(ws + L.delta), *lp = (float *)(ws + L.lp), *part = (float *)(ws + L.part);
   cudaError_t e;
 
-  if (a.T == 0) {
-    /* The outputs are still defined: dkv = 0 on all rows, dsink = 0. The checks accept NULL
-     * pointers for zero-size work, so a NULL dkv / dsink is simply not written. */
-    if (a.T_kv > 0 && a.dkv != nullptr) DSA_TRY(bwd_launch_convert(p, nullptr, stream));
-    if (a.dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
-    return DSA_SUCCESS;
-  }
+  if (a.T == 0) return bwd_zero_tokens(p, part, stream); /* dkv = 0, dsink = 0 */
 
   DSA_TRY(bwd_launch_prep(p, delta, lp, part, stream));
 

@@ -351,6 +351,35 @@ __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *cont
  * dsa_attn_bwd_det_chunk_tokens > 0 overrides it; clamped to 1..T and to int32 entry ids). The
  * small-H kernel (H <= 32) has ceil(H / 64) = 1 head block, so both sm_90a launchers and the op's
  * size query (dsa_attn_bwd_sm90_det_workspace_size) compute this one layout. */
+/* The caller's workspace pointer aligned up to kBwdAlign (every size query counts that slack). */
+inline unsigned char *bwd_align_workspace(void *workspace) {
+  return (unsigned char *)(((uintptr_t)workspace + kBwdAlign - 1) & ~(uintptr_t)(kBwdAlign - 1));
+}
+
+/* The regions every backward workspace starts with, at the same offsets in cuda/attn_bwd.cu's
+ * make_layout and in bwd_det_layout: delta, lp, part ([T x H] fp32 each), then the fp32 dKV
+ * accumulator; ws is the aligned workspace. */
+struct BwdBaseRegions {
+  float *delta, *lp, *part, *acc;
+};
+inline BwdBaseRegions bwd_base_regions(unsigned char *ws, const dsa_attn_bwd_params *p) {
+  const size_t th = bwd_align_up((size_t)p->num_tokens * (size_t)p->num_heads * 4);
+  BwdBaseRegions r;
+  r.delta = (float *)ws;
+  r.lp = (float *)(ws + th);
+  r.part = (float *)(ws + 2 * th);
+  r.acc = (float *)(ws + 3 * th);
+  return r;
+}
+
+/* No tokens: the outputs are still defined, dkv = 0 on every row and dsink = 0 (the checks accept a
+ * NULL dkv / dsink for zero-size work: then it is not written). part: the dsink partials region. */
+inline dsa_status bwd_zero_tokens(const dsa_attn_bwd_params *p, const float *part, cudaStream_t stream) {
+  if (p->num_kv > 0 && p->dkv != nullptr) DSA_TRY(bwd_launch_convert(p, nullptr, stream));
+  if (p->dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
+  return DSA_SUCCESS;
+}
+
 struct BwdDetLayout {
   size_t delta, lp, part, acc, contrib;
   BwdSortLayout sort; /* keys0 .. temp */

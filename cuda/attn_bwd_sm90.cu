@@ -116,7 +116,6 @@ constexpr int kBlockN = 64;          /* keys per KV tile */
  * rope) or 8 (D = 512: no rope part, every dim is a value dim). */
 constexpr int kNBV = DSA_VALUE_DIM / 64; /* 8 value blocks */
 constexpr int kBlkBytes = 64 * 128;  /* one 64 x 64 bf16 SW128 block: 8 atoms of 1024 B */
-constexpr size_t kAlign = kBwdAlign; /* workspace region alignment (cuda/attn_bwd_common.cuh) */
 constexpr float kLog2e = 1.4426950408889634f;
 [[maybe_unused]] constexpr int kBar = 1; /* named barrier over the CTA's 256 threads */
 
@@ -520,17 +519,10 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
 
   /* workspace regions: delta, lp, part, acc as in cuda/attn_bwd.cu's make_layout (non-deterministic
    * mode); the deterministic mode's bwd_det_layout keeps those four and appends its own regions */
-  const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
-  unsigned char *ws = (unsigned char *)(((uintptr_t)workspace + kAlign - 1) & ~(uintptr_t)(kAlign - 1));
-  float *delta = (float *)ws, *lp = (float *)(ws + bwd_align_up(th * 4));
-  float *part = (float *)(ws + 2 * bwd_align_up(th * 4));
-  float *acc = (float *)(ws + 3 * bwd_align_up(th * 4));
-
-  if (p->num_tokens == 0) { /* dkv = 0 on all rows, dsink = 0 */
-    if (p->num_kv > 0 && p->dkv != nullptr) DSA_TRY(bwd_launch_convert(p, nullptr, stream));
-    if (p->dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
-    return DSA_SUCCESS;
-  }
+  unsigned char *ws = bwd_align_workspace(workspace);
+  const BwdBaseRegions R = bwd_base_regions(ws, p);
+  float *delta = R.delta, *lp = R.lp, *part = R.part, *acc = R.acc;
+  if (p->num_tokens == 0) return bwd_zero_tokens(p, part, stream);
 
   const int det = p->deterministic ? 1 : 0;
   /* dKV accumulator layout (src/internal.h): the deterministic mode always uses layout 0 */

@@ -584,17 +584,10 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
     return dsa_fail(DSA_ERROR_UNSUPPORTED,
                     "%s: the sm_90a small-H backward kernel needs %d bytes of shared memory, device has %d", fn,
                     smem_bytes, ctx->max_smem_optin);
-  const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
-  unsigned char *ws = (unsigned char *)(((uintptr_t)workspace + kBwdAlign - 1) & ~(uintptr_t)(kBwdAlign - 1));
-  float *delta = (float *)ws, *lp = (float *)(ws + bwd_align_up(th * 4));
-  float *part = (float *)(ws + 2 * bwd_align_up(th * 4));
-  float *acc = (float *)(ws + 3 * bwd_align_up(th * 4));
-
-  if (p->num_tokens == 0) { /* dkv = 0 on all rows, dsink = 0 */
-    if (p->num_kv > 0 && p->dkv != nullptr) DSA_TRY(bwd_launch_convert(p, nullptr, stream));
-    if (p->dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
-    return DSA_SUCCESS;
-  }
+  unsigned char *ws = bwd_align_workspace(workspace);
+  const BwdBaseRegions R = bwd_base_regions(ws, p);
+  float *delta = R.delta, *lp = R.lp, *part = R.part, *acc = R.acc;
+  if (p->num_tokens == 0) return bwd_zero_tokens(p, part, stream);
   const int det = p->deterministic ? 1 : 0;
   /* dKV accumulator layout (src/internal.h): the deterministic mode always uses layout 0. Not at
    * N = 32, D = 576 either: there the layout-1 kernel spilled 16 B at 255 registers (ptxas, nvcc 13.0),
