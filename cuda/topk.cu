@@ -88,6 +88,42 @@ static __device__ __forceinline__ uint32_t tk_key(float f) {
 #define TK_F_HC 2      /* pass 0 counts into TK_HC sub-histograms */
 #define TK_F_PREFETCH 4 /* prefetch the CTA's next row into L2 (cp.async.bulk.prefetch) */
 
+/* Row r's length: lengths[r] clamped to [0, columns], or columns without lengths. */
+static __device__ __forceinline__ int64_t tk_row_len(const dsa_topk_launch &a, int64_t r) {
+  int64_t L = a.columns;
+  if (a.lengths != NULL) {
+    const int64_t l = a.lengths[r];
+    L = l < 0 ? 0 : (l > a.columns ? a.columns : l);
+  }
+  return L;
+}
+
+/* The start every kernel makes on a row: its length L, the column offset `add` of the indexer
+ * interface (starts), its output row, out_lengths; a row with L <= k is written here whole (0..L-1,
+ * then -1) and 0 is returned (block-uniform), else *src is the row's first score and 1 is returned. */
+template <int NT>
+static __device__ __forceinline__ int tk_row_begin(const dsa_topk_launch &a, int64_t row, int tid, int64_t *L_out,
+                                                   int64_t *add_out, int32_t **out_out, const float **src_out) {
+  const int k = a.k;
+  const int64_t L = tk_row_len(a, row);
+  int64_t add = 0, off = 0;
+  if (a.starts != NULL) {
+    add = a.starts[row];
+    off = add - a.start_base;
+  }
+  int32_t *out = a.indices + row * a.indices_stride;
+  if (a.out_lengths != NULL && tid == 0) a.out_lengths[row] = (int32_t)(L < k ? L : k);
+  *L_out = L;
+  *add_out = add;
+  *out_out = out;
+  if (L <= k) {
+    for (int j = tid; j < k; j += NT) out[j] = j < L ? (int32_t)(j + add) : -1;
+    return 0;
+  }
+  *src_out = a.scores + row * a.scores_stride + off;
+  return 1;
+}
+
 static __device__ __forceinline__ void tk_cp_async16(void *smem, const void *gmem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -348,34 +384,18 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
   int *const hp = s_hist + ((flags & TK_F_HC) ? (lane & (TK_HC - 1)) * TK_BINS : 0); /* pass-0 copy */
 
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    int64_t L = a.columns;
-    if (a.lengths != NULL) {
-      int64_t l = a.lengths[row];
-      L = l < 0 ? 0 : (l > a.columns ? a.columns : l);
-    }
-    int64_t add = 0, off = 0;
-    if (a.starts != NULL) {
-      add = a.starts[row];
-      off = add - a.start_base;
-    }
-    int32_t *out = a.indices + row * a.indices_stride;
-    if (a.out_lengths != NULL && tid == 0) a.out_lengths[row] = (int32_t)(L < k ? L : k);
-    if (L <= k) {
-      for (int j = tid; j < k; j += NT) out[j] = j < L ? (int32_t)(j + add) : -1;
-      continue; /* block-uniform */
-    }
-    const float *src = a.scores + row * a.scores_stride + off;
+    int64_t L, add;
+    int32_t *out;
+    const float *src;
+    if (!tk_row_begin<NT>(a, row, tid, &L, &add, &out, &src)) continue; /* L <= k: written; block-uniform */
     const bool cache = L <= cache_cap;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if ((flags & TK_F_PREFETCH) && warp == 0 && row + gridDim.x < a.rows) {
       /* pull the CTA's next row into L2 while this one is worked on (whole 16-byte granules
        * inside the row, 32 KB per instruction) */
       const int64_t nr = row + gridDim.x;
-      int64_t nL = a.columns, noff = 0;
-      if (a.lengths != NULL) {
-        const int64_t l = a.lengths[nr];
-        nL = l < 0 ? 0 : (l > a.columns ? a.columns : l);
-      }
+      const int64_t nL = tk_row_len(a, nr);
+      int64_t noff = 0;
       if (a.starts != NULL) noff = a.starts[nr] - a.start_base;
       if (nL > k) {
         const uintptr_t p0 = (uintptr_t)(a.scores + nr * a.scores_stride + noff);
@@ -805,11 +825,8 @@ static __device__ __forceinline__ void tkr_mark(uint4 kk, uint32_t thr, int q, u
 /* L2 prefetch of row nr (whole 16-byte granules inside it), by one warp; nothing for rows <= k */
 static __device__ __forceinline__ void tkr_prefetch_row(const dsa_topk_launch &a, int64_t nr, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  int64_t nL = a.columns, noff = 0;
-  if (a.lengths != NULL) {
-    const int64_t l = a.lengths[nr];
-    nL = l < 0 ? 0 : (l > a.columns ? a.columns : l);
-  }
+  const int64_t nL = tk_row_len(a, nr);
+  int64_t noff = 0;
   if (a.starts != NULL) noff = a.starts[nr] - a.start_base;
   if (nL > a.k) {
     const uintptr_t p0 = (uintptr_t)(a.scores + nr * a.scores_stride + noff);
@@ -845,23 +862,10 @@ static __global__ void __launch_bounds__(NT, MINB) tkr_kernel(dsa_topk_launch a)
   const int k = a.k;
 
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    int64_t L = a.columns;
-    if (a.lengths != NULL) {
-      const int64_t l = a.lengths[row];
-      L = l < 0 ? 0 : (l > a.columns ? a.columns : l);
-    }
-    int64_t add = 0, off = 0;
-    if (a.starts != NULL) {
-      add = a.starts[row];
-      off = add - a.start_base;
-    }
-    int32_t *out = a.indices + row * a.indices_stride;
-    if (a.out_lengths != NULL && tid == 0) a.out_lengths[row] = (int32_t)(L < k ? L : k);
-    if (L <= k) {
-      for (int j = tid; j < k; j += NT) out[j] = j < L ? (int32_t)(j + add) : -1;
-      continue; /* block-uniform */
-    }
-    const float *src = a.scores + row * a.scores_stride + off;
+    int64_t L, add;
+    int32_t *out;
+    const float *src;
+    if (!tk_row_begin<NT>(a, row, tid, &L, &add, &out, &src)) continue; /* L <= k: written; block-uniform */
     const int Li = (int)L;                                /* <= TKR_MAX_COLS */
     const int jmax = (Li + NT * 4 - 1) / (NT * 4);        /* slots j >= jmax are all pads: skipped */
     const bool vec = ((uintptr_t)src & 15) == 0;
@@ -1087,11 +1091,8 @@ static __device__ __forceinline__ tk4_geom tk4_geometry(const float *src, int Li
 /* Next row of this CTA: whole into L2 when short (warp 0, bulk prefetch), else its sample vectors. */
 static __device__ __forceinline__ void tk4_prefetch_next(const dsa_topk_launch &a, int64_t nr, int tid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  int64_t nL = a.columns, noff = 0;
-  if (a.lengths != NULL) {
-    const int64_t l = a.lengths[nr];
-    nL = l < 0 ? 0 : (l > a.columns ? a.columns : l);
-  }
+  const int64_t nL = tk_row_len(a, nr);
+  int64_t noff = 0;
   if (nL <= a.k) return;
   if (nL <= TK4_PREFETCH_ROW) {
     if (tid < 32) tkr_prefetch_row(a, nr, tid);
@@ -1195,23 +1196,10 @@ static __global__ void __launch_bounds__(TK4_NT, 2) tk4_kernel(dsa_topk_launch a
   const int k = a.k;
 
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    int64_t L = a.columns;
-    if (a.lengths != NULL) {
-      const int64_t l = a.lengths[row];
-      L = l < 0 ? 0 : (l > a.columns ? a.columns : l);
-    }
-    int64_t add = 0, off = 0;
-    if (a.starts != NULL) {
-      add = a.starts[row];
-      off = add - a.start_base;
-    }
-    int32_t *out = a.indices + row * a.indices_stride;
-    if (a.out_lengths != NULL && tid == 0) a.out_lengths[row] = (int32_t)(L < k ? L : k);
-    if (L <= k) {
-      for (int j = tid; j < k; j += NT) out[j] = j < L ? (int32_t)(j + add) : -1;
-      continue; /* block-uniform */
-    }
-    const float *src = a.scores + row * a.scores_stride + off;
+    int64_t L, add;
+    int32_t *out;
+    const float *src;
+    if (!tk_row_begin<NT>(a, row, tid, &L, &add, &out, &src)) continue; /* L <= k: written; block-uniform */
     const int Li = (int)L; /* columns < 2^31 (int32 indices) */
     if (row + gridDim.x < a.rows) tk4_prefetch_next(a, row + gridDim.x, tid);
 
