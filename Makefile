@@ -159,6 +159,13 @@ $(BUILD)/bench/atomic_probe: bench/atomic_probe.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o $@ $<
 
+# Named-barrier probe (docs/reliability.md): racecheck on schedule 3's arrive / sync hand-off alone.
+.PHONY: barrier-probe
+barrier-probe: $(BUILD)/bench/barrier_probe
+$(BUILD)/bench/barrier_probe: bench/barrier_probe.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O3 -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -o $@ $<
+
 run: $(BUILD)/bench/dsa_layer
 	$(BUILD)/bench/dsa_layer $(RUN_ARGS)
 
