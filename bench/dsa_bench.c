@@ -29,7 +29,7 @@ static int fwd_overlap_list[8], fwd_overlap_count; /* count 0: library default, 
 static int parse_overlap_list(const char *s) {
   fwd_overlap_count = 0;
   while (*s) {
-    if (*s < '0' || *s > '3' || fwd_overlap_count == 8) return -1;
+    if (*s < '0' || *s > '4' || fwd_overlap_count == 8) return -1;
     fwd_overlap_list[fwd_overlap_count++] = *s++ - '0';
     if (*s == ',') ++s;
     else if (*s) return -1;
@@ -501,6 +501,7 @@ static void bench_fwd(bench *b, const shape *sh) {
   attn_inputs in;
   int created = 0;
   const int rows = fwd_overlap_count ? fwd_overlap_count : 1;
+  const int ov_default = fwd_overlap_count ? dsa_attn_fwd_sm90_overlap : 0;
   for (int k = 0; k < rows; ++k) {
     char variant[32];
     snprintf(variant, sizeof variant, "%s%s", sh->v32 ? "sink" : "topk_length",
@@ -525,7 +526,7 @@ static void bench_fwd(bench *b, const shape *sh) {
     cudaFree(out);
     cudaFree(lse);
   }
-  if (fwd_overlap_count) dsa_attn_fwd_sm90_overlap = 0;
+  if (fwd_overlap_count) dsa_attn_fwd_sm90_overlap = ov_default;
   attn_inputs_free(&in);
 }
 
@@ -609,9 +610,10 @@ static void bench_bwd(bench *b, const shape *sh) {
     dsa_status st = dsa_sparse_attn_bwd(b->ctx, p, NULL, &a.ws_bytes, b->timer.stream);
     if (st == DSA_SUCCESS) {
       a.ws = bc_dmalloc(a.ws_bytes);
+      const int lay_default = lay >= 0 ? dsa_attn_bwd_dkv_layout : 0;
       if (lay >= 0) dsa_attn_bwd_dkv_layout = lay;
       st = bc_time_op(&b->timer, bwd_run, &a, &ms);
-      if (lay >= 0) dsa_attn_bwd_dkv_layout = 0;
+      if (lay >= 0) dsa_attn_bwd_dkv_layout = lay_default;
       cudaFree(a.ws);
     }
     add_result(b, sh, variant, note, st, ms, bc_flops_bwd_d(in.slots, in.H, in.D), 0);

@@ -44,7 +44,7 @@
  *      read MN-major (tB = 1), 4 + 4 k-steps (block 8 of D = 576 has no dO part); then vector fp32 atomics
  *      (atomicAdd on float2 = red.global.add.v2.f32, sm_90) into acc[idx[key]] for valid keys.
  * dQ is written (bf16 pairs) from registers after the last tile.
- * dKV accumulator layout 1 (opt-in, dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
+ * dKV accumulator layout 1 (the default, dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
  * dsa_bwd_dkv_slot; docs/bwd-sm90-next.md section 6): attn_bwd_sm90_lay1_kernel, the same body with
  * the acc row's columns permuted inside 16-column groups so that step 5 issues 8 red.global.add.v4.f32
  * per thread per block (a quad = 64 contiguous bytes of a row) instead of 16 v2 (32 B); the convert

@@ -36,7 +36,7 @@
  *   v2 form), or (deterministic) the row stored to contrib[(token - tok0) K + slot][D] exactly as
  *   the 64-head kernel with one head block writes it, so the same CUB sort + fixed-order reduction
  *   (the launcher below, same det layout) consumes it.
- * dKV accumulator layout 1 (opt-in, dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
+ * dKV accumulator layout 1 (the default, dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
  * dsa_bwd_dkv_slot): attn_bwd_sm90_small_lay1_kernel, no pair swap: each lane adds 4 permuted slots of
  * rows r0 and r0 + 8 per 16-column group (a quad = 64 contiguous bytes of a row); the convert pass
  * un-permutes. Not instantiated at N = 32, D = 576 (it spilled 16 B at 255 registers): that

@@ -1,6 +1,6 @@
 /*
  * attn_fwd_sm90_v2.cu - sparse MLA attention forward on sm_90a, consumer schedule 3 of the 64-head
- * kernel (dsa_attn_fwd_sm90_overlap = 3, opt-in; launched by dsa_launch_attn_fwd_sm90_heads in
+ * kernel (dsa_attn_fwd_sm90_overlap = 3, the default, or 4; launched by dsa_launch_attn_fwd_sm90_heads in
  * cuda/attn_fwd_sm90.cu after its checks). Design and rationale: docs/fwd-sm90-next.md (the tile-split
  * layout FlashMLA's sm90 sparse prefill uses; written from that description, no code taken).
  *
@@ -72,8 +72,8 @@ struct Smem2 {
   static constexpr int kP1 = kKV + 2 * kTile;                   /* WG1's P, read by WG0 */
   static constexpr int kP0 = NB == 9 ? kKV + 8 * kBlkBytes : kP1 + kBlkBytes; /* WG0's P */
   static constexpr int kValid = kP1 + (NB == 9 ? 1 : 2) * kBlkBytes; /* [2][64] bytes */
-  static constexpr int kBars = kValid + 2 * 64;                 /* q_full, full[2][2], empty[2][2] */
-  static constexpr int kMax = kBars + 80;                       /* f32 [64] the chained row max */
+  static constexpr int kBars = kValid + 2 * 64; /* q_full, full[2][2], empty[2][2], hand[4] (MB handoffs) */
+  static constexpr int kMax = kBars + 128;                      /* f32 [64] the chained row max */
   static constexpr int kSum = kMax + 64 * 4;                    /* f32 [2][64] final row sums */
   static constexpr int kBytes = kSum + 2 * 64 * 4 + 1024;
 };
@@ -97,6 +97,21 @@ constexpr int kBarM0 = 1, kBarM1 = 2, kBarS0 = 3, kBarS1 = 4, kBarSum = 5; /* na
 
 __device__ __forceinline__ void bar_arrive_any(int id, int count) {
   asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+/* The four per-pair hand-offs between the consumer WGs (M0, M1, S0, S1): one WG posts, the other
+ * waits. MB = false: named barrier id (barrier.arrive / barrier.sync of 256 threads). MB = true: the
+ * mbarrier hand[id - 1] (128 arrivals of the posting WG, release; the waiter acquires phase i & 1 of
+ * pair i). Same protocol; MB exists because racecheck ... (docs/reliability.md, bench/barrier_probe.cu). */
+template <bool MB>
+__device__ __forceinline__ void hand_post(int id, uint64_t *hand) {
+  if constexpr (MB) sm90_mbar_arrive(&hand[id - 1]);
+  else bar_arrive_any(id, 256);
+}
+template <bool MB>
+__device__ __forceinline__ void hand_wait(int id, uint64_t *hand, int i) {
+  if constexpr (MB) sm90_mbar_wait(&hand[id - 1], (uint32_t)i & 1);
+  else sm90_named_bar_sync_any(id, 256);
 }
 
 /* Issues S += Q K^T over blocks [B0, B1) (m64n64k16 SS, both K-major SW128); ZERO: the first step
@@ -213,8 +228,9 @@ __device__ __forceinline__ void wait_half(uint64_t *bar, uint32_t parity) {
 
 /* WG0, pair i: S(2i) complete in sacc on entry, nothing in flight. NEXT: pair i + 1 exists; then
  * S(2i + 2) is complete on return. */
-template <int NB, bool NEXT>
-__device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint32_t sq,
+template <int NB, bool NEXT, bool MB>
+__device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
+                                         uint32_t sq,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
                                          float row_max[2], float row_sum[2]) {
   typedef Smem2<NB> L;
@@ -233,7 +249,7 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
     sm_max[r0] = m0[0];
     sm_max[r0 + 8] = m0[1];
   }
-  bar_arrive_any(kBarM0, 256);
+  hand_post<MB>(kBarM0, hand);
   /* O0 += P0 V0[0:256] */
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
@@ -245,7 +261,7 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   FENCE_PA(pa);
   sm90_mbar_arrive(&empty[0][0]); /* buffer 0 L: S(2i) and this PV done, mask read */
   /* the chain's max after WG1's tile: bring P0 (fp32) and O0 into that frame */
-  sm90_named_bar_sync_any(kBarM1, 256);
+  hand_wait<MB>(kBarM1, hand, i);
   float sc[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
@@ -262,9 +278,9 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
       pa[kk][q] = sm90_pack_bf16x2(x[e] * sc[(e >> 1) & 1], x[e + 1] * sc[(e >> 1) & 1]);
     }
   store_p(sp0, pa, warp, lane);
-  bar_arrive_any(kBarS0, 256);
+  hand_post<MB>(kBarS0, hand);
   rescale_o(o, sc);
-  sm90_named_bar_sync_any(kBarS1, 256);
+  hand_wait<MB>(kBarS1, hand, i);
   /* buffer 1 L's cp.async data: WG1 waited full[1][0] before kBarS1; order it for this WG's wgmma */
   sm90_fence_proxy_async();
   /* O0 += sP1 V1[0:256] */
@@ -296,8 +312,9 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
 }
 
 /* WG1, pair i: nothing in flight on entry or return. */
-template <int NB>
-__device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint32_t sq,
+template <int NB, bool MB>
+__device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
+                                         uint32_t sq,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
                                          float row_max[2], float row_sum[2]) {
   typedef Smem2<NB> L;
@@ -320,7 +337,7 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
   float x[32], tmax[2], m1[2], alpha[2];
   uint32_t pa[4][4];
   mask_tile(sacc, smem + L::kValid + 64, scale_log2, lane, x, tmax);
-  sm90_named_bar_sync_any(kBarM0, 256);
+  hand_wait<MB>(kBarM0, hand, i);
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) m1[hr] = fmaxf(fmaxf(row_max[hr], sm_max[r0 + 8 * hr]), tmax[hr]);
   __syncwarp(); /* every lane of the row read m0 before its writer posts m1 */
@@ -328,7 +345,7 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
     sm_max[r0] = m1[0];
     sm_max[r0 + 8] = m1[1];
   }
-  bar_arrive_any(kBarM1, 256);
+  hand_post<MB>(kBarM1, hand);
   softmax_step(x, m1, row_max, row_sum, alpha, pa);
   rescale_o(o, alpha);
   /* P1 for WG0 first: the A registers must not be read while the RS wgmma that reads them is in flight */
@@ -339,14 +356,14 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
   sm90_wgmma_fence();
   issue_pv_rs(o, pa, sb1 + 4 * kBlkBytes);
   sm90_wgmma_commit();
-  sm90_named_bar_sync_any(kBarS0, 256);
+  hand_wait<MB>(kBarS0, hand, i);
   /* buffer 0 R's cp.async data: WG0 waited full[0][1] before kBarS0; order it for this WG's wgmma */
   sm90_fence_proxy_async();
   /* O1 += sP0 V0[256:512] */
   sm90_wgmma_fence();
   issue_pv_ss(o, sp0, sb0 + 4 * kBlkBytes);
   sm90_wgmma_commit();
-  bar_arrive_any(kBarS1, 256);
+  hand_post<MB>(kBarS1, hand);
   sm90_wgmma_wait<1>();
   FENCE_PA(pa);
   sm90_mbar_arrive(&empty[1][1]); /* buffer 1 R: S(2i + 1), the RS PV, mask read */
@@ -357,7 +374,7 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
 
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL || !__CUDA_ARCH__ */
 
-template <int NB>
+template <int NB, bool MB>
 __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __grid_constant__ FwdArgs2 args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(NB == 8 || NB == 9, "D = 512 or 576");
@@ -368,6 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
   uint64_t *q_full = bars;
   uint64_t(*full)[2] = (uint64_t(*)[2])(bars + 1);
   uint64_t(*empty)[2] = (uint64_t(*)[2])(bars + 5);
+  uint64_t *hand = bars + 9;
 
   const dsa_attn_fwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
@@ -386,6 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
         sm90_mbar_init(&full[w][h], 256); /* 128 cp.async .noinc + 128 plain (mask bytes) */
         sm90_mbar_init(&empty[w][h], 128); /* the releasing WG */
       }
+    for (int k = 0; k < 4; ++k) sm90_mbar_init(&hand[k], 128); /* the posting WG */
     sm90_mbar_init_fence();
   }
   __syncthreads();
@@ -464,12 +483,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
         FENCE_ARR(sacc, 32);
       }
       for (int i = 0; i < npairs - 1; ++i)
-        wg0_pair<NB, true>(i, smem, full, empty, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum);
+        wg0_pair<NB, true, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum);
       if (npairs > 0)
-        wg0_pair<NB, false>(npairs - 1, smem, full, empty, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum);
+        wg0_pair<NB, false, MB>(npairs - 1, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum);
     } else {
       for (int i = 0; i < npairs; ++i)
-        wg1_pair<NB>(i, smem, full, empty, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum);
+        wg1_pair<NB, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum);
     }
 
     /* ---- epilogue (as schedule 0): normalise, sink factor, bf16 out, lse, max_logits. Both WGs end
@@ -525,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
 #endif
 }
 
-template <int NB>
+template <int NB, bool MB>
 dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int head_begin,
                    int head_end, int num_hblocks) {
   const char *fn = "dsa_sparse_attn_fwd";
@@ -535,7 +554,7 @@ dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStr
                     "%s: the sm_90a kernel (schedule 3) needs %d bytes of shared memory, device has %d", fn,
                     smem_bytes, ctx->max_smem_optin);
   static int attr_set[DSA_TRACKED_DEVICES];
-  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_v2_kernel<NB>, smem_bytes, 0, ctx->device, attr_set,
+  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_v2_kernel<NB, MB>, smem_bytes, 0, ctx->device, attr_set,
                                fn));
   FwdArgs2 args;
   args.p = *p;
@@ -544,7 +563,7 @@ dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStr
   args.head_begin = head_begin;
   args.head_end = head_end;
   const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
-  attn_fwd_sm90_v2_kernel<NB><<<grid, kThreads, smem_bytes, stream>>>(args);
+  attn_fwd_sm90_v2_kernel<NB, MB><<<grid, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
@@ -555,6 +574,10 @@ dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStr
 extern "C" dsa_status dsa_launch_attn_fwd_sm90_v2(const dsa_context *ctx, const dsa_attn_fwd_params *p,
                                                   int head_begin, int head_end, int num_hblocks,
                                                   cudaStream_t stream) {
-  if (p->head_dim == 576) return launch2<9>(ctx, p, stream, head_begin, head_end, num_hblocks);
-  return launch2<8>(ctx, p, stream, head_begin, head_end, num_hblocks);
+  const bool mb = dsa_attn_fwd_sm90_overlap == 4; /* schedule 4: schedule 3 with mbarrier hand-offs */
+  if (p->head_dim == 576)
+    return mb ? launch2<9, true>(ctx, p, stream, head_begin, head_end, num_hblocks)
+              : launch2<9, false>(ctx, p, stream, head_begin, head_end, num_hblocks);
+  return mb ? launch2<8, true>(ctx, p, stream, head_begin, head_end, num_hblocks)
+            : launch2<8, false>(ctx, p, stream, head_begin, head_end, num_hblocks);
 }

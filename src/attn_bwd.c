@@ -19,8 +19,10 @@ int dsa_attn_bwd_variant = 0;
 /* Deterministic mode on the sm_90a kernel: tokens per chunk, 0 = from the kernel's budget. */
 int dsa_attn_bwd_det_chunk_tokens = 0;
 /* fp32 dKV accumulator layout of the sm_90a kernels' non-deterministic mode (src/internal.h): 0 = real
- * column order, 1 = permuted for 64-B v4 atomics. Default 0 until measured on the GPU. */
-int dsa_attn_bwd_dkv_layout = 0;
+ * column order, 1 = permuted for 64-B v4 atomics. Default 1 since its first H200 run (2026-11-29,
+ * bwd-glm-4k 6.95 vs 8.27 ms, docs/perf.md); the small-H kernel at N = 32 / D = 576 and the
+ * deterministic mode use 0 whatever it says. */
+int dsa_attn_bwd_dkv_layout = 1;
 
 /* The deterministic mode may run either the sm_90a chunked path or the portable key-major one (the
  * sm_90a kernel declines at launch time, on device facts a size query does not see): its size is

@@ -9,9 +9,10 @@
  * [0, 64 floor(H / 64)), small-H kernel on the rest (tests and benchmarks). */
 int dsa_attn_fwd_variant = 0;
 /* The 64-head sm_90a kernel's consumer schedule (src/internal.h): 0 serial, 1 overlapped, 2 S(n+1)
- * hoisted behind PV(n), 3 tile split between the WGs (cuda/attn_fwd_sm90_v2.cu). Stays 0 until
- * another one is verified and measured faster on an H200. */
-int dsa_attn_fwd_sm90_overlap = 0;
+ * hoisted behind PV(n), 3 tile split between the WGs (cuda/attn_fwd_sm90_v2.cu), 4 = 3 with mbarrier
+ * hand-offs. Default 3 since its first H200 run (2026-11-29: fwd-v32-8k 541.7 vs 465.7 TFLOP/s for
+ * schedule 0, never slower on the fwd shapes; docs/perf.md). */
+int dsa_attn_fwd_sm90_overlap = 3;
 
 /* Automatic choice on cc 9.0 (docs/design.md section 8 has the table with the reasons), by the
  * remainder r = H mod 64:

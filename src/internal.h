@@ -127,13 +127,14 @@ DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ct
                                                            int head_count, cudaStream_t stream);
 DSA_HIDDEN extern int dsa_attn_fwd_variant;
 /* The 64-head sm_90a kernel's consumer schedule (cuda/attn_fwd_sm90.cu header, split-S mode only):
- * 0 = serial (default), 1 = overlapped (S(n+1) and PV(n) in flight while softmax(n+1) runs),
- * 2 = serial with S(n+1) issued right behind PV(n), 3 = tile split between the WGs (its own kernel,
- * below); other values mean 0 (tests and benchmarks set it). */
+ * 0 = serial, 1 = overlapped (S(n+1) and PV(n) in flight while softmax(n+1) runs), 2 = serial with
+ * S(n+1) issued right behind PV(n), 3 = tile split between the WGs (its own kernel, below; the
+ * default), 4 = schedule 3 with mbarrier hand-offs between the WGs; other values mean 0 (tests and
+ * benchmarks set it). */
 DSA_HIDDEN extern int dsa_attn_fwd_sm90_overlap;
 /* Schedule 3 of the 64-head sm_90a forward (cuda/attn_fwd_sm90_v2.cu: WG0 / WG1 take alternate 64-key
  * tiles, one chained row max, own P by RS and the peer's by SS; docs/fwd-sm90-next.md), launched by
- * dsa_launch_attn_fwd_sm90_heads when dsa_attn_fwd_sm90_overlap == 3, after its checks; heads
+ * dsa_launch_attn_fwd_sm90_heads when dsa_attn_fwd_sm90_overlap is 3 or 4, after its checks; heads
  * [head_begin, head_end) in num_hblocks blocks of 64, num_tokens > 0. */
 DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_v2(const dsa_context *ctx, const dsa_attn_fwd_params *p,
                                                   int head_begin, int head_end, int num_hblocks,
@@ -170,8 +171,8 @@ DSA_HIDDEN extern int dsa_attn_bwd_det_chunk_tokens;
  * kernel, v4 after one lane-pair shfl in the small-H kernel: 32 contiguous bytes of a row per quad per
  * instruction), 1 = permuted "fake-column" order inside every aligned 16-column group, so that the 4
  * lanes of a quad write 64 contiguous bytes of a row with one red.global.add.v4.f32 each (docs/
- * bwd-sm90-next.md P1); the convert pass un-permutes. Any value other than 1 means 0. Opt-in until
- * measured (tests, benchmarks). */
+ * bwd-sm90-next.md P1); the convert pass un-permutes. Any value other than 1 means 0. Default 1
+ * (src/attn_bwd.c); tests and benchmarks set it. */
 DSA_HIDDEN extern int dsa_attn_bwd_dkv_layout;
 /* Layout 1's permutation, one formula for host and device (a bijection of [16 g, 16 g + 16) onto
  * itself for every g, so of [0, D) for any D that is a multiple of 16: 576 and 512). Within a group,
@@ -227,7 +228,7 @@ DSA_HIDDEN extern int dsa_topk_compact_long_rows;
  * 1 = the shared-memory key-cache kernel, 2 = register-resident (1024 threads, one CTA per SM),
  * 3 = registers + shared memory (512 threads, two CTAs per SM); 2 and 3 fall back to 1 for longer
  * rows; 4 = sampled threshold + one filtering read + exact select on the candidates (any row, its
- * own exact fallback; not run on a GPU yet, not in the automatic choice). Tests run each; dsa_bench
+ * own exact fallback; the automatic choice where the device has its shared memory). Tests run each; dsa_bench
  * sets it from DSA_TOPK_VARIANT. */
 DSA_HIDDEN extern int dsa_topk_variant;
 /* Indexer helpers: copies q rows [tokens, heads, 128] (any strides) into a packed

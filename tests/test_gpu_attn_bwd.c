@@ -234,7 +234,6 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
     const int lay = pass >= 6;
     const int mode = pass >= 3 && !lay, variant = lay ? pass - 4 : 1 + pass % 3;
     if (variant == 3 && H > 32) continue; /* the small-H kernel runs H <= 32 */
-    if (lay && !tc_experimental()) continue; /* layout 1: not yet run on a GPU (tests/test_common.h) */
     const int sweep_pass = mode && variant != 1 && c->chunk_sweep; /* sm_90a deterministic chunks */
     p.deterministic = mode;
     size_t ws_bytes = 0, ws_again = 0;
@@ -252,11 +251,12 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
       size_t b = ws_bytes;
       dsa_attn_bwd_variant = variant;
       dsa_attn_bwd_det_chunk_tokens = sweep_pass ? (tc_sanitize() ? 2 * run : sweep[run]) : 0;
+      const int lay_default = dsa_attn_bwd_dkv_layout;
       dsa_attn_bwd_dkv_layout = lay;
       const dsa_status st = dsa_sparse_attn_bwd(ctx, &p, ws + 1, &b, stream);
       dsa_attn_bwd_variant = 0;
       dsa_attn_bwd_det_chunk_tokens = 0;
-      dsa_attn_bwd_dkv_layout = 0;
+      dsa_attn_bwd_dkv_layout = lay_default;
       if (variant != 1 && st == DSA_ERROR_UNSUPPORTED) {
         if ((D == 576 || D == 512) && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
           cr_assert_fail("%s: the sm_90a kernel (variant %d) declined D=%d H=%d (it must run it): %s", name,

@@ -14,13 +14,13 @@
  * from a warning into a failure, and so "the small-H kernel (variant 3) or the split (variant 4)
  * declined a configuration it must run".
  * Every run of the 64-head sm_90a kernel (variant 2, variant 4, and variant 0 where the automatic choice
- * takes it) is repeated for each consumer schedule dsa_attn_fwd_sm90_overlap = 0, 1, 2, 3 (serial,
- * overlapped, S hoisted, cuda/attn_fwd_sm90.cu; tile split between the WGs, cuda/attn_fwd_sm90_v2.cu),
- * each checked in full; schedules 1 and 2 do the same arithmetic in the same order as 0, so a result
- * that is not bitwise identical to schedule 0's is logged as a warning (a race that stays inside the
- * tolerance would show there first). Schedule 3 sums in another order (and rounds WG0's P in two
- * frames): it is checked against the reference only, and runs only with DSA_TEST_EXPERIMENTAL=1 until
- * it has passed on a GPU (tests/test_common.h). */
+ * takes it) is repeated for each consumer schedule dsa_attn_fwd_sm90_overlap = 0, 1, 2, 3, 4 (serial,
+ * overlapped, S hoisted, cuda/attn_fwd_sm90.cu; tile split between the WGs, the default, and the same
+ * with mbarrier hand-offs, cuda/attn_fwd_sm90_v2.cu), each checked in full; schedules 1 and 2 do the
+ * same arithmetic in the same order as 0, so a result that is not bitwise identical to schedule 0's is
+ * logged as a warning (a race that stays inside the tolerance would show there first). Schedules 3 and
+ * 4 sum in another order (and round WG0's P in two frames): they are checked against the reference.
+ * Under racecheck schedule 3 is skipped and 4 runs in its place (tests/test_common.h). */
 #include <limits.h>
 #include "test_common.h"
 #include <criterion/parameterized.h>
@@ -102,16 +102,21 @@ static int required_split_sm90(const attn_case *c) {
 
 /* The order run_case goes through the variants; 0 (automatic) last. */
 static const int variants[] = {1, 2, 3, 4, 0};
-enum { NUM_OVERLAP = 4 }; /* dsa_attn_fwd_sm90_overlap 0, 1, 2, 3 */
+enum { NUM_OVERLAP = 5 }; /* dsa_attn_fwd_sm90_overlap 0, 1, 2, 3, 4 */
 /* Schedules whose results should be bitwise identical to schedule 0's (same arithmetic, same order). */
 static int same_order_as_0(int ov) { return ov == 1 || ov == 2; }
 
-/* DSA_TEST_FWD_SCHEDULES=n runs only schedules 0..n-1 (1..4; default all 4): lets a sanitizer run
- * spend its time on the schedule it needs. */
+/* DSA_TEST_FWD_ONLY=k runs schedule k alone (on the 64-head kernel's launches; the automatic variant
+ * 0 runs the library default either way): lets a sanitizer run spend its time on one schedule. */
+static int fwd_only(void) {
+  const char *s = getenv("DSA_TEST_FWD_ONLY");
+  return s ? atoi(s) : -1;
+}
+/* DSA_TEST_FWD_SCHEDULES=n runs only schedules 0..n-1 (1..5; default all 5). */
 static int fwd_schedules(void) {
   const char *s = getenv("DSA_TEST_FWD_SCHEDULES");
-  /* schedule 3 (cuda/attn_fwd_sm90_v2.cu) has not run on a GPU yet: only with DSA_TEST_EXPERIMENTAL */
-  const int n = s ? atoi(s) : tc_experimental() ? NUM_OVERLAP : NUM_OVERLAP - 1;
+  if (fwd_only() >= 0) return NUM_OVERLAP;
+  const int n = s ? atoi(s) : NUM_OVERLAP;
   return n < 1 ? 1 : n > NUM_OVERLAP ? NUM_OVERLAP : n;
 }
 
@@ -278,6 +283,8 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
     const int num_ov = runs_64head(variant, H) ? fwd_schedules() : 1;
     int declined = 0;
     for (int ov = 0; ov < num_ov && !declined; ++ov) {
+      if (num_ov > 1 && fwd_only() >= 0 && ov != fwd_only()) continue;
+      if (ov == 3 && tc_racecheck()) continue; /* schedule 4 is its racecheck twin (test_common.h) */
       char vn[32]; /* the variant in messages: "2" or "2/overlap 1" */
       if (num_ov > 1)
         snprintf(vn, sizeof vn, "%d/overlap %d", variant, ov);
@@ -288,11 +295,12 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
         TC_CUDA(cudaMemcpy(d_lse, nan_f, (size_t)(T * H) * 4, cudaMemcpyHostToDevice));
         TC_CUDA(cudaMemcpy(d_max, nan_f, (size_t)(T * H) * 4, cudaMemcpyHostToDevice));
         TC_CUDA(cudaDeviceSynchronize()); /* pageable copies vs a non-blocking stream */
+        const int ov_default = dsa_attn_fwd_sm90_overlap;
         dsa_attn_fwd_variant = variant;
         dsa_attn_fwd_sm90_overlap = ov;
         const dsa_status st = dsa_sparse_attn_fwd(ctx, &p, stream);
         dsa_attn_fwd_variant = 0;
-        dsa_attn_fwd_sm90_overlap = 0;
+        dsa_attn_fwd_sm90_overlap = ov_default;
         if ((variant == 3 || variant == 4) && st == DSA_ERROR_UNSUPPORTED) { /* 3: H <= 64 only */
           if ((variant == 3 ? required_small_sm90(c) : required_split_sm90(c)) &&
               getenv("DSA_TEST_REQUIRE_SM90") != NULL)

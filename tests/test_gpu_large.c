@@ -673,7 +673,7 @@ Test(gpu_large, topk_2pow20_rows) {
   p.scores = ds;
   p.lengths = dl;
   p.indices = di;
-  for (int v = 1; v <= (tc_experimental() ? 4 : 3); ++v) { /* every top-k kernel (4: DSA_TEST_EXPERIMENTAL) */
+  for (int v = 1; v <= 4; ++v) { /* every top-k kernel */
     TC_CUDA(cudaMemset(di, 0x5A, (size_t)(rows * K) * 4));
     dsa_topk_variant = v;
     lg_topk_gpu(&e, &p);

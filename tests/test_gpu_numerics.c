@@ -294,7 +294,7 @@ Test(gpu_numerics, topk_nan_payloads) {
   p.scores = ds;
   p.lengths = dl;
   p.indices = di;
-  for (int v = 0; v <= (tc_experimental() ? 4 : 3); ++v) { /* every top-k kernel (4: DSA_TEST_EXPERIMENTAL) */
+  for (int v = 0; v <= 4; ++v) { /* every top-k kernel (0: the automatic choice) */
     size_t need = 0;
     TC_CUDA(cudaMemset(di, 0x5A, (size_t)(rows * K) * 4));
     dsa_topk_variant = v;
