@@ -46,6 +46,7 @@
  * reach them from different code): kBarM0, kBarM1, kBarS0, kBarS1 once per pair (one WG arrives, the
  * other syncs), kBarSum once in the epilogue.
  * The last pair of WG0 is peeled (template NEXT) so every wgmma wait is unconditional (C7517 / C7514).
+ * Template MB (schedule 4): the four hand-offs on mbarriers instead of named barriers (hand_post below).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -100,9 +101,12 @@ __device__ __forceinline__ void bar_arrive_any(int id, int count) {
 }
 
 /* The four per-pair hand-offs between the consumer WGs (M0, M1, S0, S1): one WG posts, the other
- * waits. MB = false: named barrier id (barrier.arrive / barrier.sync of 256 threads). MB = true: the
- * mbarrier hand[id - 1] (128 arrivals of the posting WG, release; the waiter acquires phase i & 1 of
- * pair i). Same protocol; MB exists because racecheck ... (docs/reliability.md, bench/barrier_probe.cu). */
+ * waits. MB = false (schedule 3, the default): named barrier id, barrier.arrive / barrier.sync of 256
+ * threads. MB = true (schedule 4): the mbarrier hand[id - 1], 128 arrivals of the posting WG (release),
+ * the waiter acquires phase i & 1 of pair i. Same protocol and data flow. Schedule 4 is 10% slower
+ * (fwd-v32-8k 497 vs 554 TFLOP/s on the H200) and exists for racecheck, which does not follow
+ * barrier.arrive -> barrier.sync ordering (bench/barrier_probe.cu) but does follow mbarriers: the
+ * suites run schedule 4 in place of 3 under racecheck (docs/reliability.md section 3c). */
 template <bool MB>
 __device__ __forceinline__ void hand_post(int id, uint64_t *hand) {
   if constexpr (MB) sm90_mbar_arrive(&hand[id - 1]);
