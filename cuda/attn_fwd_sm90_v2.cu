@@ -19,9 +19,11 @@
  *        O0 += sP1 V1[0:256] (SS), issues S(2i + 2) half L, retires the SS PV (releases buffer 1 L),
  *        issues half R, waits for S.
  *   WG1: S(2i + 1) (half R first, the order it arrives), waits kBarM0, m1 = max(m, m0, tilemax),
- *        posts m1 (kBarM1 arrive), O1 *= exp2(m - m1), P1 = exp2(s - m1), stmatrix P1 into sP1,
- *        O1 += P1 V1[256:512] (RS), waits kBarS0, O1 += sP0 V0[256:512] (SS), kBarS1 arrive, retires the
- *        RS PV (releases buffer 1 R), then the SS PV (releases buffer 0 R).
+ *        posts m1 (kBarM1 arrive), O1 *= exp2(m - m1), P1 = exp2(s - m1), stmatrix P1 into sP1
+ *        (kBarS1 arrive), O1 += P1 V1[256:512] (RS), waits kBarS0, O1 += sP0 V0[256:512] (SS), retires
+ *        the RS PV (releases buffer 1 R), then the SS PV (releases buffer 0 R).
+ *   (WG0 posts m0 before its exponentials and WG1 posts kBarS1 right after its stmatrix, 2026-11-29
+ *   session 4, so neither hand-off waits on work the peer does not need.)
  *   Each WG sums its own tiles' P (in fp32) into its row sums; the sums meet in the epilogue.
  * The WGs thus alternate: WG0's softmax runs under WG1's S, WG1's softmax under WG0's RS PV, and WG0
  * issues the next S right behind its SS PV.
@@ -247,13 +249,14 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   mask_tile(sacc, smem + L::kValid, scale_log2, lane, x, tmax);
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) m0[hr] = fmaxf(row_max[hr], tmax[hr]);
-  softmax_step(x, m0, row_max, row_sum, alpha, pa);
-  rescale_o(o, alpha);
+  /* post m0 before the exponentials: WG1 needs only the max */
   if ((lane & 3) == 0) {
     sm_max[r0] = m0[0];
     sm_max[r0 + 8] = m0[1];
   }
   hand_post<MB>(kBarM0, hand);
+  softmax_step(x, m0, row_max, row_sum, alpha, pa);
+  rescale_o(o, alpha);
   /* O0 += P0 V0[0:256] */
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
@@ -354,6 +357,8 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
   rescale_o(o, alpha);
   /* P1 for WG0 first: the A registers must not be read while the RS wgmma that reads them is in flight */
   store_p(sp1, pa, warp, lane);
+  /* sP1 written and fenced, buffer 1 L waited (full[1][0], above): WG0's SS PV may start */
+  hand_post<MB>(kBarS1, hand);
   /* O1 += P1 V1[256:512] */
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
@@ -367,7 +372,6 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
   sm90_wgmma_fence();
   issue_pv_ss(o, sp0, sb0 + 4 * kBlkBytes);
   sm90_wgmma_commit();
-  hand_post<MB>(kBarS1, hand);
   sm90_wgmma_wait<1>();
   FENCE_PA(pa);
   sm90_mbar_arrive(&empty[1][1]); /* buffer 1 R: S(2i + 1), the RS PV, mask read */
