@@ -43,6 +43,10 @@ extern int dsa_topk_variant __attribute__((weak));
  * the "fused" row runs the automatic choice, "fused,mma" and "fused,wgmma" force each. */
 extern int dsa_indexer_fused_variant __attribute__((weak));
 static int topk_variant_forced; /* 0: automatic */
+/* Top-k variant 4's next-row prefetch (src/internal.h dsa_topk_v4_whole_prefetch), from
+ * DSA_TOPK_V4_PREFETCH=0/1 (unset: the library's); top-k rows then get ",pf<N>". */
+extern int dsa_topk_v4_whole_prefetch __attribute__((weak));
+static int topk_prefetch_forced = -1;
 /* The sm_90a backward's fp32 dKV accumulator layout (src/internal.h dsa_attn_bwd_dkv_layout: 0 real
  * column order, 1 permuted for 64-B v4 atomics), from --bwd-dkv-layout LIST or DSA_BWD_DKV_LAYOUT=LIST
  * ("0,1"): every bwd det0 row runs once per listed layout and layout 1's variant gets ",lay1" (det1
@@ -692,6 +696,8 @@ static void bench_topk(bench *b, const shape *sh) {
     char variant[32];
     snprintf(variant, sizeof variant, "%s", v == 0 ? "causal" : "full");
     if (topk_variant_forced) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",v%d", topk_variant_forced);
+    if (topk_prefetch_forced >= 0)
+      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",pf%d", topk_prefetch_forced);
     progress(sh, variant);
     topk_arg a;
     memset(&a, 0, sizeof a);
@@ -898,6 +904,11 @@ int main(int argc, char **argv) {
     topk_variant_forced = atoi(getenv("DSA_TOPK_VARIANT"));
     dsa_topk_variant = topk_variant_forced;
     printf("top-k kernel variant %d (DSA_TOPK_VARIANT)\n", topk_variant_forced);
+  }
+  if (getenv("DSA_TOPK_V4_PREFETCH") && &dsa_topk_v4_whole_prefetch) {
+    topk_prefetch_forced = atoi(getenv("DSA_TOPK_V4_PREFETCH")) != 0;
+    dsa_topk_v4_whole_prefetch = topk_prefetch_forced;
+    printf("top-k variant 4 next-row prefetch %s (DSA_TOPK_V4_PREFETCH)\n", topk_prefetch_forced ? "whole rows" : "samples only");
   }
   bc_timer_init(&b.timer, reps);
   printf("libdsa %s bench on %s, commit %s, %d reps (median), L2 flush %.0f MiB\n", dsa_version_string(),

@@ -1001,6 +1001,12 @@ static __global__ void __launch_bounds__(NT, MINB) tkr_kernel(dsa_topk_launch a)
  * where they do not apply, 4 where the device lacks the shared memory. Tests and dsa_bench
  * (DSA_TOPK_VARIANT) set it. */
 int dsa_topk_variant = 0;
+/* Variant 4: 1 = prefetch the CTA's next row whole into L2 when it has <= TK4_PREFETCH_ROW columns
+ * (else its sample vectors only), 0 = the sample vectors only for every row (the default). Measured
+ * on the H200 (2026-11-29, topk-32k): with 1 the kernel read 952 MB from DRAM for 537 MB of rows
+ * (the prefetched rows were evicted before their turn and read again) in 0.368 ms; with 0, 578 MB in
+ * 0.345 ms. dsa_bench sets it from DSA_TOPK_V4_PREFETCH. */
+int dsa_topk_v4_whole_prefetch = 0;
 
 #define TKR3_SMEM (8 * 512 * 16) /* variant 3: VS * NT * 16 bytes of keys */
 
@@ -1022,7 +1028,7 @@ static dsa_status tkr_launch(const dsa_context *ctx, const dsa_topk_launch *a, i
 }
 
 /* ---- variant 4 (dsa_topk_variant 4): sampled threshold, one filtering read, exact select on the
- * candidates; any row length. NOT RUN ON A GPU YET (written blind, see the header). ----
+ * candidates; any row length; the automatic choice (see the header for the measurements). ----
  * Per row (one 512-thread CTA, two CTAs per SM, grid-stride over rows):
  *  - L <= TK4_CAP: every column is a candidate (take-all), no sample.
  *  - else the sample: sv = min(n4 / 32, TK4_SV_MAX) 16-byte vectors at a fixed stride over the aligned
@@ -1054,14 +1060,18 @@ static dsa_status tkr_launch(const dsa_context *ctx, const dsa_topk_launch *a, i
  * per pass, heavy same-bin conflicts in pass 0 for scores of a narrow exponent range); here a key
  * costs one compare plus its share of a 16-byte load, a 16-key mask and a warp scan, and 1/8 (32K)
  * or 1/32 (128K) of the keys are written to shared memory. Prediction (see the header): topk-32k
- * ~0.15-0.2 ms, topk-128k ~0.55-0.65 ms (bandwidth-bound filtering read + per-row fixed phases). */
+ * ~0.15-0.2 ms, topk-128k ~0.55-0.65 ms (bandwidth-bound filtering read + per-row fixed phases).
+ * Measured on the H200 (2026-11-29): 0.345 / 0.851 ms. Not bandwidth-bound: with the sample-only
+ * prefetch the DRAM reads are 1.08x the rows' bytes at 37% of the DRAM peak; the per-row phases
+ * (sample select, candidate select, emit: each a few block barriers, two CTAs per SM) take ~60% of a
+ * row's 22 us. Next: overlap the next row's filtering read with this row's select (docs/perf.md). */
 #define TK4_NT 512                 /* threads per CTA (two CTAs per SM) */
 #define TK4_CAP 8192               /* candidate (float bits, column) pairs in shared memory */
 #define TK4_TARGET (TK4_CAP / 2)   /* candidates the sampled threshold aims at (>= 2 K for any K) */
 #define TK4_U 4                    /* 16-byte loads per thread per filtering step */
 #define TK4_SV_MAX (2 * TK4_NT)    /* sample vectors at most (4096 keys) */
 #define TK4_WIN 65536              /* columns per emit window (two bitmaps of TK4_WIN / 32 words) */
-#define TK4_PREFETCH_ROW 32768     /* the next row goes to L2 whole up to this length, else its sample */
+#define TK4_PREFETCH_ROW 32768     /* dsa_topk_v4_whole_prefetch = 1: the next row goes to L2 whole up to this length */
 #define TK4_SMEM ((2 * TK4_CAP + 3 * TK_BINS) * 4) /* ck, cc, three 2048-bin histograms: 88 KB */
 static_assert(2 * (TK4_WIN / 32) <= 3 * TK_BINS, "the emit bitmaps overlay the histograms");
 static_assert((TK4_WIN / 32) % TK4_NT == 0, "whole bitmap words per thread");
@@ -1089,12 +1099,12 @@ static __device__ __forceinline__ tk4_geom tk4_geometry(const float *src, int Li
 }
 
 /* Next row of this CTA: whole into L2 when short (warp 0, bulk prefetch), else its sample vectors. */
-static __device__ __forceinline__ void tk4_prefetch_next(const dsa_topk_launch &a, int64_t nr, int tid) {
+static __device__ __forceinline__ void tk4_prefetch_next(const dsa_topk_launch &a, int64_t nr, int tid, int whole) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int64_t nL = tk_row_len(a, nr);
   int64_t noff = 0;
   if (nL <= a.k) return;
-  if (nL <= TK4_PREFETCH_ROW) {
+  if (whole && nL <= TK4_PREFETCH_ROW) {
     if (tid < 32) tkr_prefetch_row(a, nr, tid);
     return;
   }
@@ -1179,7 +1189,7 @@ static __device__ __forceinline__ void tk4_fallback(const float *__restrict__ sr
    * the next fallback's barriers */
 }
 
-static __global__ void __launch_bounds__(TK4_NT, 2) tk4_kernel(dsa_topk_launch a) {
+static __global__ void __launch_bounds__(TK4_NT, 2) tk4_kernel(dsa_topk_launch a, int whole_prefetch) {
   constexpr int NT = TK4_NT, NW = NT / 32, U = TK4_U;
   constexpr int WPT = TK4_WIN / 32 / NT; /* bitmap words per thread in the emit scan */
   extern __shared__ __align__(16) uint32_t tk4_smem[];
@@ -1201,7 +1211,7 @@ static __global__ void __launch_bounds__(TK4_NT, 2) tk4_kernel(dsa_topk_launch a
     const float *src;
     if (!tk_row_begin<NT>(a, row, tid, &L, &add, &out, &src)) continue; /* L <= k: written; block-uniform */
     const int Li = (int)L; /* columns < 2^31 (int32 indices) */
-    if (row + gridDim.x < a.rows) tk4_prefetch_next(a, row + gridDim.x, tid);
+    if (row + gridDim.x < a.rows) tk4_prefetch_next(a, row + gridDim.x, tid, whole_prefetch);
 
     /* the previous row's last shared reads (histograms / bitmaps, s_cnt, s_kmin / s_kmax) came
      * before its last barrier */
@@ -1444,7 +1454,7 @@ static dsa_status tk4_launch(const dsa_context *ctx, const dsa_topk_launch *a, c
   DSA_TRY(dsa_kernel_smem_once((const void *)tk4_kernel, TK4_SMEM, 1, ctx->device, attr_set,
                                "dsa_topk (cudaFuncSetAttribute)"));
   const int64_t grid = a->rows < 2 * (int64_t)ctx->sm_count ? a->rows : 2 * (int64_t)ctx->sm_count;
-  tk4_kernel<<<(unsigned)grid, TK4_NT, TK4_SMEM, stream>>>(*a);
+  tk4_kernel<<<(unsigned)grid, TK4_NT, TK4_SMEM, stream>>>(*a, dsa_topk_v4_whole_prefetch);
   return dsa_cuda_status(cudaGetLastError(), "dsa_topk (kernel launch)");
 }
 

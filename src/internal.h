@@ -231,6 +231,9 @@ DSA_HIDDEN extern int dsa_topk_compact_long_rows;
  * own exact fallback; the automatic choice where the device has its shared memory). Tests run each; dsa_bench
  * sets it from DSA_TOPK_VARIANT. */
 DSA_HIDDEN extern int dsa_topk_variant;
+/* Top-k variant 4's next-row L2 prefetch: 1 whole rows up to 32768 columns, 0 samples only (the
+ * default; cuda/topk.cu). */
+DSA_HIDDEN extern int dsa_topk_v4_whole_prefetch;
 /* Indexer helpers: copies q rows [tokens, heads, 128] (any strides) into a packed
  * [tokens * heads, 128] bf16 matrix; and the head reduction
  * scores[r * scores_ld + c] = sum_h w[r, h] * ReLU(logits[(r * heads + h) * logits_ld + c])
