@@ -48,9 +48,10 @@ static int topk_variant_forced; /* 0: automatic */
 extern int dsa_topk_v4_whole_prefetch __attribute__((weak));
 static int topk_prefetch_forced = -1;
 /* The sm_90a backward's fp32 dKV accumulator layout (src/internal.h dsa_attn_bwd_dkv_layout: 0 real
- * column order, 1 permuted for 64-B v4 atomics), from --bwd-dkv-layout LIST or DSA_BWD_DKV_LAYOUT=LIST
- * ("0,1"): every bwd det0 row runs once per listed layout and layout 1's variant gets ",lay1" (det1
- * always uses layout 0 and runs once); neither given: the library default, no suffix. */
+ * column order, 1 permuted for 64-B v4 atomics, 2 the same written in 128-B row segments), from
+ * --bwd-dkv-layout LIST or DSA_BWD_DKV_LAYOUT=LIST ("0,1,2"): every bwd det0 row runs once per listed
+ * layout, variant ",lay<N>" (det1 always uses layout 0 and runs once); neither given: the library
+ * default, no suffix. */
 extern int dsa_attn_bwd_dkv_layout __attribute__((weak));
 static int bwd_layout_list[4], bwd_layout_count; /* count 0: library default */
 /* The backward kernel switch (src/internal.h dsa_attn_bwd_variant: 1 portable, 2 sm_90a 64-head, 3 sm_90a
@@ -60,7 +61,7 @@ static int bwd_variant_forced; /* 0: automatic */
 static int parse_layout_list(const char *s) {
   bwd_layout_count = 0;
   while (*s) {
-    if (*s < '0' || *s > '1' || bwd_layout_count == 4) return -1;
+    if (*s < '0' || *s > '2' || bwd_layout_count == 4) return -1;
     bwd_layout_list[bwd_layout_count++] = *s++ - '0';
     if (*s == ',') ++s;
     else if (*s) return -1;
@@ -586,7 +587,7 @@ static void bench_bwd(bench *b, const shape *sh) {
     const int det = job == nlay; /* det0 once per listed layout, then det1 */
     const int lay = (!det && bwd_layout_count) ? bwd_layout_list[job] : -1; /* -1: library default */
     char variant[32];
-    snprintf(variant, sizeof variant, "%s%s", det ? "det1" : "det0", lay == 1 ? ",lay1" : "");
+    snprintf(variant, sizeof variant, "%s%s", det ? "det1" : "det0", lay == 1 ? ",lay1" : lay == 2 ? ",lay2" : lay == 0 ? ",lay0" : "");
     if (bwd_variant_forced) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",bv%d", bwd_variant_forced);
     progress(sh, variant);
     bwd_arg a;
@@ -738,12 +739,13 @@ static void usage(FILE *f) {
           "  --constructed-indices  GLM rows use host-constructed causal indices, not the indexer's\n"
           "  --fwd-variant N  force the forward kernel: 1 portable, 2 sm_90a 64-head, 3 sm_90a small-H, 4 split\n"
           "                   (variant gets ,portable / ,sm90 / ,small / ,split)\n"
-          "  --fwd-overlap LIST  the 64-head sm_90a forward's consumer schedules to run, e.g. 0,1,2,3 (0 serial,\n"
-          "                   1 overlapped, 2 S hoisted, 3 tile split): one row per schedule, variant gets\n"
-          "                   ,ov<N>; also from DSA_FWD_OVERLAP=LIST (the option wins); default: the library's (0)\n"
+          "  --fwd-overlap LIST  the 64-head sm_90a forward's consumer schedules to run, e.g. 0,3,4 (0 serial,\n"
+          "                   1 overlapped, 2 S hoisted, 3 tile split, 4 = 3 with mbarriers): one row per schedule, variant gets\n"
+          "                   ,ov<N>; also from DSA_FWD_OVERLAP=LIST (the option wins); default: the library's (3)\n"
           "  --bwd-dkv-layout LIST  the sm_90a backward's fp32 dKV layouts to run in det0, e.g. 0,1 (0 real order,\n"
-          "                   1 permuted, 64-B v4 atomics): one det0 row per layout, layout 1 gets ,lay1; also from\n"
-          "                   DSA_BWD_DKV_LAYOUT=LIST (the option wins); default: the library's (0)\n");
+          "                   1 permuted, 64-B v4 atomics, 2 the same in 128-B segments): one det0 row per layout,\n"
+          "                   variant gets ,lay<N>; also from\n"
+          "                   DSA_BWD_DKV_LAYOUT=LIST (the option wins); default: the library's (2)\n");
 }
 
 static void list_shapes(void) {

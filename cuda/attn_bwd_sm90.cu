@@ -44,11 +44,15 @@
  *      read MN-major (tB = 1), 4 + 4 k-steps (block 8 of D = 576 has no dO part); then vector fp32 atomics
  *      (atomicAdd on float2 = red.global.add.v2.f32, sm_90) into acc[idx[key]] for valid keys.
  * dQ is written (bf16 pairs) from registers after the last tile.
- * dKV accumulator layout 1 (the default, dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
+ * dKV accumulator layout 1 (dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
  * dsa_bwd_dkv_slot; docs/bwd-sm90-next.md section 6): attn_bwd_sm90_lay1_kernel, the same body with
  * the acc row's columns permuted inside 16-column groups so that step 5 issues 8 red.global.add.v4.f32
  * per thread per block (a quad = 64 contiguous bytes of a row) instead of 16 v2 (32 B); the convert
  * pass un-permutes (bwd_convert_lay1_kernel). ptxas: 228 / 202 registers (D = 576 / 512), no spills.
+ * Layout 2 (the default, attn_bwd_sm90_lay2_kernel): layout 1's memory order, but quads q and q ^ 1
+ * swap one 16-column group each (shfl.xor 4) so that every red.global.add.v4.f32 instruction writes 4
+ * rows x 128 contiguous bytes instead of 8 rows x 64 (bench/atomic_probe.cu: 3.7 vs 3.1 TB/s of fp32
+ * reductions into an L2-resident buffer); same convert pass. ptxas: 227 / 199 registers, no spills.
  * ptxas (nvcc 13, -Xptxas -v, __launch_bounds__(256, 1)), no spills, no C7511/C7515 in any of the
  * four instantiations: D = 576 226 registers (deterministic: 230), two C7519 notes each
  * (warpgroup.arrive injected around the optional P^T dO chain of block 8's dKV); D = 512 196
@@ -314,6 +318,11 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
      * block b read MN-major (tB = 1), probe test G. Register i: key row 16 warp + lane / 4 +
      * 8 ((i >> 1) & 1), dim 64 b + 8 (i >> 2) + 2 (lane % 4) + (i & 1). */
     const int32_t kr0 = tidx[r0], kr1 = tidx[r0 + 8];
+    int32_t kp0 = 0, kp1 = 0; /* layout 2: the peer quad's rows (lane ^ 4) */
+    if constexpr (kLay == 2) {
+      kp0 = __shfl_xor_sync(0xffffffffu, kr0, 4);
+      kp1 = __shfl_xor_sync(0xffffffffu, kr1, 4);
+    }
 #pragma unroll 1
     for (int bb = 0; bb < NB; ++bb) {
       const int b = B0 + bb;
@@ -374,6 +383,37 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
           for (int g4 = 0; g4 < 4; ++g4)
             atomicAdd((float4 *)(row + 16 * g4),
                       make_float4(acc[8 * g4 + 2], acc[8 * g4 + 3], acc[8 * g4 + 6], acc[8 * g4 + 7]));
+        }
+      } else if constexpr (kLay == 2) {
+        /* layout 1's memory order, each warp instruction 4 rows x 128 contiguous bytes instead of 8
+         * rows x 64: the quads q and q ^ 1 (lanes l, l ^ 4) pair up. Per 32-column pair G (groups 2G,
+         * 2G + 1 of this block) the even quad's lanes write group 2G, the odd quad's group 2G + 1: one
+         * instruction for the even quad's row, one for the odd quad's row; each quad hands its peer the
+         * 4 values of the group it does not write (shfl.xor 4). 8 v4 per thread per block as layout 1,
+         * plus 16 shuffles. */
+        const int odd = (lane >> 2) & 1;
+        float *const abase = args.acc + 64 * b + 16 * odd + 4 * (lane & 3);
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const int32_t kme = hr ? kr1 : kr0, kpe = hr ? kp1 : kp0;
+          const int32_t ka = odd ? kpe : kme, kb = odd ? kme : kpe; /* the even / the odd quad's row */
+#pragma unroll
+          for (int G = 0; G < 2; ++G) {
+            /* the group written (2G + odd) and the one handed over (2G + 1 - odd), by selects: a
+             * run-time register index would put acc in local memory */
+            float own[4], rcv[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int ri = (e & 1) + 4 * (e >> 1) + 2 * hr; /* {0, 1, 4, 5} (+ 2 for row r0 + 8) */
+              const float lo = acc[16 * G + ri], hi = acc[16 * G + 8 + ri]; /* groups 2G, 2G + 1 */
+              own[e] = odd ? hi : lo;
+              rcv[e] = __shfl_xor_sync(0xffffffffu, odd ? lo : hi, 4);
+            }
+            const float4 va = odd ? make_float4(rcv[0], rcv[1], rcv[2], rcv[3]) : make_float4(own[0], own[1], own[2], own[3]);
+            const float4 vb = odd ? make_float4(own[0], own[1], own[2], own[3]) : make_float4(rcv[0], rcv[1], rcv[2], rcv[3]);
+            if (ka >= 0) atomicAdd((float4 *)(abase + (int64_t)ka * kD + 32 * G), va);
+            if (kb >= 0) atomicAdd((float4 *)(abase + (int64_t)kb * kD + 32 * G), vb);
+          }
         }
       } else {
         if (kr0 >= 0) {
@@ -491,6 +531,16 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_lay1_kernel(const _
 #endif
 }
 
+/* Layout 2: layout 1's accumulator, 128-B row segments per warp instruction (quad pairs). */
+template <int NBT>
+__global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_lay2_kernel(const __grid_constant__ MainArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  attn_bwd_sm90_main<NBT, false, 2>(args);
+#elif defined(__CUDA_ARCH__)
+  __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
+#endif
+}
+
 /* ---- deterministic mode: the fixed-order dKV reduction (bwd_det_reduce_kernel), its workspace
  * layout (bwd_det_layout) and the key lists are in cuda/attn_bwd_common.cuh, shared with the small-H
  * kernel ------------------------------------------------------------------------------------------ */
@@ -505,6 +555,7 @@ dsa_status prepare_main(int dev) {
   static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
   const void *fn;
   if constexpr (kLay == 1) fn = (const void *)attn_bwd_sm90_lay1_kernel<NBT>;
+  else if constexpr (kLay == 2) fn = (const void *)attn_bwd_sm90_lay2_kernel<NBT>;
   else fn = (const void *)attn_bwd_sm90_kernel<NBT, kDet>;
   return dsa_kernel_smem_once(fn, Smem<NBT>::kBytes, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
@@ -526,12 +577,16 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
 
   const int det = p->deterministic ? 1 : 0;
   /* dKV accumulator layout (src/internal.h): the deterministic mode always uses layout 0 */
-  const int lay1 = !det && dsa_attn_bwd_dkv_layout == 1;
+  /* 1 or 2: the permuted accumulator (2 = the same memory order written in 128-B row segments) */
+  const int lay = det ? 0 : dsa_attn_bwd_dkv_layout == 2 ? 2 : dsa_attn_bwd_dkv_layout == 1 ? 1 : 0;
+  const int lay1 = lay != 0;
   BwdDetLayout DL = BwdDetLayout(); /* value-initialised: filled by bwd_det_layout in the deterministic mode */
   if (det) {
     DSA_TRY(bwd_det_layout(p, &DL));
     /* bwd_det_layout puts delta, lp, part and acc at the offsets used above (same construction) */
     DSA_TRY((prepare_main<NBT, true, 0>(ctx->device)));
+  } else if (lay == 2) {
+    DSA_TRY((prepare_main<NBT, false, 2>(ctx->device)));
   } else if (lay1) {
     DSA_TRY((prepare_main<NBT, false, 1>(ctx->device)));
   } else {
@@ -553,7 +608,9 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   args.scale_log2 = p->softmax_scale * kLog2e;
   args.num_hblocks = num_hblocks;
   if (!det) {
-    if (lay1)
+    if (lay == 2)
+      attn_bwd_sm90_lay2_kernel<NBT><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+    else if (lay1)
       attn_bwd_sm90_lay1_kernel<NBT><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
     else
       attn_bwd_sm90_kernel<NBT, false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);

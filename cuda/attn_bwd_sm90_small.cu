@@ -593,7 +593,7 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
    * N = 32, D = 576 either: there the layout-1 kernel spilled 16 B at 255 registers (ptxas, nvcc 13.0),
    * so that configuration keeps layout 0 (no layout-1 kernel is instantiated for it). */
   constexpr bool kLay1Ok = !(NB == 9 && N == 32);
-  const int lay1 = kLay1Ok && !det && dsa_attn_bwd_dkv_layout == 1;
+  const int lay1 = kLay1Ok && !det && (dsa_attn_bwd_dkv_layout == 1 || dsa_attn_bwd_dkv_layout == 2); /* 2: as 1 here */
   BwdDetLayout DL = BwdDetLayout(); /* value-initialised: filled by bwd_det_layout in the deterministic mode */
   if (det) {
     DSA_TRY(bwd_det_layout(p, &DL));

@@ -19,10 +19,11 @@ int dsa_attn_bwd_variant = 0;
 /* Deterministic mode on the sm_90a kernel: tokens per chunk, 0 = from the kernel's budget. */
 int dsa_attn_bwd_det_chunk_tokens = 0;
 /* fp32 dKV accumulator layout of the sm_90a kernels' non-deterministic mode (src/internal.h): 0 = real
- * column order, 1 = permuted for 64-B v4 atomics. Default 1 since its first H200 run (2026-11-29,
- * bwd-glm-4k 6.95 vs 8.27 ms, docs/perf.md); the small-H kernel at N = 32 / D = 576 and the
- * deterministic mode use 0 whatever it says. */
-int dsa_attn_bwd_dkv_layout = 1;
+ * column order, 1 = permuted for 64-B v4 atomics, 2 = the same memory order written in 128-B row
+ * segments. Default 2 (H200, 2026-11-29, docs/perf.md: bwd-glm-4k 6.53 ms vs 6.93 for layout 1 and
+ * 8.27 for layout 0); the small-H kernel runs 2 as 1, at N = 32 / D = 576 and in the deterministic
+ * mode everything uses 0. */
+int dsa_attn_bwd_dkv_layout = 2;
 
 /* The deterministic mode may run either the sm_90a chunked path or the portable key-major one (the
  * sm_90a kernel declines at launch time, on device facts a size query does not see): its size is

@@ -171,7 +171,9 @@ DSA_HIDDEN extern int dsa_attn_bwd_det_chunk_tokens;
  * kernel, v4 after one lane-pair shfl in the small-H kernel: 32 contiguous bytes of a row per quad per
  * instruction), 1 = permuted "fake-column" order inside every aligned 16-column group, so that the 4
  * lanes of a quad write 64 contiguous bytes of a row with one red.global.add.v4.f32 each (docs/
- * bwd-sm90-next.md P1); the convert pass un-permutes. Any value other than 1 means 0. Default 1
+ * bwd-sm90-next.md P1); the convert pass un-permutes. 2 = layout 1's memory order, written by the
+ * 64-head kernel in 128-B row segments per warp instruction (quads q and q ^ 1 swap the 16-column
+ * group they do not write; the small-H kernel runs 2 as 1). Other values mean 0. Default 2
  * (src/attn_bwd.c); tests and benchmarks set it. */
 DSA_HIDDEN extern int dsa_attn_bwd_dkv_layout;
 /* Layout 1's permutation, one formula for host and device (a bijection of [16 g, 16 g + 16) onto

@@ -57,3 +57,61 @@ Test(bwd_dkv_layout, quad_writes_64_contiguous_bytes) {
   cr_assert_eq(dsa_bwd_dkv_slot(43), 39);
   cr_assert_eq(dsa_bwd_dkv_col(38), 42);
 }
+
+/* Layout 2 (cuda/attn_bwd_sm90.cu, kLay == 2): layout 1's memory order, written by quad pairs. A model
+ * of the kernel's lane exchange for one warp and one 64-column block: lane l (quad q = l / 4, j = l % 4,
+ * odd = q & 1, peer l ^ 4) holds the accumulator fragment of rows q and q + 8; per row half hr and
+ * 32-column pair G it writes, in instruction A, row (odd ? q - 1 : q) and in instruction B row
+ * (odd ? q : q + 1), both at slots 64 b + 32 G + 16 odd + 4 j + {0..3}: its own registers 16 G + 8 odd
+ * + 2 hr + {0, 1, 4, 5} for its own row, the peer's registers 16 G + 8 (1 - odd) + 2 hr + {0, 1, 4, 5}
+ * (received by shfl.xor 4) for the peer's row. Checked: every (row, slot) of the warp's 16 rows is
+ * written once with the value of real column dsa_bwd_dkv_col(slot) of that row, and each instruction's
+ * 32 lanes write 4 rows x 128 contiguous bytes. */
+Test(bwd_dkv_layout, quad_pairs_write_128_contiguous_bytes) {
+  static const int reg_of_k[4] = {0, 1, 4, 5};
+  for (int b = 0; b < 9; ++b) {
+    int hit[16][64] = {{0}};
+    for (int hr = 0; hr < 2; ++hr)
+      for (int G = 0; G < 2; ++G)
+        for (int ins = 0; ins < 2; ++ins) {
+          int rows_hit[16] = {0}, bytes[16] = {0}, lo[16], hi[16];
+          for (int x = 0; x < 16; ++x) lo[x] = 1 << 30, hi[x] = -1;
+          for (int l = 0; l < 32; ++l) {
+            const int q = l / 4, j = l % 4, odd = q & 1;
+            const int own_row = q + 8 * hr, peer_row = (q ^ 1) + 8 * hr;
+            const int writes_own = ins == 0 ? !odd : odd; /* A: even quads' rows; B: odd quads' rows */
+            const int row = writes_own ? own_row : peer_row;
+            const int src_lane = writes_own ? l : l ^ 4;
+            /* the source lane's registers of the group this lane writes (group 2G + odd) */
+            const int grp = 2 * G + odd;
+            for (int k = 0; k < 4; ++k) {
+              const int i = 8 * grp + 2 * hr + reg_of_k[k]; /* register index in the source lane */
+              const int src_q = src_lane / 4, src_j = src_lane % 4;
+              const int col = 64 * b + 8 * (i >> 2) + 2 * src_j + (i & 1); /* accumulator map */
+              const int src_row = src_q + 8 * ((i >> 1) & 1);
+              const int s = 64 * b + 32 * G + 16 * odd + 4 * j + k;
+              cr_assert_eq(src_row, row, "b %d hr %d G %d ins %d lane %d: value of row %d stored in row %d", b, hr, G,
+                           ins, l, src_row, row);
+              cr_assert_eq(dsa_bwd_dkv_col(s), col, "b %d lane %d: slot %d holds column %d, expected %d", b, l, s, col,
+                           dsa_bwd_dkv_col(s));
+              ++hit[row][s - 64 * b];
+              bytes[row] += 4;
+              if (s < lo[row]) lo[row] = s;
+              if (s > hi[row]) hi[row] = s;
+            }
+            rows_hit[row] = 1;
+          }
+          int nrows = 0;
+          for (int x = 0; x < 16; ++x)
+            if (rows_hit[x]) {
+              ++nrows;
+              cr_assert_eq(bytes[x], 128, "row %d: %d bytes in one instruction", x, bytes[x]);
+              cr_assert_eq(hi[x] - lo[x] + 1, 32, "row %d: slots %d..%d not contiguous", x, lo[x], hi[x]);
+              cr_assert_eq(lo[x] % 32, 0, "row %d: segment not 128-B aligned in the row", x);
+            }
+          cr_assert_eq(nrows, 4, "instruction covers %d rows, expected 4", nrows);
+        }
+    for (int r = 0; r < 16; ++r)
+      for (int s = 0; s < 64; ++s) cr_assert_eq(hit[r][s], 1, "block %d row %d slot %d written %d times", b, r, s, hit[r][s]);
+  }
+}

@@ -223,16 +223,17 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   uint16_t *dq_host = malloc(ndq * 2), *dkv_host = malloc(ndkv * 2);
   uint16_t *dq_c = malloc(nz(T * H * D) * 2);
   uint16_t *dkv_c = malloc(nz(Tkv * D) * 2);
-  gpu_result res[8] = {{0}}; /* run 0 of each pass */
+  gpu_result res[10] = {{0}}; /* run 0 of each pass */
   cr_assert(dq_host && dkv_host && dq_c && dkv_c);
 
   /* passes 0, 1, 2: non-deterministic on variant 1 (portable), 2 (64-head sm_90a), 3 (small-H
-   * sm_90a, H <= 32 only); passes 3, 4, 5: the same, deterministic; passes 6, 7: non-deterministic on
-   * variants 2, 3 with the permuted fp32 dKV accumulator (dsa_attn_bwd_dkv_layout = 1) */
+   * sm_90a, H <= 32 only), with dKV layout 0; passes 3, 4, 5: the same, deterministic; passes 6, 7:
+   * non-deterministic on variants 2, 3 with the permuted fp32 dKV accumulator (dsa_attn_bwd_dkv_layout
+   * = 1); passes 8, 9: the same with layout 2 (128-B row segments; the small-H kernel runs 2 as 1) */
   static const int sweep[4] = {0, 1, 2, 5};
-  for (int pass = 0; pass < 8; ++pass) {
-    const int lay = pass >= 6;
-    const int mode = pass >= 3 && !lay, variant = lay ? pass - 4 : 1 + pass % 3;
+  for (int pass = 0; pass < 10; ++pass) {
+    const int lay = pass >= 8 ? 2 : pass >= 6 ? 1 : 0;
+    const int mode = pass >= 3 && !lay, variant = lay ? 2 + (pass & 1) : 1 + pass % 3;
     if (variant == 3 && H > 32) continue; /* the small-H kernel runs H <= 32 */
     const int sweep_pass = mode && variant != 1 && c->chunk_sweep; /* sm_90a deterministic chunks */
     p.deterministic = mode;
@@ -326,17 +327,18 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
     cr_assert(e_modes <= 1e-2, "%s: dkv of the two modes (variant %d) differ by %g", name, v + 1,
               e_modes);
   }
-  /* layout 1 (passes 6, 7: variants 2, 3) against the same variant's deterministic run */
-  for (int v = 1; v < 3; ++v) {
-    if (res[5 + v].dkv == NULL || res[v + 3].dkv == NULL) continue; /* skipped or declined */
-    gather3(dkv_c, res[5 + v].dkv, Tkv, dkv_st, 1, 0, D);
+  /* layouts 1 and 2 (passes 6, 7 and 8, 9: variants 2, 3) against the same variant's deterministic run */
+  for (int pl = 6; pl < 10; ++pl) {
+    const int v = 1 + (pl & 1); /* res index of the variant's deterministic pass: v + 3 */
+    if (res[pl].dkv == NULL || res[v + 3].dkv == NULL) continue; /* skipped or declined */
+    gather3(dkv_c, res[pl].dkv, Tkv, dkv_st, 1, 0, D);
     gather3(dkv_ref, res[v + 3].dkv, Tkv, dkv_st, 1, 0, D);
     const double e_modes = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
-    cr_assert(e_modes <= 1e-2, "%s: dkv of layout 1 and the deterministic mode (variant %d) differ by %g", name,
-              v + 1, e_modes);
+    cr_assert(e_modes <= 1e-2, "%s: dkv of layout %d and the deterministic mode (variant %d) differ by %g", name,
+              pl >= 8 ? 2 : 1, v + 1, e_modes);
   }
 
-  for (int m = 0; m < 8; ++m) {
+  for (int m = 0; m < 10; ++m) {
     free(res[m].dq);
     free(res[m].dkv);
   }
