@@ -61,8 +61,9 @@
  * 5.0e7 warp instructions for the filter (55 us) plus ~10k per row for the sample, select and emit
  * (4.1e7, 45 us; ~22 barriers per row, hidden by the SM's other CTA while it streams) under the
  * 128 us of DRAM time: ~0.15-0.20 ms (variant 3: 0.464); topk-128k 2.0e8 + 0.5e8 warp
- * instructions (~270 us) under 511 us of DRAM time: ~0.55-0.65 ms (variant 1: 2.64). Automatic
- * dispatch unchanged until measured.
+ * instructions (~270 us) under 511 us of DRAM time: ~0.55-0.65 ms (variant 1: 2.64). Measured on
+ * the H200 (2026-11-29): 0.345 and 0.842 ms; the automatic choice since. The "~22 barriers per row,
+ * hidden by the other CTA" part of the model is what failed: DRAM runs at 37% of its peak.
  * The same kernel serves the indexer: `starts` gives each row a column offset
  * (starts[r] - start_base) into the scores row and adds starts[r] to every emitted column (global
  * key coordinates); `scores` may be NULL when every row is known to have L <= k.
