@@ -420,17 +420,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
   if (wg == 2) {
     /* ================= producer ================= */
     sm90_setmaxnreg_dec<kProducerRegs>();
-    const int g = t >> 3, j = t & 7;
-    const uint32_t sq = sm90_smem_addr(smem + L::kQ);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = g + 16 * i, h = h0 + r;
-      const bool ok = h < h_end;
-      const uint16_t *src = p.q + tok * p.q_stride_token + (int64_t)(ok ? h : h0) * p.q_stride_head + j * 8;
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-        sm90_cp_async16(sq + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
-    }
+    const int g = t >> 3, j = t & 7; /* the q rows and kv rows of thread (g, j): sm90_load_q_heads64 */
+    sm90_load_q_heads64<NB>(sm90_smem_addr(smem + L::kQ), p.q, tok, p.q_stride_token, p.q_stride_head, h0, h_end, g, j);
     sm90_cp_async_mbar_arrive_noinc(q_full);
 
     const int32_t *irow = p.indices + tok * p.indices_stride;

@@ -250,6 +250,24 @@ __device__ __forceinline__ void sm90_gather_read_indices(const int32_t *irow, in
     idxs[i] = slot < klen ? __ldg(irow + slot) : -1;
   }
 }
+/* One token's q rows of heads [h0, h0 + 64) into the SW128 tile at sq (NB 64-column blocks of 8192 B),
+ * by thread (g, j) of a 128-thread producer WG (g = t / 8, j = t % 8): 16-B chunk j of every block of
+ * rows g, g + 16, g + 32, g + 48. Rows 16 apart share r % 8, so 8 consecutive threads fill one 128-B
+ * swizzled row piece: conflict free. Heads h >= h_end (past the range) are zero rows (src-size 0,
+ * read from head h0), never written out. */
+template <int NB>
+__device__ __forceinline__ void sm90_load_q_heads64(uint32_t sq, const uint16_t *q, int64_t tok, int64_t q_stride_token,
+                                                    int64_t q_stride_head, int h0, int h_end, int g, int j) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 16 * i, h = h0 + r;
+    const bool ok = h < h_end;
+    const uint16_t *src = q + tok * q_stride_token + (int64_t)(ok ? h : h0) * q_stride_head + j * 8;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) sm90_cp_async16(sq + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+  }
+}
+
 /* Issues the cp.asyncs of this thread's rows, 64-column blocks [B0, B1), into the SW128 tile at skv
  * (block b at + b * 8192) and, when VALID, writes the validity byte of each row (thread j == 0). An
  * invalid slot (idx < 0 or >= num_kv) copies 0 bytes (zero fill) from `harmless`, a readable
