@@ -370,6 +370,49 @@ static __device__ void tk_compact_rest(const float *__restrict__ src, int64_t L,
   __syncthreads(); /* shared state is reused by the next row */
 }
 
+/* One warp's stretch [c0, c1) of a row read from global memory (the streaming paths of variant 1 and
+ * variant 4's fallback): the count of keys > thr and == thr (ballots, any lane order). */
+static __device__ __forceinline__ void tk_count_stretch(const float *__restrict__ src, int64_t c0, int64_t c1, uint32_t thr,
+                                                        int lane, long long *n_gt, long long *n_eq) {
+  long long gt = 0, eq = 0;
+  for (int64_t base = c0; base < c1; base += 32) {
+    const int64_t c = base + lane;
+    const uint32_t key = c < c1 ? tk_key(__ldg(src + c)) : 0u;
+    gt += __popc(__ballot_sync(0xffffffffu, c < c1 && key > thr));
+    eq += __popc(__ballot_sync(0xffffffffu, c < c1 && key == thr));
+  }
+  *n_gt = gt;
+  *n_eq = eq;
+}
+
+/* Emits one warp's stretch [c0, c1) in column order: every key > thr and the first need_eq keys ==
+ * thr of the row, at out[gt before + min(eq before, need_eq)]; gt_before / eq_before count both kinds
+ * in the row before c0. Keys from the shared cache (cache) or global memory. Stops when the row is
+ * complete (count_gt greater, need_eq equal emitted: warp-uniform). */
+static __device__ __forceinline__ void tk_emit_stretch(const float *__restrict__ src, const uint32_t *s_keys, bool cache,
+                                                       int64_t c0, int64_t c1, uint32_t thr, long long count_gt,
+                                                       long long need_eq, long long gt_before, long long eq_before,
+                                                       int32_t *out, int64_t add, int lane) {
+  const unsigned lt_mask = (1u << lane) - 1u;
+  for (int64_t base = c0; base < c1; base += 32) {
+    if (gt_before == count_gt && eq_before >= need_eq) break; /* warp-uniform: all emitted */
+    const int64_t c = base + lane;
+    uint32_t key = 0;
+    if (c < c1) key = cache ? s_keys[c] : tk_key(__ldg(src + c));
+    const bool is_gt = c < c1 && key > thr;
+    const bool is_eq = c < c1 && key == thr;
+    const unsigned mgt = __ballot_sync(0xffffffffu, is_gt);
+    const unsigned meq = __ballot_sync(0xffffffffu, is_eq);
+    const long long e_before = eq_before + __popc(meq & lt_mask);
+    if (is_gt || (is_eq && e_before < need_eq)) {
+      const long long pos = gt_before + __popc(mgt & lt_mask) + (e_before < need_eq ? e_before : need_eq);
+      out[pos] = (int32_t)(c + add);
+    }
+    gt_before += __popc(mgt);
+    eq_before += __popc(meq);
+  }
+}
+
 template <int NT>
 static __global__ void __launch_bounds__(NT)
 tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags) {
@@ -675,13 +718,7 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
         n_gt = (long long)__reduce_add_sync(0xffffffffu, (unsigned)cgt);
         n_eq = (long long)__reduce_add_sync(0xffffffffu, (unsigned)ceq);
       } else {
-        for (int64_t base = c0; base < c1; base += 32) {
-          const int64_t c = base + lane;
-          uint32_t key = 0;
-          if (c < c1) key = tk_key(__ldg(src + c));
-          n_gt += __popc(__ballot_sync(0xffffffffu, c < c1 && key > thr));
-          n_eq += __popc(__ballot_sync(0xffffffffu, c < c1 && key == thr));
-        }
+        tk_count_stretch(src, c0, c1, thr, lane, &n_gt, &n_eq);
       }
       if (lane == 0) {
         s_wgt[warp] = n_gt;
@@ -738,24 +775,7 @@ tk_radix_kernel(dsa_topk_launch a, int64_t cache_cap, int compact_ok, int flags)
       __syncthreads(); /* shared state is reused by the next row */
       continue;
     }
-    const unsigned lt_mask = (1u << lane) - 1u;
-    for (int64_t base = c0; base < c1; base += 32) {
-      if (gt_before == count_gt && eq_before >= need_eq) break; /* warp-uniform: all emitted */
-      const int64_t c = base + lane;
-      uint32_t key = 0;
-      if (c < c1) key = cache ? s_keys[c] : tk_key(__ldg(src + c));
-      const bool is_gt = c < c1 && key > thr;
-      const bool is_eq = c < c1 && key == thr;
-      const unsigned mgt = __ballot_sync(0xffffffffu, is_gt);
-      const unsigned meq = __ballot_sync(0xffffffffu, is_eq);
-      const long long e_before = eq_before + __popc(meq & lt_mask);
-      if (is_gt || (is_eq && e_before < need_eq)) {
-        const long long pos = gt_before + __popc(mgt & lt_mask) + (e_before < need_eq ? e_before : need_eq);
-        out[pos] = (int32_t)(c + add);
-      }
-      gt_before += __popc(mgt);
-      eq_before += __popc(meq);
-    }
+    tk_emit_stretch(src, s_keys, cache, c0, c1, thr, count_gt, need_eq, gt_before, eq_before, out, add, lane);
     __syncthreads(); /* shared state is reused by the next row */
   }
 }
@@ -1151,13 +1171,8 @@ static __device__ __forceinline__ void tk4_fallback(const float *__restrict__ sr
   const int64_t per_warp = ((L + NW * 32 - 1) / (NW * 32)) * 32;
   const int64_t c0 = (int64_t)warp * per_warp;
   const int64_t c1 = c0 + per_warp < L ? c0 + per_warp : L;
-  long long n_gt = 0, n_eq = 0;
-  for (int64_t base = c0; base < c1; base += 32) {
-    const int64_t c = base + lane;
-    const uint32_t key = c < c1 ? tk_key(__ldg(src + c)) : 0u;
-    n_gt += __popc(__ballot_sync(0xffffffffu, c < c1 && key > thr));
-    n_eq += __popc(__ballot_sync(0xffffffffu, c < c1 && key == thr));
-  }
+  long long n_gt, n_eq;
+  tk_count_stretch(src, c0, c1, thr, lane, &n_gt, &n_eq);
   if (lane == 0) {
     s_wgt[warp] = n_gt;
     s_weq[warp] = n_eq;
@@ -1168,23 +1183,7 @@ static __device__ __forceinline__ void tk4_fallback(const float *__restrict__ sr
     gt_before += s_wgt[w];
     eq_before += s_weq[w];
   }
-  const unsigned lt_mask = (1u << lane) - 1u;
-  for (int64_t base = c0; base < c1; base += 32) {
-    if (gt_before == count_gt && eq_before >= need_eq) break; /* warp-uniform: all emitted */
-    const int64_t c = base + lane;
-    const uint32_t key = c < c1 ? tk_key(__ldg(src + c)) : 0u;
-    const bool is_gt = c < c1 && key > thr;
-    const bool is_eq = c < c1 && key == thr;
-    const unsigned mgt = __ballot_sync(0xffffffffu, is_gt);
-    const unsigned meq = __ballot_sync(0xffffffffu, is_eq);
-    const long long e_before = eq_before + __popc(meq & lt_mask);
-    if (is_gt || (is_eq && e_before < need_eq)) {
-      const long long pos = gt_before + __popc(mgt & lt_mask) + (e_before < need_eq ? e_before : need_eq);
-      out[pos] = (int32_t)(c + add);
-    }
-    gt_before += __popc(mgt);
-    eq_before += __popc(meq);
-  }
+  tk_emit_stretch(src, nullptr, false, c0, c1, thr, count_gt, need_eq, gt_before, eq_before, out, add, lane);
   /* no closing barrier: the next row's first shared writes (histogram zeroing) follow the last
    * histogram reads (inside tk_find_bin, before its barrier); s_wgt / s_weq are rewritten only after
    * the next fallback's barriers */
