@@ -45,11 +45,11 @@
  *      (atomicAdd on float2 = red.global.add.v2.f32, sm_90) into acc[idx[key]] for valid keys.
  * dQ is written (bf16 pairs) from registers after the last tile.
  * dKV accumulator layout 1 (dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
- * dsa_bwd_dkv_slot; docs/bwd-sm90-next.md section 6): attn_bwd_sm90_perm_kernel<NBT, 1>, the same body with
+ * dsa_bwd_dkv_slot; docs/bwd-sm90-next.md section 6): attn_bwd_sm90_kernel<NBT, false, 1>, the same body with
  * the acc row's columns permuted inside 16-column groups so that step 5 issues 8 red.global.add.v4.f32
  * per thread per block (a quad = 64 contiguous bytes of a row) instead of 16 v2 (32 B); the convert
  * pass un-permutes (bwd_convert_lay1_kernel). ptxas: 228 / 202 registers (D = 576 / 512), no spills.
- * Layout 2 (the default, attn_bwd_sm90_perm_kernel<NBT, 2>): layout 1's memory order, but quads q and q ^ 1
+ * Layout 2 (the default, attn_bwd_sm90_kernel<NBT, false, 2>): layout 1's memory order, but quads q and q ^ 1
  * swap one 16-column group each (shfl.xor 4) so that every red.global.add.v4.f32 instruction writes 4
  * rows x 128 contiguous bytes instead of 8 rows x 64 (bench/atomic_probe.cu: 3.7 vs 3.1 TB/s of fp32
  * reductions into an L2-resident buffer); same convert pass. ptxas: 227 / 199 registers, no spills.
@@ -512,21 +512,13 @@ __device__ __forceinline__ void attn_bwd_sm90_main(const MainArgs &args) {
 #endif
 }
 
-template <int NBT, bool kDet>
+/* kDet: the deterministic mode (contrib rows, layout 0); kLay (non-deterministic mode): the dKV
+ * accumulator layout, 0 real order, 1 permuted (64-B v4 reductions per quad), 2 the same memory order
+ * in 128-B row segments per warp instruction (quad pairs). */
+template <int NBT, bool kDet, int kLay>
 __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid_constant__ MainArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  attn_bwd_sm90_main<NBT, kDet, 0>(args);
-#elif defined(__CUDA_ARCH__)
-  __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
-#endif
-}
-
-/* Non-deterministic mode with the permuted dKV accumulator: kLay 1 (64-B v4 reductions per quad) or
- * 2 (the same memory order, 128-B row segments per warp instruction from quad pairs). */
-template <int NBT, int kLay>
-__global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_perm_kernel(const __grid_constant__ MainArgs args) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  attn_bwd_sm90_main<NBT, false, kLay>(args);
+  attn_bwd_sm90_main<NBT, kDet, kLay>(args);
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
 #endif
@@ -544,9 +536,7 @@ static_assert(kBlockM == kBwdDetHeadBlock, "contrib head blocks are this kernel'
 template <int NBT, bool kDet, int kLay>
 dsa_status prepare_main(int dev) {
   static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
-  const void *fn;
-  if constexpr (kLay != 0) fn = (const void *)attn_bwd_sm90_perm_kernel<NBT, kLay>;
-  else fn = (const void *)attn_bwd_sm90_kernel<NBT, kDet>;
+  const void *fn = (const void *)attn_bwd_sm90_kernel<NBT, kDet, kLay>;
   return dsa_kernel_smem_once(fn, Smem<NBT>::kBytes, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
@@ -599,11 +589,11 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   args.num_hblocks = num_hblocks;
   if (!det) {
     if (lay == 2)
-      attn_bwd_sm90_perm_kernel<NBT, 2><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+      attn_bwd_sm90_kernel<NBT, false, 2><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
     else if (lay1)
-      attn_bwd_sm90_perm_kernel<NBT, 1><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+      attn_bwd_sm90_kernel<NBT, false, 1><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
     else
-      attn_bwd_sm90_kernel<NBT, false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+      attn_bwd_sm90_kernel<NBT, false, 0><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   } else {
     /* chunks of C tokens in ascending order: the main kernel writes the chunk's per-slot dKV rows to
@@ -614,7 +604,7 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
     for (int64_t t0 = 0; t0 < p->num_tokens; t0 += DL.chunk) {
       const int64_t nt = p->num_tokens - t0 < DL.chunk ? p->num_tokens - t0 : DL.chunk;
       args.tok0 = t0;
-      attn_bwd_sm90_kernel<NBT, true><<<(unsigned)(nt * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+      attn_bwd_sm90_kernel<NBT, true, 0><<<(unsigned)(nt * num_hblocks), kThreads, smem_bytes, stream>>>(args);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
       if (p->num_kv == 0) continue; /* every slot invalid: dq only */
       if (num_hblocks == 1)

@@ -37,7 +37,7 @@
  *   the 64-head kernel with one head block writes it, so the same CUB sort + fixed-order reduction
  *   (the launcher below, same det layout) consumes it.
  * dKV accumulator layout 1 (the default, dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
- * dsa_bwd_dkv_slot): attn_bwd_sm90_small_lay1_kernel, no pair swap: each lane adds 4 permuted slots of
+ * dsa_bwd_dkv_slot): attn_bwd_sm90_small_kernel<NB, N, false, 1>, no pair swap: each lane adds 4 permuted slots of
  * rows r0 and r0 + 8 per 16-column group (a quad = 64 contiguous bytes of a row); the convert pass
  * un-permutes. Not instantiated at N = 32, D = 576 (it spilled 16 B at 255 registers): that
  * configuration (H 25..32 at D = 576) runs layout 0 whatever the switch says.
@@ -542,20 +542,12 @@ __device__ __forceinline__ void attn_bwd_sm90_small_main(const SArgs &args) {
 #endif
 }
 
-template <int NB, int N, bool kDet>
+/* kDet: the deterministic mode (layout 0); kLay 1 (non-deterministic mode only): the permuted dKV
+ * accumulator, 64-B v4 atomics, no pair swap. */
+template <int NB, int N, bool kDet, int kLay>
 __global__ void __launch_bounds__(kSThreads, 1) attn_bwd_sm90_small_kernel(const __grid_constant__ SArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  attn_bwd_sm90_small_main<NB, N, kDet, 0>(args);
-#elif defined(__CUDA_ARCH__)
-  __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
-#endif
-}
-
-/* Non-deterministic mode with the permuted dKV accumulator (layout 1: 64-B v4 atomics, no pair swap). */
-template <int NB, int N>
-__global__ void __launch_bounds__(kSThreads, 1) attn_bwd_sm90_small_lay1_kernel(const __grid_constant__ SArgs args) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  attn_bwd_sm90_small_main<NB, N, false, 1>(args);
+  attn_bwd_sm90_small_main<NB, N, kDet, kLay>(args);
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
 #endif
@@ -569,9 +561,7 @@ __global__ void __launch_bounds__(kSThreads, 1) attn_bwd_sm90_small_lay1_kernel(
 template <int NB, int N, bool kDet, int kLay>
 dsa_status small_prepare(int dev) {
   static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
-  const void *fn;
-  if constexpr (kLay == 1) fn = (const void *)attn_bwd_sm90_small_lay1_kernel<NB, N>; /* instantiated only if used */
-  else fn = (const void *)attn_bwd_sm90_small_kernel<NB, N, kDet>;
+  const void *fn = (const void *)attn_bwd_sm90_small_kernel<NB, N, kDet, kLay>; /* instantiated only if used */
   return dsa_kernel_smem_once(fn, SSmem<NB, N>::kBytes, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
@@ -619,11 +609,11 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
   if (!det) {
     if constexpr (kLay1Ok) {
       if (lay1)
-        attn_bwd_sm90_small_lay1_kernel<NB, N><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
+        attn_bwd_sm90_small_kernel<NB, N, false, 1><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
       else
-        attn_bwd_sm90_small_kernel<NB, N, false><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
+        attn_bwd_sm90_small_kernel<NB, N, false, 0><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
     } else {
-      attn_bwd_sm90_small_kernel<NB, N, false><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
+      attn_bwd_sm90_small_kernel<NB, N, false, 0><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
     }
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   } else {
@@ -631,7 +621,7 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
     for (int64_t t0 = 0; t0 < p->num_tokens; t0 += DL.chunk) {
       const int64_t nt = p->num_tokens - t0 < DL.chunk ? p->num_tokens - t0 : DL.chunk;
       args.tok0 = t0;
-      attn_bwd_sm90_small_kernel<NB, N, true><<<(unsigned)nt, kSThreads, smem_bytes, stream>>>(args);
+      attn_bwd_sm90_small_kernel<NB, N, true, 0><<<(unsigned)nt, kSThreads, smem_bytes, stream>>>(args);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
       if (p->num_kv == 0) continue; /* every slot invalid: dq only */
       DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, acc, stream)));
