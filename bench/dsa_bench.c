@@ -25,17 +25,19 @@ static int fwd_variant_forced; /* 0: automatic */
  * runs once per listed schedule and its variant gets ",ov<N>"; neither given: the library default. */
 extern int dsa_attn_fwd_sm90_overlap __attribute__((weak));
 static int fwd_overlap_list[8], fwd_overlap_count; /* count 0: library default, no suffix */
-/* Parses "0,1,2" into fwd_overlap_list; 0 on success, -1 on a malformed list. */
-static int parse_overlap_list(const char *s) {
-  fwd_overlap_count = 0;
+/* Parses a list of single digits 0..max_digit, "0,1,2", into list (at most cap entries), count set;
+ * 0 on success, -1 on a malformed or empty list. */
+static int parse_digit_list(const char *s, int max_digit, int *list, int cap, int *count) {
+  *count = 0;
   while (*s) {
-    if (*s < '0' || *s > '4' || fwd_overlap_count == 8) return -1;
-    fwd_overlap_list[fwd_overlap_count++] = *s++ - '0';
+    if (*s < '0' || *s > '0' + max_digit || *count == cap) return -1;
+    list[(*count)++] = *s++ - '0';
     if (*s == ',') ++s;
     else if (*s) return -1;
   }
-  return fwd_overlap_count > 0 ? 0 : -1;
+  return *count > 0 ? 0 : -1;
 }
+static int parse_overlap_list(const char *s) { return parse_digit_list(s, 4, fwd_overlap_list, 8, &fwd_overlap_count); }
 /* The top-k kernel switch (src/internal.h dsa_topk_variant), from DSA_TOPK_VARIANT (unset: automatic);
  * top-k rows then get ",v<N>" in their variant. */
 extern int dsa_topk_variant __attribute__((weak));
@@ -58,16 +60,7 @@ static int bwd_layout_list[4], bwd_layout_count; /* count 0: library default */
  * small-H), from DSA_BWD_VARIANT (unset: automatic); bwd rows then get ",bv<N>" in their variant. */
 extern int dsa_attn_bwd_variant __attribute__((weak));
 static int bwd_variant_forced; /* 0: automatic */
-static int parse_layout_list(const char *s) {
-  bwd_layout_count = 0;
-  while (*s) {
-    if (*s < '0' || *s > '2' || bwd_layout_count == 4) return -1;
-    bwd_layout_list[bwd_layout_count++] = *s++ - '0';
-    if (*s == ',') ++s;
-    else if (*s) return -1;
-  }
-  return bwd_layout_count > 0 ? 0 : -1;
-}
+static int parse_layout_list(const char *s) { return parse_digit_list(s, 2, bwd_layout_list, 4, &bwd_layout_count); }
 
 /* ---------------------------------------------------------------------------------------------
  * Canonical shapes (names are stable: results are compared over time by name).
@@ -804,13 +797,13 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(argv[i], "--fwd-overlap") && i + 1 < argc) {
       if (parse_overlap_list(argv[++i]) != 0) {
-        fprintf(stderr, "--fwd-overlap takes a comma-separated list of 0, 1, 2, 3 (e.g. 0,3)\n");
+        fprintf(stderr, "--fwd-overlap takes a comma-separated list of 0, 1, 2, 3, 4 (e.g. 0,3)\n");
         return 2;
       }
       fwd_overlap_set = 1;
     } else if (!strcmp(argv[i], "--bwd-dkv-layout") && i + 1 < argc) {
       if (parse_layout_list(argv[++i]) != 0) {
-        fprintf(stderr, "--bwd-dkv-layout takes a comma-separated list of 0, 1 (e.g. 0,1)\n");
+        fprintf(stderr, "--bwd-dkv-layout takes a comma-separated list of 0, 1, 2 (e.g. 1,2)\n");
         return 2;
       }
       bwd_layout_set = 1;
@@ -825,13 +818,13 @@ int main(int argc, char **argv) {
 
   if (!fwd_overlap_set && getenv("DSA_FWD_OVERLAP") && *getenv("DSA_FWD_OVERLAP")) {
     if (parse_overlap_list(getenv("DSA_FWD_OVERLAP")) != 0) {
-      fprintf(stderr, "DSA_FWD_OVERLAP takes a comma-separated list of 0, 1, 2, 3 (e.g. 0,3)\n");
+      fprintf(stderr, "DSA_FWD_OVERLAP takes a comma-separated list of 0, 1, 2, 3, 4 (e.g. 0,3)\n");
       return 2;
     }
   }
   if (!bwd_layout_set && getenv("DSA_BWD_DKV_LAYOUT") && *getenv("DSA_BWD_DKV_LAYOUT")) {
     if (parse_layout_list(getenv("DSA_BWD_DKV_LAYOUT")) != 0) {
-      fprintf(stderr, "DSA_BWD_DKV_LAYOUT takes a comma-separated list of 0, 1 (e.g. 0,1)\n");
+      fprintf(stderr, "DSA_BWD_DKV_LAYOUT takes a comma-separated list of 0, 1, 2 (e.g. 1,2)\n");
       return 2;
     }
   }
