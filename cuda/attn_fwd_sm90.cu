@@ -183,20 +183,8 @@ __device__ __forceinline__ void fwd_softmax(const float *sacc, const uint8_t *vs
                                             float row_max[2], float row_sum[2], float *red_max, int c,
                                             int warp, int lane, float alpha[2], uint32_t (*pa)[4]) {
   constexpr int SR = SN / 2;
-  /* Column of register i: 8 (i >> 2) + 2 (lane % 4) + (i & 1). The pair (i, i+1), i even, covers two
-   * adjacent columns: one 2-byte mask read. */
   float x[SR];
-#pragma unroll
-  for (int cc = 0; cc < SN / 8; ++cc) {
-    const uint32_t pair = *(const uint16_t *)(vs + 8 * cc + 2 * (lane & 3));
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = 4 * cc + 2 * hr + e;
-        x[i] = ((pair >> (8 * e)) & 0xff) ? sacc[i] * scale_log2 : -INFINITY;
-      }
-  }
+  sm90_mask_logits<SN>(sacc, vs, scale_log2, lane, x);
   float m_use[2], tile_max[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {

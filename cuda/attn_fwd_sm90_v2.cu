@@ -134,21 +134,12 @@ __device__ __forceinline__ void issue_s(float *sacc, uint32_t sq, uint32_t skv) 
     }
 }
 
-/* Masks the completed S (32 registers) into x (log2-domain logits, -inf for invalid slots) and returns
- * the tile's row maxima (rows r0, r0 + 8 of this thread), reduced over the 4 threads of the row. */
+/* Masks the completed S (32 registers) into x (sm90_mask_logits: log2-domain logits, -inf for invalid
+ * slots) and returns the tile's row maxima (rows r0, r0 + 8 of this thread), reduced over the 4
+ * threads of the row. */
 __device__ __forceinline__ void mask_tile(const float *sacc, const uint8_t *vs, float scale_log2, int lane, float *x,
                                           float tmax[2]) {
-#pragma unroll
-  for (int cc = 0; cc < 8; ++cc) {
-    const uint32_t pair = *(const uint16_t *)(vs + 8 * cc + 2 * (lane & 3));
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = 4 * cc + 2 * hr + e;
-        x[i] = ((pair >> (8 * e)) & 0xff) ? sacc[i] * scale_log2 : -INFINITY;
-      }
-  }
+  sm90_mask_logits<64>(sacc, vs, scale_log2, lane, x);
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float mx = -INFINITY;

@@ -11,6 +11,7 @@
 #ifndef DSA_SM90_COMMON_CUH
 #define DSA_SM90_COMMON_CUH
 
+#include <math.h> /* INFINITY */
 #include <stdint.h>
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
@@ -250,6 +251,26 @@ __device__ __forceinline__ void sm90_gather_read_indices(const int32_t *irow, in
     idxs[i] = slot < klen ? __ldg(irow + slot) : -1;
   }
 }
+/* Masks a completed m64nSNk16 S accumulator into log2-domain logits: x[i] = sacc[i] * scale_log2
+ * where its key slot is valid, -inf where not. Register i holds column 8 (i >> 2) + 2 (lane % 4) +
+ * (i & 1) (hopper-notes 2); the pair (i, i + 1), i even, covers two adjacent columns: one 2-byte read
+ * of the tile's validity bytes vs (one byte per key, 1 = valid). */
+template <int SN>
+__device__ __forceinline__ void sm90_mask_logits(const float *sacc, const uint8_t *vs, float scale_log2, int lane,
+                                                 float *x) {
+#pragma unroll
+  for (int cc = 0; cc < SN / 8; ++cc) {
+    const uint32_t pair = *(const uint16_t *)(vs + 8 * cc + 2 * (lane & 3));
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 4 * cc + 2 * hr + e;
+        x[i] = ((pair >> (8 * e)) & 0xff) ? sacc[i] * scale_log2 : -INFINITY;
+      }
+  }
+}
+
 /* One token's q rows of heads [h0, h0 + 64) into the SW128 tile at sq (NB 64-column blocks of 8192 B),
  * by thread (g, j) of a 128-thread producer WG (g = t / 8, j = t % 8): 16-B chunk j of every block of
  * rows g, g + 16, g + 32, g + 48. Rows 16 apart share r % 8, so 8 consecutive threads fill one 128-B
