@@ -556,10 +556,9 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   if (p->num_tokens == 0) return bwd_zero_tokens(p, part, stream);
 
   const int det = p->deterministic ? 1 : 0;
-  /* dKV accumulator layout (src/internal.h): the deterministic mode always uses layout 0 */
-  /* 1 or 2: the permuted accumulator (2 = the same memory order written in 128-B row segments) */
+  /* dKV accumulator layout (src/internal.h): 0 real order, 1 or 2 permuted (2 = the same memory order
+   * written in 128-B row segments); the deterministic mode always uses 0 */
   const int lay = det ? 0 : dsa_attn_bwd_dkv_layout == 2 ? 2 : dsa_attn_bwd_dkv_layout == 1 ? 1 : 0;
-  const int lay1 = lay != 0;
   BwdDetLayout DL = BwdDetLayout(); /* value-initialised: filled by bwd_det_layout in the deterministic mode */
   if (det) {
     DSA_TRY(bwd_det_layout(p, &DL));
@@ -567,7 +566,7 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
     DSA_TRY((prepare_main<NBT, true, 0>(ctx->device)));
   } else if (lay == 2) {
     DSA_TRY((prepare_main<NBT, false, 2>(ctx->device)));
-  } else if (lay1) {
+  } else if (lay == 1) {
     DSA_TRY((prepare_main<NBT, false, 1>(ctx->device)));
   } else {
     DSA_TRY((prepare_main<NBT, false, 0>(ctx->device)));
@@ -590,7 +589,7 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   if (!det) {
     if (lay == 2)
       attn_bwd_sm90_kernel<NBT, false, 2><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
-    else if (lay1)
+    else if (lay == 1)
       attn_bwd_sm90_kernel<NBT, false, 1><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
     else
       attn_bwd_sm90_kernel<NBT, false, 0><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
@@ -614,7 +613,7 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
     }
   }
 
-  if (p->num_kv > 0) DSA_TRY(lay1 ? bwd_launch_convert_lay1<kD>(p, acc, stream) : bwd_launch_convert(p, acc, stream));
+  if (p->num_kv > 0) DSA_TRY(lay != 0 ? bwd_launch_convert_lay1<kD>(p, acc, stream) : bwd_launch_convert(p, acc, stream));
   if (p->dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
   return DSA_SUCCESS;
 }
