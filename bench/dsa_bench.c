@@ -60,6 +60,11 @@ static int bwd_layout_list[4], bwd_layout_count; /* count 0: library default */
  * small-H), from DSA_BWD_VARIANT (unset: automatic); bwd rows then get ",bv<N>" in their variant. */
 extern int dsa_attn_bwd_variant __attribute__((weak));
 static int bwd_variant_forced; /* 0: automatic */
+/* The small-H forward's two-consumer shape for N = 40..64 (src/internal.h dsa_attn_fwd_small_split: 1
+ * value-dim split, 0 column split), from DSA_FWD_SMALL_SPLIT=0/1 (unset: the library's); fwd rows then
+ * get ",ss<N>". */
+extern int dsa_attn_fwd_small_split __attribute__((weak));
+static int fwd_small_split_forced = -1;
 static int parse_layout_list(const char *s) { return parse_digit_list(s, 2, bwd_layout_list, 4, &bwd_layout_count); }
 
 /* ---------------------------------------------------------------------------------------------
@@ -101,7 +106,9 @@ static const shape shapes[] = {
     {"topk-32k", OP_TOPK, 4096, 0, 2048, 32768, 0, "4096 rows x 32768 fp32, K=2048, causal lengths and full rows", 0},
     {"topk-128k", OP_TOPK, 4096, 0, 2048, 131072, 0, "4096 rows x 131072 fp32, K=2048, causal lengths and full rows", 0},
     /* Not in targets.md (no peer): head counts between the kernels' native blocks, and D = 512. */
+    {"fwd-tp-h40", OP_FWD, 4096, 40, 2048, 32768, 0, "T=4096 (last CP rank) H=40 K=2048 s_kv=32768 (not canonical)", 0},
     {"fwd-tp-h48", OP_FWD, 4096, 48, 2048, 32768, 0, "T=4096 (last CP rank) H=48 K=2048 s_kv=32768 (not canonical)", 0},
+    {"fwd-tp-h56", OP_FWD, 4096, 56, 2048, 32768, 0, "T=4096 (last CP rank) H=56 K=2048 s_kv=32768 (not canonical)", 0},
     {"fwd-v32-8k-h96", OP_FWD, 4096, 96, 2048, 8192, 1, "T=4096 H=96 K=2048 s_kv=8192, V3.2 indices (not canonical)", 0},
     {"bwd-glm-4k-d512", OP_BWD, 4096, 64, 2048, 4096, 0, "bwd-glm-4k at head dim 512 (not canonical)", 512},
 };
@@ -504,6 +511,8 @@ static void bench_fwd(bench *b, const shape *sh) {
     char variant[32];
     snprintf(variant, sizeof variant, "%s%s", sh->v32 ? "sink" : "topk_length",
              fwd_variant_forced == 1 ? ",portable" : fwd_variant_forced == 2 ? ",sm90" : fwd_variant_forced == 3 ? ",small" : fwd_variant_forced == 4 ? ",split" : "");
+    if (fwd_small_split_forced >= 0)
+      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ss%d", fwd_small_split_forced);
     if (fwd_overlap_count) {
       dsa_attn_fwd_sm90_overlap = fwd_overlap_list[k];
       snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ov%d", fwd_overlap_list[k]);
@@ -894,6 +903,12 @@ int main(int argc, char **argv) {
     bwd_variant_forced = atoi(getenv("DSA_BWD_VARIANT"));
     dsa_attn_bwd_variant = bwd_variant_forced;
     printf("backward kernel variant %d (DSA_BWD_VARIANT)\n", bwd_variant_forced);
+  }
+  if (getenv("DSA_FWD_SMALL_SPLIT") && &dsa_attn_fwd_small_split) {
+    fwd_small_split_forced = atoi(getenv("DSA_FWD_SMALL_SPLIT")) != 0;
+    dsa_attn_fwd_small_split = fwd_small_split_forced;
+    printf("small-H forward, N = 40..64: %s (DSA_FWD_SMALL_SPLIT)\n",
+           fwd_small_split_forced ? "value-dim split" : "column split");
   }
   if (getenv("DSA_TOPK_VARIANT") && &dsa_topk_variant) {
     topk_variant_forced = atoi(getenv("DSA_TOPK_VARIANT"));

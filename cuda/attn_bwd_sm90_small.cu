@@ -441,15 +441,7 @@ __device__ __forceinline__ void small_bwd_consumer(const SArgs &args, uint8_t *s
     const int h = cidx / kChunks, ch = cidx - h * kChunks;
     const uint4 v = *(const uint4 *)(stage + h * L::kOutPitch + ch * 16);
     uint16_t *dst = p.dq + tok * p.dq_stride_token + (int64_t)h * p.dq_stride_head + ch * 8;
-    if (args.dq_vec16) {
-      *(uint4 *)dst = v;
-    } else {
-      uint32_t *d4 = (uint32_t *)dst;
-      d4[0] = v.x;
-      d4[1] = v.y;
-      d4[2] = v.z;
-      d4[3] = v.w;
-    }
+    sm90_store_16b(dst, v, args.dq_vec16);
   }
 #undef SLOT_OF
 #undef COL_OF

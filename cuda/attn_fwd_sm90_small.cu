@@ -25,16 +25,25 @@
  * Two shapes (SmallCfg below, one constexpr row per N):
  *   N <= 32: 256 threads, WG0 consumer (all N columns), WG1 producer. O^T [512 x N] = 8 m64 tiles x
  *        N/2 registers in the consumer. N <= 16: two CTAs per SM, one KV stage each.
- *   N = 40..64: 384 threads, WG0 and WG1 consumers, WG2 producer (setmaxnreg 232 / 232 / 40). The N
+ *   N = 40..64: 384 threads, WG0 and WG1 consumers, WG2 producer. Two ways to share the work, chosen
+ *        by dsa_attn_fwd_small_split (src/internal.h):
+ *     1 (default) value-dim split (setmaxnreg 240 / 224 / 40): WG0 computes S^T [64 x N] once per tile
+ *        for every column, the softmax, P and the rescale factors, and O^T dims [0, 256); WG1 only
+ *        O^T dims [256, 512) from the same P (split_s_consumer / split_pv_consumer below, with their
+ *        hand-offs). Each KV element is read from shared memory once per tile: 238 KB of wgmma
+ *        operand reads per tile at N = 48 instead of 374. Measured on the H200 (session 5, run 2):
+ *        fwd-tp-h40 2.247 vs 2.408 ms, -h48 2.507 vs 2.640, -h56 2.725 vs 2.693 for the column split:
+ *        -7% / -5% / +1%, far less than the operand bytes (-36%): the 2-stage gather pipeline, not
+ *        shared memory, sets the pace (docs/design.md section 8).
+ *     0 column split (setmaxnreg 232 / 232 / 40). The N
  *        columns are split between the consumers: WG0 columns [0, N0), WG1 [N0, N), N0 = 8 ceil(N / 16)
  *        (40 = 24 + 16, 48 = 24 + 24, 56 = 32 + 24, 64 = 32 + 32). Each consumer runs exactly the
  *        N <= 32 consumer on its columns (its own S^T, softmax, P tile and O^T [512 x N_c], 4 N_c <= 128
  *        registers); they share the gathered KV tile and the Q tile, and meet only on the pipeline
- *        mbarriers (empty[s] counts both) and once in the epilogue. Why not one S^T shared by two WGs
- *        that split the 512 value dims: that needs a 256-thread barrier per tile (P and the rescale
- *        factors exchanged), which puts both WGs in lockstep so neither's softmax hides behind the
- *        other's wgmma; the independent WGs drift and overlap like the two CTAs of the N <= 16 shape
- *        (which measured -10%), for the price of reading V twice from shared memory.
+ *        mbarriers (empty[s] counts both) and once in the epilogue. The reasoning that chose it
+ *        first (the independent WGs drift and overlap each other's softmax, for the price of reading
+ *        the KV tile twice) measured slower than the value-dim split above, which hands P over by an
+ *        mbarrier instead of a lockstep barrier.
  *   WG producer: cp.async 16 B with a manual 128B swizzle (hopper-notes 5), exactly as the 64-head
  *        kernel: Q [N x D] once (columns >= head_count zero-filled), then 64 KV rows per tile into the
  *        stages; invalid slots zero-filled and flagged in a per-stage byte mask.
@@ -43,12 +52,13 @@
  *        (reusing the KV stages) as [head][512] bf16 rows, then 16-B coalesced stores to out.
  * N <= 32 has no setmaxnreg: with 256 threads and one CTA per SM every thread may hold 255 registers
  * already (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing).
- * ptxas (nvcc 13, -Xptxas -v): 64 / 120 / 168 / 208 registers for N = 8 / 16 / 24 / 32, no spills, no
+ * ptxas (nvcc 13, -Xptxas -v): 64 / 122 / 168 / 208 registers for N = 8 / 16 / 24 / 32, no spills, no
  * wgmma serialisation warning; N = 40..64: 168 at entry (the __launch_bounds__(384, 1) cap), raised
- * to 232 in the consumers. SASS per 64-key tile and consumer: 36 (D = 576) or 32 (D = 512)
- * HGMMA.64xN_cx16 for S^T, 32 HGMMA.64xN_cx16 with gdesc.tnspA for P V, N_c / 8 STSM.16.MT88.2.
- * Shared memory at D = 576: 190632 B (N = 32) .. 159144 B (N = 8), 231592 B (N = 64), one CTA per
- * SM except N <= 16.
+ * to 232 in the consumers (value-dim split: 240 / 224), no spills. SASS per 64-key tile and
+ * consumer: 36 (D = 576) or 32 (D = 512) HGMMA.64xN_cx16 for S^T, 32 HGMMA.64xN_cx16 with
+ * gdesc.tnspA for P V, N_c / 8 STSM.16.MT88.2 (value-dim split at N = 48: 68 HGMMA.64x48x16 in the
+ * kernel, 36 + 16 in WG0's loop and 16 in WG1's). Shared memory at D = 576: 190632 B (N = 32) ..
+ * 159144 B (N = 8), 231592 B (N = 64; value-dim split 232120 B), one CTA per SM except N <= 16.
  *
  * Pipeline barriers (mbarriers in shared memory, parities as in hopper-notes 4):
  *   q_full   : 128 .noinc cp.async arrivals (producer threads) -> Q landed.
@@ -56,8 +66,11 @@
  *   empty[s] : 128 plain arrivals per consumer WG (after its P V wgmma completed) -> stage s free.
  * Named barriers (128 threads, per consumer WG c: ids 1 + 2c and 2 + 2c): kBarMax (column maxima
  * exchanged; also the column sums in the epilogue), kBarP (P tile complete, after each writer's
- * fence.proxy.async; also the staged out tile in the epilogue). N > 32 adds kBarAll (id 5, both
- * consumer WGs, once in the epilogue: every P V done before the KV stages become the out staging).
+ * fence.proxy.async; also the staged out tile in the epilogue). N > 32, column split, adds kBarAll
+ * (id 5, both consumer WGs, once in the epilogue: every P V done before the KV stages become the out
+ * staging). The value-dim split uses no barrier between the WGs but mbarriers: p_full (P and alpha
+ * of the tile ready) and fac_full (the out factors written, WG0's P V all done), plus WG0's waits on
+ * empty[s] (WG1's P V done): racecheck follows mbarrier hand-offs (docs/reliability.md 3c).
  * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D other than 576 / 512, a head
  * range of more than 64 heads (or outside 0..H), q / kv rows not 16-B aligned, out rows not 4-B
  * aligned, T above 2^31 - 1, shared memory above the device's opt-in limit.
@@ -86,6 +99,8 @@ constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids of consumer WG 0 (WG 
 constexpr int kBarAll = 5;          /* N > 32: both consumer WGs (256 threads) */
 constexpr int kConsumerRegs = 232;  /* N > 32: O^T 128 + S^T 16 + P 16 + addressing (N_c = 32: 208 uncapped) */
 constexpr int kProducerRegs = 40;   /* N > 32: address math of the gather; 2 x 232 + 40 = 504 <= 512 */
+constexpr int kSplitSRegs = 240;    /* SPLIT WG 0: O^T half 2N + S^T N/2 + softmax state 3 N/4 (N = 64: 208) */
+constexpr int kSplitPVRegs = 224;   /* SPLIT WG 1: O^T half 2N (N = 64: 128) + addressing */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -98,6 +113,8 @@ static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP + 2 < kBarAl
 static_assert(2 * kConsumerRegs + kProducerRegs <= 504,
               "setmaxnreg: the per-WG counts fit the launch's pool, 384 threads x 168 registers = 128 x 504");
 static_assert(kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
+static_assert(kSplitSRegs + kSplitPVRegs + kProducerRegs <= 504 && kSplitSRegs % 8 == 0 && kSplitPVRegs % 8 == 0,
+              "setmaxnreg of the value-dim split fits the pool");
 static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
 
 /* Launch shape per N (wgmma N = head count rounded up to 8), one row each:
@@ -111,11 +128,14 @@ static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and l
  *                                                            other's gather, softmax and token ends
  *   24, 32  1          N                1        2          two CTAs would need 2 x 116 KB or
  *                                                            setmaxnreg; 3 stages do not fit at D = 576
- *   40..64  2          N0 = 8 ceil(N/16), N - N0  1   2     O^T [512 x N] (4N registers) does not fit
- *                                                            one WG: each consumer owns N_c <= 32
- *                                                            columns (the N <= 32 consumer code), no
- *                                                            barrier between the WGs per tile;
- *                                                            2 x 72 KB + Q 72 KB fills the 227 KB. */
+ *   40..64  2          N (WG0 S^T) / value dims 256 each   1   2
+ *                                                            O^T [512 x N] (4N registers) does not fit
+ *                                                            one WG; the value-dim split (default) reads
+ *                                                            each KV element from shared memory once;
+ *                                                            2 x 72 KB + Q 72 KB fills the 227 KB.
+ *           (split 0) N0 = 8 ceil(N/16), N - N0               each consumer owns N_c <= 32 columns (the
+ *                                                            N <= 32 consumer code), no barrier between
+ *                                                            the WGs per tile. */
 #ifndef DSA_SM90_FWD_SMALL_TWO_CTAS
 #define DSA_SM90_FWD_SMALL_TWO_CTAS 1
 #endif
@@ -136,7 +156,7 @@ struct SmallCfg {
 /* Shared-memory layout for NB 64-column blocks per row (D = 64 NB) and N heads. Every operand tile
  * is 1024-B aligned (SW128 atoms, descriptor base offset 0): N and the column split N0 are multiples
  * of 8, so N * 128 and N0 * 128 are multiples of 1024. */
-template <int NB, int N>
+template <int NB, int N, bool SPLIT = false>
 struct SmallSmem {
   static constexpr bool kTwoWG = SmallCfg<N>::kTwoWG;
   static constexpr int kStages = SmallCfg<N>::kStages;
@@ -149,10 +169,13 @@ struct SmallSmem {
   static constexpr int kValid = kP + N * 128;                /* [kStages][64] bytes, 1 = valid slot */
   static constexpr int kRed = kValid + kStages * kBlockK;    /* f32 red_max[4][N], red_sum[4][N]; two
                                                                 WGs: red_sum aliases red_max (227 KB) */
-  static constexpr int kBars = kRed + (kTwoWG ? 1 : 2) * 4 * N * 4; /* q_full, full[kStages], empty[kStages] */
-  static constexpr int kEnd = kBars + 8 * (1 + 2 * kStages);
+  static constexpr int kAlpha = kRed + (kTwoWG ? 1 : 2) * 4 * N * 4; /* SPLIT: f32 alpha[N], fac[N] */
+  static constexpr int kBars = kAlpha + (SPLIT ? 2 * N * 4 : 0); /* q_full, full[kStages], empty[kStages],
+                                                                    SPLIT: p_full, fac_full */
+  static constexpr int kEnd = kBars + 8 * (1 + 2 * kStages + (SPLIT ? 2 : 0)); /* SPLIT: + fac_full */
   static constexpr int kBytes = kEnd + 1024;                 /* + slack to align the base */
   static_assert(N % 8 == 0 && N >= 8 && N <= kMaxN, "wgmma N: multiple of 8, at most 64 here");
+  static_assert(!SPLIT || (kTwoWG && kStages == 2), "the value-dim split runs N = 40..64 on two stages");
   static_assert(kBars % 8 == 0, "mbarriers are 8-B aligned");
   /* one WG: stage 0 is free once the consumer passed its epilogue barrier; two WGs: every stage is
    * free after kBarAll (all tiles consumed, the producer issues nothing more) */
@@ -176,11 +199,208 @@ __device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, ui
                : "memory");
 }
 
+/* Fragment maps of an m64nNW accumulator (hopper-notes 2): register i is row 16 warp + lane / 4 +
+ * 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (lane % 4) + (i & 1). Column slot c = 2 (i >> 2) + (i & 1)
+ * (0..NW/4-1) names this thread's columns: col(c) = 8 (c >> 1) + 2 (lane % 4) + (c & 1). */
+__device__ __forceinline__ int small_slot(int i) { return 2 * (i >> 2) + (i & 1); }
+__device__ __forceinline__ int small_col(int c, int lane) { return 8 * (c >> 1) + 2 * (lane & 3) + (c & 1); }
+
+/* One completed S^T tile [64 keys x NW columns] (this WG's columns HB.., of N in the CTA): mask the
+ * invalid keys (rows), then the online softmax per column in the log2 domain. x = this thread's
+ * unnormalised P fragment, alpha = the rescale factor of each column slot; col_max (running, identical
+ * in every thread holding the column) and col_sum (this thread's rows) updated. The column max of the
+ * tile: in-thread over rows r0 / r0 + 8, shfl_xor 4 / 8 / 16, then the 4 warps through red [4][N]
+ * and named barrier `bar` (128 threads). WAR on red: the caller's next barrier (the P barrier) comes
+ * after every warp read it and before any warp writes it again. */
+template <int NW, int N, int HB>
+__device__ __forceinline__ void small_softmax(const float *sacc, const uint8_t *vs, float scale_log2, int warp, int lane,
+                                              float *red, int bar, float *col_max, float *col_sum, float *alpha,
+                                              float *x) {
+  constexpr int NR = NW / 2, NC = NW / 4;
+  const int r0 = 16 * warp + (lane >> 2);
+  const bool ok0 = vs[r0] != 0, ok1 = vs[r0 + 8] != 0;
+#pragma unroll
+  for (int i = 0; i < NR; ++i) x[i] = (((i >> 1) & 1) ? ok1 : ok0) ? sacc[i] * scale_log2 : -INFINITY;
+  float mx[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const int i = 4 * (c >> 1) + (c & 1); /* rows r0 (i) and r0 + 8 (i + 2) */
+    float v = fmaxf(x[i], x[i + 2]);
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+    mx[c] = v; /* max over this warp's 16 keys */
+  }
+  if (lane < 4) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = mx[c];
+  }
+  sm90_named_bar_sync(bar, 128);
+  float m_use[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const int col = HB + small_col(c, lane);
+    float v = fmaxf(fmaxf(red[col], red[N + col]), fmaxf(red[2 * N + col], red[3 * N + col]));
+    v = fmaxf(v, col_max[c]);
+    m_use[c] = v == -INFINITY ? 0.f : v; /* no valid slot yet: avoid (-inf) - (-inf) */
+    alpha[c] = exp2f(col_max[c] - m_use[c]);
+    col_max[c] = v;
+  }
+  float psum[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) psum[c] = 0.f;
+#pragma unroll
+  for (int i = 0; i < NR; ++i) {
+    x[i] = exp2f(x[i] - m_use[small_slot(i)]);
+    psum[small_slot(i)] += x[i];
+  }
+#pragma unroll
+  for (int c = 0; c < NC; ++c) col_sum[c] = col_sum[c] * alpha[c] + psum[c];
+}
+
+/* P -> shared memory as [NW heads][64 keys] bf16, K-major SW128 (the B operand of P V), rows from sp.
+ * For heads 8j..8j+7 the warp's fragment is two 8 x 8 matrices [keys][heads] (rows r0, r0 + 8);
+ * stmatrix .trans stores each transposed: memory row q = head 8j + q, 16 B = 8 keys, at chunk
+ * 2 warp + (matrix) of the 128-B row, swizzled by q. Lanes 0-7 / 8-15 address matrix 0 / 1. */
+template <int NW>
+__device__ __forceinline__ void small_store_p(uint32_t sp, const float *x, int warp, int lane) {
+  const int q = lane & 7, mat = (lane >> 3) & 1;
+  const int chunk = 2 * warp + mat;
+#pragma unroll
+  for (int j = 0; j < NW / 8; ++j) {
+    const int h = 8 * j + q;
+    const uint32_t addr = sp + h * 128 + (((chunk ^ q) & 7) << 4);
+    stmatrix_x2_trans(addr, sm90_pack_bf16x2(x[4 * j], x[4 * j + 1]), sm90_pack_bf16x2(x[4 * j + 2], x[4 * j + 3]));
+  }
+}
+
+/* S^T [64 keys x NW] = K Q^T for the KV tile at skv and the Q rows at sq (64-column blocks qblk bytes
+ * apart): both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16; the KV tile has 8 KB per
+ * 64-column block. Issued and committed; the caller waits. */
+template <int NB, int NW>
+__device__ __forceinline__ void small_issue_s(float *sacc, uint32_t skv, uint32_t sq, int qblk) {
+#pragma unroll
+  for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(sacc[i]);
+  sm90_wgmma_fence();
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t da = sm90_make_desc_sw128(skv + b * kBlkBytes + k * 32, 16, 1024);
+      const uint64_t db = sm90_make_desc_sw128(sq + b * qblk + k * 32, 16, 1024);
+      sm90_wgmma_ss_nN<NW, 0>(sacc, da, db, (b | k) != 0);
+    }
+  sm90_wgmma_commit();
+}
+
+/* O^T [64 MB dims x NW] += V^T P for the value-dim blocks [MB0, MB0 + MB) of the KV tile at skv (A =
+ * its 64-column block read M-major, tA = 1: dims contiguous in the 128-B rows, keys = rows; LBO 8192,
+ * unused at m64, SBO 1024 = next 8 keys, +2048 B per k16 of keys. B = P at sp, K-major: +32 B per k16).
+ * Issued and committed, not waited for; the caller rescaled o and fenced it. */
+template <int NW, int MB, int MB0>
+__device__ __forceinline__ void small_issue_pv(float (*o)[NW / 2], uint32_t skv, uint32_t sp) {
+#pragma unroll
+  for (int m = 0; m < MB; ++m)
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(o[m][i]);
+  sm90_wgmma_fence();
+#pragma unroll
+  for (int m = 0; m < MB; ++m)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t da = sm90_make_desc_sw128(skv + (MB0 + m) * kBlkBytes + kk * 2048, kBlkBytes, 1024);
+      const uint64_t db = sm90_make_desc_sw128(sp + kk * 32, 16, 1024);
+      sm90_wgmma_ss_nN<NW, 1>(o[m], da, db, 1);
+    }
+  sm90_wgmma_commit();
+}
+
+/* Epilogue per column: sums across lanes and warps (red [4][N], barrier `bar`), lse, max_logits (lanes
+ * 0-3 of warp 0 hold every column once: they write them, and fac_s[col] when fac_s is given) and the
+ * out factor 1 / l x sink factor of each column slot (0 for empty columns and columns >= head_count).
+ * WAR on red: every warp read the last tile's maxima before that tile's P barrier. */
+template <int NW, int N, int HB>
+__device__ __forceinline__ void small_col_factors(const SmallArgs &args, const float *col_max, const float *col_sum,
+                                                  float *red, int bar, int warp, int lane, float *fac, float *fac_s) {
+  constexpr int NC = NW / 4;
+  const dsa_attn_fwd_params &p = args.p;
+  const int Hc = args.head_count, hbeg = args.head_begin;
+  float l_part[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    float l = col_sum[c];
+    l += __shfl_xor_sync(0xffffffffu, l, 4);
+    l += __shfl_xor_sync(0xffffffffu, l, 8);
+    l += __shfl_xor_sync(0xffffffffu, l, 16);
+    l_part[c] = l;
+  }
+  if (lane < 4) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = l_part[c];
+  }
+  sm90_named_bar_sync(bar, 128);
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const int h = HB + small_col(c, lane); /* kernel column = head hbeg + h */
+    const float l = red[h] + red[N + h] + red[2 * N + h] + red[3 * N + h];
+    const bool empty_col = col_max[c] == -INFINITY && l == 0.f; /* no valid slot (all-NaN logits: l = NaN, lse NaN) */
+    const float lse = empty_col ? INFINITY : (col_max[c] + log2f(l)) * kLn2;
+    float f = 0.f;
+    if (!empty_col && h < Hc) {
+      f = 1.f / l;
+      if (p.sink) f *= 1.f / (1.f + expf(p.sink[hbeg + h] - lse)); /* -inf sink: 1, +inf: 0 */
+    }
+    fac[c] = f;
+    if (warp == 0 && lane < 4) {
+      if (fac_s) fac_s[h] = f;
+      if (h < Hc) {
+        const int64_t th = (int64_t)blockIdx.x * p.num_heads + hbeg + h;
+        p.lse[th] = lse;
+        if (p.max_logits) p.max_logits[th] = empty_col ? -INFINITY : col_max[c] * kLn2;
+      }
+    }
+  }
+}
+
+/* O^T [64 MB dims x NW] x fac -> the staged out tile [N heads][kOutPitch B] bf16, dims from DIM0,
+ * heads from HB. For one register the 32 lanes write 8 consecutive dims x 4 heads; the 16-B pad puts
+ * the heads 8 banks apart. */
+template <int NW, int MB, int HB, int DIM0>
+__device__ __forceinline__ void small_stage_out(uint8_t *stage, const float (*o)[NW / 2], const float *fac, int warp,
+                                                int lane) {
+  const int r0 = 16 * warp + (lane >> 2);
+#pragma unroll
+  for (int m = 0; m < MB; ++m)
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) {
+      const int dim = DIM0 + 64 * m + r0 + 8 * ((i >> 1) & 1);
+      const int h = HB + small_col(small_slot(i), lane);
+      *(uint16_t *)(stage + h * kOutPitch + dim * 2) =
+          (uint16_t)(sm90_pack_bf16x2(o[m][i] * fac[small_slot(i)], 0.f) & 0xffffu);
+    }
+}
+
+/* Coalesced copy-out of staged rows [h0, h1) (below head_count), 16-B chunks [ch0, ch0 + NCH) of each
+ * (64 chunks = 512 dims), by the 128 threads of one WG. */
+template <int NCH>
+__device__ __forceinline__ void small_copy_out(const SmallArgs &args, const uint8_t *stage, int t, int h0, int h1,
+                                               int ch0) {
+  const dsa_attn_fwd_params &p = args.p;
+  const int hend = min(h1, args.head_count);
+  for (int cidx = h0 * NCH + t; cidx < hend * NCH; cidx += 128) {
+    const int h = cidx / NCH, ch = ch0 + cidx % NCH;
+    const uint4 v = *(const uint4 *)(stage + h * kOutPitch + ch * 16);
+    uint16_t *dst = p.out + (int64_t)blockIdx.x * p.out_stride_token + (int64_t)(args.head_begin + h) * p.out_stride_head +
+                    ch * 8;
+    sm90_store_16b(dst, v, args.out_vec16);
+  }
+}
+
 /* The consumer of NW kernel columns [HB, HB + NW) (all N columns when the CTA has one consumer WG):
  * per tile S^T = K Q_c^T, mask, online softmax per column, P_c -> its rows of the P tile, O^T_c
  * [512 x NW] += V^T P_c; then the epilogue of its columns. t = thread index in the WG. TWO: the CTA
- * has two consumer WGs (empty[s] counts both; the epilogue waits for both before reusing the KV
- * stages; red_sum aliases red_max). */
+ * has two consumer WGs, column split (empty[s] counts both; the epilogue waits for both before
+ * reusing the KV stages; red_sum aliases red_max). */
 template <int NB, int N, int NW, int HB, bool TWO>
 __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
   typedef SmallSmem<NB, N> L;
@@ -191,23 +411,12 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
   constexpr int kBarPW = HB == 0 ? kBarP : kBarP + 2;
   static_assert(NW % 8 == 0 && NW >= 8 && NW <= kMaxNOneWG && HB % 8 == 0 && HB + NW <= N, "WG columns");
   static_assert(TWO || (HB == 0 && NW == N), "one consumer WG owns every column");
-  const dsa_attn_fwd_params &p = args.p;
-  const int64_t tok = blockIdx.x;
-  const int Hc = args.head_count, hbeg = args.head_begin;
-  uint8_t *valid = smem + L::kValid;
+  const uint8_t *valid = smem + L::kValid;
   float *red_max = (float *)(smem + L::kRed);    /* [4 warps][N columns], this WG's columns only */
   float *red_sum = TWO ? red_max : red_max + 4 * N; /* [4 warps][N columns]; alias: see the epilogue */
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;
-
   const int warp = t >> 5, lane = t & 31;
-  const float scale_log2 = args.scale_log2;
-  /* Accumulator map (hopper-notes 2): register i is row 16 warp + lane / 4 + 8 ((i >> 1) & 1),
-   * column 8 (i >> 2) + 2 (lane % 4) + (i & 1). Column slot c = 2 (i >> 2) + (i & 1) (0..NC-1)
-   * names this thread's columns: col(c) = 8 (c >> 1) + 2 (lane % 4) + (c & 1), local to the WG
-   * (kernel column HB + col). */
-#define SLOT_OF(i) (2 * ((i) >> 2) + ((i) & 1))
-#define COL_OF(c) (8 * ((c) >> 1) + 2 * (lane & 3) + ((c) & 1))
 
   float o[kDVBlocks][NR]; /* O^T: block m = value dims [64 m, 64 m + 64) x NW heads */
   float sacc[NR];         /* S^T: 64 keys x NW heads */
@@ -217,8 +426,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     for (int i = 0; i < NR; ++i) o[m][i] = 0.f;
 #pragma unroll
   for (int i = 0; i < NR; ++i) sacc[i] = 0.f;
-  /* running column max (log2 units, identical in every thread holding the column) and this
-   * thread's partial column sums over its rows (completed across lanes and warps at the end) */
+  /* running column max (log2 units) and this thread's partial column sums over its rows */
   float col_max[NC], col_sum[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
@@ -231,116 +439,31 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
   /* this WG's rows of Q and of P: row HB of a 64-column block sits HB * 128 B in (a multiple of 1024) */
   const uint32_t sq = sm90_smem_addr(smem + L::kQ) + HB * 128;
   const uint32_t sp = sm90_smem_addr(smem + L::kP) + HB * 128;
-  const int r0 = 16 * warp + (lane >> 2); /* this thread's rows (keys): r0 and r0 + 8 */
 
   for (int n = 0; n < ntiles; ++n) {
     const int s = n % kStages;
     sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1);
     sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
     const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
-
-    /* ---- S^T = K Q^T: both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16; the KV tile
-     * has 8 KB per 64-column block, Q N * 128 B. */
-#pragma unroll
-    for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
-    sm90_wgmma_fence();
-#pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint64_t da = sm90_make_desc_sw128(skv + b * kBlkBytes + k * 32, 16, 1024);
-        const uint64_t db = sm90_make_desc_sw128(sq + b * L::kQBlk + k * 32, 16, 1024);
-        sm90_wgmma_ss_nN<NW, 0>(sacc, da, db, (b | k) != 0);
-      }
-    sm90_wgmma_commit();
+    small_issue_s<NB, NW>(sacc, skv, sq, L::kQBlk);
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
 
-    /* ---- mask (rows = keys) + online softmax per column (head), log2 domain */
-    const uint8_t *vs = valid + s * kBlockK;
-    const bool ok0 = vs[r0] != 0, ok1 = vs[r0 + 8] != 0;
-    float x[NR];
-#pragma unroll
-    for (int i = 0; i < NR; ++i) x[i] = (((i >> 1) & 1) ? ok1 : ok0) ? sacc[i] * scale_log2 : -INFINITY;
-    float mx[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      const int i = 4 * (c >> 1) + (c & 1); /* rows r0 (i) and r0 + 8 (i + 2) */
-      float v = fmaxf(x[i], x[i + 2]);
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-      mx[c] = v; /* max over this warp's 16 keys */
-    }
-    /* Exchange between the 4 warps. WAR on red_max: every warp reads it before the kBarP barrier
-     * below, which every warp passes before it writes red_max for the next tile. */
-    if (lane < 4) {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) red_max[warp * N + HB + COL_OF(c)] = mx[c];
-    }
-    sm90_named_bar_sync(kBarMaxW, 128);
-    float alpha[NC], m_use[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      const int col = HB + COL_OF(c);
-      float v = fmaxf(fmaxf(red_max[col], red_max[N + col]), fmaxf(red_max[2 * N + col], red_max[3 * N + col]));
-      v = fmaxf(v, col_max[c]);
-      m_use[c] = v == -INFINITY ? 0.f : v; /* no valid slot yet: avoid (-inf) - (-inf) */
-      alpha[c] = exp2f(col_max[c] - m_use[c]);
-      col_max[c] = v;
-    }
-    float psum[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) psum[c] = 0.f;
-#pragma unroll
-    for (int i = 0; i < NR; ++i) {
-      x[i] = exp2f(x[i] - m_use[SLOT_OF(i)]);
-      psum[SLOT_OF(i)] += x[i];
-    }
-#pragma unroll
-    for (int c = 0; c < NC; ++c) col_sum[c] = col_sum[c] * alpha[c] + psum[c];
-
-    /* ---- P -> shared memory as [NW heads][64 keys] bf16, K-major SW128 (the B operand of P V).
-     * For heads 8j..8j+7 the warp's fragment is two 8 x 8 matrices [keys][heads] (rows r0, r0 + 8);
-     * stmatrix .trans stores each transposed: memory row q = head 8j + q, 16 B = 8 keys, at chunk
-     * 2 warp + (matrix) of the 128-B row, swizzled by q. Lanes 0-7 / 8-15 address matrix 0 / 1.
-     * WAR on the P tile (this WG's rows only): every warp passed its wait on the previous P V before
-     * the kBarMax barrier above. */
-    {
-      const int q = lane & 7, mat = (lane >> 3) & 1;
-      const int chunk = 2 * warp + mat;
-#pragma unroll
-      for (int j = 0; j < NW / 8; ++j) {
-        const int h = 8 * j + q;
-        const uint32_t addr = sp + h * 128 + (((chunk ^ q) & 7) << 4);
-        stmatrix_x2_trans(addr, sm90_pack_bf16x2(x[4 * j], x[4 * j + 1]), sm90_pack_bf16x2(x[4 * j + 2], x[4 * j + 3]));
-      }
-    }
+    float x[NR], alpha[NC];
+    small_softmax<NW, N, HB>(sacc, valid + s * kBlockK, args.scale_log2, warp, lane, red_max, kBarMaxW, col_max,
+                             col_sum, alpha, x);
+    /* WAR on the P tile (this WG's rows only): every warp passed its wait on the previous P V before
+     * the kBarMax barrier inside small_softmax. */
+    small_store_p<NW>(sp, x, warp, lane);
     sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
     sm90_named_bar_sync(kBarPW, 128);
 
-    /* ---- O^T = alpha O^T + V^T P. A = the KV tile's 64-column block m read M-major (tA = 1): dims
-     * contiguous in the 128-B rows, keys = rows; LBO 8192 (next 64-wide M block, unused at m64),
-     * SBO 1024 (next 8 keys), +2048 B per k16 of keys. B = P, K-major: +32 B per k16 of keys. */
 #pragma unroll
     for (int m = 0; m < kDVBlocks; ++m)
 #pragma unroll
-      for (int i = 0; i < NR; ++i) o[m][i] *= alpha[SLOT_OF(i)];
-#pragma unroll
-    for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-      for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
-    sm90_wgmma_fence();
-#pragma unroll
-    for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint64_t da = sm90_make_desc_sw128(skv + m * kBlkBytes + kk * 2048, kBlkBytes, 1024);
-        const uint64_t db = sm90_make_desc_sw128(sp + kk * 32, 16, 1024);
-        sm90_wgmma_ss_nN<NW, 1>(o[m], da, db, 1);
-      }
-    sm90_wgmma_commit();
+      for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
+    small_issue_pv<NW, kDVBlocks, 0>(o, skv, sp);
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int m = 0; m < kDVBlocks; ++m)
@@ -349,85 +472,181 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
   }
 
-  /* ---- epilogue: column sums across lanes and warps, lse, max_logits, sink factor */
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    float l = col_sum[c];
-    l += __shfl_xor_sync(0xffffffffu, l, 4);
-    l += __shfl_xor_sync(0xffffffffu, l, 8);
-    l += __shfl_xor_sync(0xffffffffu, l, 16);
-    col_sum[c] = l;
-  }
-  /* TWO: red_sum = red_max, this WG's columns. WAR: every warp of this WG read red_max of the last
-   * tile before that tile's kBarP barrier, which every warp passed before writing here. */
-  if (lane < 4) {
-#pragma unroll
-    for (int c = 0; c < NC; ++c) red_sum[warp * N + HB + COL_OF(c)] = col_sum[c];
-  }
-  /* after this barrier every warp of this WG has also finished its last P V */
-  sm90_named_bar_sync(kBarMaxW, 128);
+  /* ---- epilogue. TWO: red_sum = red_max, this WG's columns. After small_col_factors' barrier every
+   * warp of this WG has also finished its last P V. */
   float fac[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    const int h = HB + COL_OF(c); /* kernel column = head hbeg + h */
-    const float l = red_sum[h] + red_sum[N + h] + red_sum[2 * N + h] + red_sum[3 * N + h];
-    const bool empty_col = col_max[c] == -INFINITY && l == 0.f; /* no valid slot (all-NaN logits: l = NaN, lse NaN) */
-    const float lse = empty_col ? INFINITY : (col_max[c] + log2f(l)) * kLn2;
-    float f = 0.f;
-    if (!empty_col && h < Hc) {
-      f = 1.f / l;
-      if (p.sink) f *= 1.f / (1.f + expf(p.sink[hbeg + h] - lse)); /* -inf sink: 1, +inf: 0 */
-    }
-    fac[c] = f;
-    if (warp == 0 && lane < 4 && h < Hc) { /* lanes 0-3 of warp 0 hold every column once */
-      const int64_t th = tok * p.num_heads + hbeg + h;
-      p.lse[th] = lse;
-      if (p.max_logits) p.max_logits[th] = empty_col ? -INFINITY : col_max[c] * kLn2;
-    }
-  }
+  small_col_factors<NW, N, HB>(args, col_max, col_sum, red_sum, kBarMaxW, warp, lane, fac, nullptr);
   /* TWO: the other consumer WG may still run P V on a KV stage the staged tile overlaps; after
    * this barrier both have consumed every tile (and the producer issues nothing more). */
   if constexpr (TWO) sm90_named_bar_sync_any(kBarAll, 256); /* both WGs, each from its own instantiation */
-  /* O^T -> staged out tile [N heads][kOutPitch B] bf16 over the KV stages (this WG's rows). For one
-   * register the 32 lanes write 8 consecutive dims x 4 heads; the 16-B pad puts the heads 8 banks
-   * apart. */
   uint8_t *stage = smem + L::kKV;
-#pragma unroll
-  for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-    for (int i = 0; i < NR; ++i) {
-      const int dim = 64 * m + r0 + 8 * ((i >> 1) & 1);
-      const int h = HB + COL_OF(SLOT_OF(i));
-      *(uint16_t *)(stage + h * kOutPitch + dim * 2) =
-          (uint16_t)(sm90_pack_bf16x2(o[m][i] * fac[SLOT_OF(i)], 0.f) & 0xffffu);
-    }
+  small_stage_out<NW, kDVBlocks, HB, 0>(stage, o, fac, warp, lane);
   sm90_named_bar_sync(kBarPW, 128);
-  /* coalesced copy-out: 64 chunks of 16 B per head row, this WG's columns below head_count only */
-  const int cend = min(HB + NW, Hc) * 64;
-  for (int cidx = HB * 64 + t; cidx < cend; cidx += 128) {
-    const int h = cidx >> 6, ch = cidx & 63;
-    const uint4 v = *(const uint4 *)(stage + h * kOutPitch + ch * 16);
-    uint16_t *dst = p.out + tok * p.out_stride_token + (int64_t)(hbeg + h) * p.out_stride_head + ch * 8;
-    if (args.out_vec16) {
-      *(uint4 *)dst = v;
-    } else {
-      uint32_t *d4 = (uint32_t *)dst;
-      d4[0] = v.x;
-      d4[1] = v.y;
-      d4[2] = v.z;
-      d4[3] = v.w;
-    }
+  small_copy_out<64>(args, stage, t, HB, HB + NW, 0);
+}
+
+/* ---- SPLIT (N = 40..64, dsa_attn_fwd_small_split = 1): two consumer WGs split the 512 value dims
+ * instead of the columns. WG 0 computes S^T [64 keys x N] once per tile for every column, runs the
+ * softmax, writes P [N][64] and the per-column rescale factors alpha [N] to shared memory (p_full) and
+ * accumulates O^T dims [0, 256); WG 1 waits on p_full and accumulates O^T dims [256, 512) from the
+ * same P. Each KV element is read from shared memory once per tile (the column split reads the whole
+ * tile twice: 374 vs 238 KB per tile at N = 48). Hand-offs (mbarriers):
+ *   WG 0 -> WG 1: p_full (128 arrivals of WG 0, after its P stmatrix / alpha stores and their
+ *                 fence.proxy.async): P(n) and alpha(n) ready; WG 1 waits with parity n & 1.
+ *   WG 1 -> WG 0: empty[s] (the producer's barrier, 128 arrivals of each WG after its P V(n) completed):
+ *                 WG 0 waits on it (parity of tile n - 1) before it overwrites P and alpha with tile n's.
+ *   epilogue:     fac_full (WG 0: out factors in fac_s, its P V all done) and WG 0's wait on the last
+ *                 tile's empty barrier (WG 1's P V all done) before either overwrites the KV stages.
+ * WG 0's order per tile: S(n) issued, then wgmma.wait 1 retires its P V(n - 1) (stage of n - 1
+ * released at once: the producer's gather of n + 1 overlaps S(n), the softmax and both P V(n)),
+ * wait 0, softmax, P(n), P V(n) issued without waiting. */
+template <int NB, int N>
+__device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
+  typedef SmallSmem<NB, N, true> L;
+  constexpr int kStages = L::kStages;
+  constexpr int NR = N / 2, NC = N / 4, kHalf = kDVBlocks / 2;
+  const uint8_t *valid = smem + L::kValid;
+  float *red = (float *)(smem + L::kRed); /* [4 warps][N]: column maxima per tile, then column sums */
+  float *alpha_s = (float *)(smem + L::kAlpha), *fac_s = alpha_s + N;
+  uint64_t *bars = (uint64_t *)(smem + L::kBars);
+  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages, *p_full = bars + 1 + 2 * kStages;
+  uint64_t *fac_full = p_full + 1;
+  const int warp = t >> 5, lane = t & 31;
+  float o[kHalf][NR]; /* O^T dims [0, 256) x N heads */
+  float sacc[NR];
+#pragma unroll
+  for (int m = 0; m < kHalf; ++m)
+#pragma unroll
+    for (int i = 0; i < NR; ++i) o[m][i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < NR; ++i) sacc[i] = 0.f;
+  float col_max[NC], col_sum[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    col_max[c] = -INFINITY;
+    col_sum[c] = 0.f;
   }
-#undef SLOT_OF
-#undef COL_OF
+  sm90_mbar_wait(q_full, 0);
+  sm90_fence_proxy_async();
+  const uint32_t sq = sm90_smem_addr(smem + L::kQ), sp = sm90_smem_addr(smem + L::kP);
+
+  for (int n = 0; n < ntiles; ++n) {
+    const int s = n % kStages;
+    sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1);
+    sm90_fence_proxy_async();
+    const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
+    small_issue_s<NB, N>(sacc, skv, sq, L::kQBlk);
+    if (n > 0) { /* P V(n - 1) done: this WG is through with stage n - 1 */
+      sm90_wgmma_wait<1>();
+#pragma unroll
+      for (int m = 0; m < kHalf; ++m)
+#pragma unroll
+        for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+      sm90_mbar_arrive(&empty[(n - 1) % kStages]);
+    }
+    sm90_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
+
+    float x[NR], alpha[NC];
+    small_softmax<N, N, 0>(sacc, valid + s * kBlockK, args.scale_log2, warp, lane, red, kBarMax, col_max, col_sum,
+                           alpha, x);
+    /* P and alpha -> shared memory. WAR: WG 1 has finished P V(n - 1) (it read P(n - 1) and alpha(n - 1)
+     * before issuing it); this WG's own P V(n - 1) was retired above. */
+    if (n > 0) sm90_mbar_wait(&empty[(n - 1) % kStages], (uint32_t)((n - 1) / kStages) & 1);
+    small_store_p<N>(sp, x, warp, lane);
+    if (warp == 0 && lane < 4) { /* lanes 0-3 of a warp hold every column once */
+#pragma unroll
+      for (int c = 0; c < NC; ++c) alpha_s[small_col(c, lane)] = alpha[c];
+    }
+    sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) of both WGs */
+    sm90_mbar_arrive(p_full);
+    sm90_named_bar_sync(kBarP, 128); /* this WG's P V reads the rows of every warp */
+
+#pragma unroll
+    for (int m = 0; m < kHalf; ++m)
+#pragma unroll
+      for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
+    small_issue_pv<N, kHalf, 0>(o, skv, sp); /* dims [0, 256), not waited for here */
+  }
+  sm90_wgmma_wait<0>();
+#pragma unroll
+  for (int m = 0; m < kHalf; ++m)
+#pragma unroll
+    for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+  if (ntiles > 0) sm90_mbar_arrive(&empty[(ntiles - 1) % kStages]);
+
+  float fac[NC];
+  small_col_factors<N, N, 0>(args, col_max, col_sum, red, kBarMax, warp, lane, fac, fac_s);
+  /* -> WG 1: fac_s written and every P V of this WG done (WG 1 may overwrite the KV stages with its
+   * staged half). <- WG 1: its last P V done (the empty barrier of the last tile; it completes
+   * every P V of WG 1, which retires them in order). An mbarrier, not a named barrier, so that
+   * racecheck follows the hand-off (docs/reliability.md section 3c). */
+  sm90_mbar_arrive(fac_full);
+  if (ntiles > 0) sm90_mbar_wait(&empty[(ntiles - 1) % kStages], (uint32_t)((ntiles - 1) / kStages) & 1);
+  uint8_t *stage = smem + L::kKV;
+  small_stage_out<N, kHalf, 0, 0>(stage, o, fac, warp, lane);
+  sm90_named_bar_sync(kBarP, 128);
+  small_copy_out<32>(args, stage, t, 0, N, 0);
+}
+
+/* SPLIT: consumer WG 1, O^T dims [256, 512) from WG 0's P and alpha; then its half of the out rows. */
+template <int NB, int N>
+__device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
+  typedef SmallSmem<NB, N, true> L;
+  constexpr int kStages = L::kStages;
+  constexpr int NR = N / 2, NC = N / 4, kHalf = kDVBlocks / 2;
+  const float *alpha_s = (const float *)(smem + L::kAlpha), *fac_s = alpha_s + N;
+  uint64_t *bars = (uint64_t *)(smem + L::kBars);
+  uint64_t *full = bars + 1, *empty = bars + 1 + kStages, *p_full = bars + 1 + 2 * kStages;
+  uint64_t *fac_full = p_full + 1;
+  const int warp = t >> 5, lane = t & 31;
+  float o[kHalf][NR]; /* O^T dims [256, 512) x N heads */
+#pragma unroll
+  for (int m = 0; m < kHalf; ++m)
+#pragma unroll
+    for (int i = 0; i < NR; ++i) o[m][i] = 0.f;
+  const uint32_t sp = sm90_smem_addr(smem + L::kP);
+
+  for (int n = 0; n < ntiles; ++n) {
+    const int s = n % kStages;
+    sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1); /* complete already: WG 0 waited on it */
+    sm90_mbar_wait(p_full, (uint32_t)n & 1);
+    sm90_fence_proxy_async();
+    const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
+    float alpha[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) alpha[c] = alpha_s[small_col(c, lane)];
+#pragma unroll
+    for (int m = 0; m < kHalf; ++m)
+#pragma unroll
+      for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
+    small_issue_pv<N, kHalf, kHalf>(o, skv, sp); /* dims [256, 512) */
+    sm90_wgmma_wait<0>();
+#pragma unroll
+    for (int m = 0; m < kHalf; ++m)
+#pragma unroll
+      for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+    sm90_mbar_arrive(&empty[s]); /* stage s, P(n) and alpha(n) are free as far as this WG goes */
+  }
+  /* WG 0's fac_s, and every P V of WG 0 done (this WG's staged half overlays the KV stages); this
+   * WG's own P V all retired above */
+  sm90_mbar_wait(fac_full, 0);
+  float fac[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) fac[c] = fac_s[small_col(c, lane)];
+  uint8_t *stage = smem + L::kKV;
+  small_stage_out<N, kHalf, 0, 256>(stage, o, fac, warp, lane);
+  sm90_named_bar_sync(kBarP + 2, 128);
+  small_copy_out<32>(args, stage, t, 0, N, 32);
 }
 #endif
 
-template <int NB, int N>
+template <int NB, int N, bool SPLIT>
 __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     attn_fwd_sm90_small_kernel(const __grid_constant__ SmallArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  typedef SmallSmem<NB, N> L;
+  typedef SmallSmem<NB, N, SPLIT> L;
   typedef SmallCfg<N> C;
   constexpr int kStages = L::kStages;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -448,6 +667,10 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     for (int s = 0; s < kStages; ++s) {
       sm90_mbar_init(&full[s], 256);
       sm90_mbar_init(&empty[s], 128 * C::kConsumers);
+    }
+    if constexpr (SPLIT) {
+      sm90_mbar_init(bars + 1 + 2 * kStages, 128); /* p_full: WG 0's threads */
+      sm90_mbar_init(bars + 2 + 2 * kStages, 128); /* fac_full: WG 0's threads, once */
     }
     sm90_mbar_init_fence();
   }
@@ -491,6 +714,15 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
   } else if constexpr (!C::kTwoWG) {
     /* ================= consumer (all N columns) ================= */
     small_consumer<NB, N, N, 0, false>(args, smem, t, ntiles);
+  } else if constexpr (SPLIT) {
+    /* ================= consumers: WG0 S^T, softmax, value dims [0, 256); WG1 dims [256, 512) ===== */
+    if (wg == 0) {
+      sm90_setmaxnreg_inc<kSplitSRegs>();
+      split_s_consumer<NB, N>(args, smem, t, ntiles);
+    } else {
+      sm90_setmaxnreg_inc<kSplitPVRegs>();
+      split_pv_consumer<NB, N>(args, smem, t, ntiles);
+    }
   } else {
     /* ================= consumers: WG0 columns [0, N0), WG1 [N0, N) ================= */
     sm90_setmaxnreg_inc<kConsumerRegs>();
@@ -505,18 +737,18 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
 }
 
 /* One instantiation per (head dim D = 64 NB, N = head count rounded up to 8). */
-template <int NB, int N>
+template <int NB, int N, bool SPLIT>
 dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
                   cudaStream_t stream) {
   const char *fn = "dsa_sparse_attn_fwd";
-  const int smem_bytes = SmallSmem<NB, N>::kBytes;
+  const int smem_bytes = SmallSmem<NB, N, SPLIT>::kBytes;
   if (smem_bytes > ctx->max_smem_optin)
     return dsa_fail(DSA_ERROR_UNSUPPORTED,
                     "%s: the sm_90a small-H kernel needs %d bytes of shared memory, device has %d", fn,
                     smem_bytes, ctx->max_smem_optin);
   /* two CTAs per SM need the largest shared-memory carveout */
   static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
-  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_small_kernel<NB, N>, smem_bytes,
+  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_small_kernel<NB, N, SPLIT>, smem_bytes,
                                SmallCfg<N>::kCtas > 1, ctx->device, attr_set, fn));
   SmallArgs args;
   args.p = *p;
@@ -524,22 +756,27 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head
   args.out_vec16 = !((uintptr_t)p->out & 15) && !(p->out_stride_token & 7) && !(p->out_stride_head & 7);
   args.head_begin = head_begin;
   args.head_count = head_count;
-  attn_fwd_sm90_small_kernel<NB, N><<<(unsigned)p->num_tokens, SmallCfg<N>::kThreads, smem_bytes, stream>>>(args);
+  attn_fwd_sm90_small_kernel<NB, N, SPLIT><<<(unsigned)p->num_tokens, SmallCfg<N>::kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
 template <int NB>
 dsa_status launch_nb(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
                      cudaStream_t stream) {
+  const bool split = dsa_attn_fwd_small_split != 0; /* N = 40..64 only */
   switch ((head_count + 7) / 8) {
-    case 1: return launch<NB, 8>(ctx, p, head_begin, head_count, stream);
-    case 2: return launch<NB, 16>(ctx, p, head_begin, head_count, stream);
-    case 3: return launch<NB, 24>(ctx, p, head_begin, head_count, stream);
-    case 4: return launch<NB, 32>(ctx, p, head_begin, head_count, stream);
-    case 5: return launch<NB, 40>(ctx, p, head_begin, head_count, stream);
-    case 6: return launch<NB, 48>(ctx, p, head_begin, head_count, stream);
-    case 7: return launch<NB, 56>(ctx, p, head_begin, head_count, stream);
-    default: return launch<NB, 64>(ctx, p, head_begin, head_count, stream);
+    case 1: return launch<NB, 8, false>(ctx, p, head_begin, head_count, stream);
+    case 2: return launch<NB, 16, false>(ctx, p, head_begin, head_count, stream);
+    case 3: return launch<NB, 24, false>(ctx, p, head_begin, head_count, stream);
+    case 4: return launch<NB, 32, false>(ctx, p, head_begin, head_count, stream);
+    case 5: return split ? launch<NB, 40, true>(ctx, p, head_begin, head_count, stream)
+                         : launch<NB, 40, false>(ctx, p, head_begin, head_count, stream);
+    case 6: return split ? launch<NB, 48, true>(ctx, p, head_begin, head_count, stream)
+                         : launch<NB, 48, false>(ctx, p, head_begin, head_count, stream);
+    case 7: return split ? launch<NB, 56, true>(ctx, p, head_begin, head_count, stream)
+                         : launch<NB, 56, false>(ctx, p, head_begin, head_count, stream);
+    default: return split ? launch<NB, 64, true>(ctx, p, head_begin, head_count, stream)
+                          : launch<NB, 64, false>(ctx, p, head_begin, head_count, stream);
   }
 }
 

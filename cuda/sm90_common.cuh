@@ -113,6 +113,19 @@ __device__ __forceinline__ void sm90_named_bar_sync(int id, int count) {
 __device__ __forceinline__ void sm90_named_bar_sync_any(int id, int count) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+/* 16 bytes to global memory: one 16-B store when the destination is 16-B aligned (vec16), else four
+ * 4-B stores (rows whose strides keep only 4-B alignment). */
+__device__ __forceinline__ void sm90_store_16b(void *dst, uint4 v, bool vec16) {
+  if (vec16) {
+    *(uint4 *)dst = v;
+  } else {
+    uint32_t *d4 = (uint32_t *)dst;
+    d4[0] = v.x;
+    d4[1] = v.y;
+    d4[2] = v.z;
+    d4[3] = v.w;
+  }
+}
 /* stmatrix m8n8.x4 (sm_90): lane l gives the row address of matrix l / 8; register m = this thread's
  * pair of matrix m (hopper-notes 2). */
 __device__ __forceinline__ void sm90_stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
@@ -131,7 +144,8 @@ __device__ __forceinline__ uint32_t sm90_pack_bf16x2(float lo, float hi) {
 /* ---- wgmma (notes 2), operand lists written out by a small script ------------------------------- */
 /* D(64xN, f32) (+)= A(64x16) * B(Nx16)^T, both from shared memory; B K-major; A K-major (TA = 0) or
  * M-major (TA = 1). scale_d = 0 overwrites D. N = 8, 16, 24, 32: the small-H kernels' column blocks
- * (cuda/attn_fwd_sm90_small.cu, cuda/attn_bwd_sm90_small.cu). */
+ * (cuda/attn_fwd_sm90_small.cu, cuda/attn_bwd_sm90_small.cu); N = 40..64: the forward small-H kernel's
+ * whole-N S^T and P V when two consumer WGs split the value dims. */
 template <int N, int TA>
 __device__ __forceinline__ void sm90_wgmma_ss_nN(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
   if constexpr (N == 8)
@@ -157,6 +171,30 @@ __device__ __forceinline__ void sm90_wgmma_ss_nN(float *d, uint64_t desc_a, uint
         "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+  if constexpr (N == 40)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %22, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n40k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19}, %20, %21, p, 1, 1, %23, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+  if constexpr (N == 48)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, 1, %27, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+  if constexpr (N == 56)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %30, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n56k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27}, %28, %29, p, 1, 1, %31, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
+  if constexpr (N == 64)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA));
 }
 

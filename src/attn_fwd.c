@@ -8,6 +8,8 @@
  * allowed), 3 = sm_90a small-H kernel only (H <= 64), 4 = the split forced: 64-head kernel on heads
  * [0, 64 floor(H / 64)), small-H kernel on the rest (tests and benchmarks). */
 int dsa_attn_fwd_variant = 0;
+/* The small-H kernel's two-consumer shape for N = 40..64 (src/internal.h): 1 value-dim split, 0 column split. */
+int dsa_attn_fwd_small_split = 1;
 /* The 64-head sm_90a kernel's consumer schedule (src/internal.h): 0 serial, 1 overlapped, 2 S(n+1)
  * hoisted behind PV(n), 3 tile split between the WGs (cuda/attn_fwd_sm90_v2.cu), 4 = 3 with mbarrier
  * hand-offs. Default 3 since its first H200 run (2026-11-29: fwd-v32-8k 541.7 vs 465.7 TFLOP/s for
@@ -22,7 +24,8 @@ int dsa_attn_fwd_sm90_overlap = 3;
  *                  consumer warpgroup; two launches on the stream (disjoint outputs)
  *   r in 33..63    64-head kernel on the whole H (64 - r zero M rows): the small-H kernel needs two
  *                  consumer warpgroups there and measured slower than the zero rows on an H200
- *                  (a963e9e: fwd-tp-h48 2.66 ms small-H vs 2.46 ms 64-head); variants 3 / 4 run it
+ *                  (a963e9e: fwd-tp-h48 2.66 ms small-H vs 2.46 ms 64-head; session 5, its value-dim
+ *                  split: 2.51 vs 2.14 ms, -h40 2.25 vs 2.11); variants 3 / 4 run it
  * Each kernel declines what it does not run with DSA_ERROR_UNSUPPORTED; the choice then falls back
  * to the 64-head kernel on the whole H, then to the portable kernel. */
 enum {

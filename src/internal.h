@@ -126,6 +126,11 @@ DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ct
                                                            const dsa_attn_fwd_params *p, int head_begin,
                                                            int head_count, cudaStream_t stream);
 DSA_HIDDEN extern int dsa_attn_fwd_variant;
+/* The sm_90a small-H forward's two-consumer shape (N = 40..64, cuda/attn_fwd_sm90_small.cu): 1 = the
+ * WGs split the 512 value dims (WG 0 computes S^T and the softmax for every column once), 0 = they
+ * split the columns (each computes its own S^T; the KV tile is read twice). Other values mean 1
+ * (tests and benchmarks set it). */
+DSA_HIDDEN extern int dsa_attn_fwd_small_split;
 /* The 64-head sm_90a kernel's consumer schedule (cuda/attn_fwd_sm90.cu header, split-S mode only):
  * 0 = serial, 1 = overlapped (S(n+1) and PV(n) in flight while softmax(n+1) runs), 2 = serial with
  * S(n+1) issued right behind PV(n), 3 = tile split between the WGs (its own kernel, below; the
