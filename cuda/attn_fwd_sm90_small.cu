@@ -27,7 +27,7 @@
  *        N/2 registers in the consumer. N <= 16: two CTAs per SM, one KV stage each.
  *   N = 40..64: 384 threads, WG0 and WG1 consumers, WG2 producer. Two ways to share the work, chosen
  *        by dsa_attn_fwd_small_split (src/internal.h):
- *     1 (default) value-dim split (setmaxnreg 240 / 224 / 40): WG0 computes S^T [64 x N] once per tile
+ *     1 (default) value-dim split (setmaxnreg 240 / 208 / 56): WG0 computes S^T [64 x N] once per tile
  *        for every column, the softmax, P and the rescale factors, and O^T dims [0, 256); WG1 only
  *        O^T dims [256, 512) from the same P (split_s_consumer / split_pv_consumer below, with their
  *        hand-offs). Each KV element is read from shared memory once per tile: 238 KB of wgmma
@@ -35,7 +35,7 @@
  *        fwd-tp-h40 2.247 vs 2.408 ms, -h48 2.507 vs 2.640, -h56 2.725 vs 2.693 for the column split:
  *        -7% / -5% / +1%, far less than the operand bytes (-36%): the 2-stage gather pipeline, not
  *        shared memory, sets the pace (docs/design.md section 8).
- *     0 column split (setmaxnreg 232 / 232 / 40). The N
+ *     0 column split (setmaxnreg 224 / 224 / 56). The N
  *        columns are split between the consumers: WG0 columns [0, N0), WG1 [N0, N), N0 = 8 ceil(N / 16)
  *        (40 = 24 + 16, 48 = 24 + 24, 56 = 32 + 24, 64 = 32 + 32). Each consumer runs exactly the
  *        N <= 32 consumer on its columns (its own S^T, softmax, P tile and O^T [512 x N_c], 4 N_c <= 128
@@ -54,7 +54,7 @@
  * already (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing).
  * ptxas (nvcc 13, -Xptxas -v): 64 / 122 / 168 / 208 registers for N = 8 / 16 / 24 / 32, no spills, no
  * wgmma serialisation warning; N = 40..64: 168 at entry (the __launch_bounds__(384, 1) cap), raised
- * to 232 in the consumers (value-dim split: 240 / 224), no spills. SASS per 64-key tile and
+ * to 224 in the consumers (value-dim split: 240 / 208; producer 56), no spills. SASS per 64-key tile and
  * consumer: 36 (D = 576) or 32 (D = 512) HGMMA.64xN_cx16 for S^T, 32 HGMMA.64xN_cx16 with
  * gdesc.tnspA for P V, N_c / 8 STSM.16.MT88.2 (value-dim split at N = 48: 68 HGMMA.64x48x16 in the
  * kernel, 36 + 16 in WG0's loop and 16 in WG1's). Shared memory at D = 576: 190632 B (N = 32) ..
@@ -97,10 +97,10 @@ constexpr int kBlkBytes = 64 * 128; /* one 64 x 64 bf16 SW128 block: 8 atoms of 
 constexpr int kOutPitch = 1040;     /* staged out row: 1024 B + 16 so the 4 heads of a store are 8 banks apart */
 constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids of consumer WG 0 (WG 1: + 2); 0 is __syncthreads */
 constexpr int kBarAll = 5;          /* N > 32: both consumer WGs (256 threads) */
-constexpr int kConsumerRegs = 232;  /* N > 32: O^T 128 + S^T 16 + P 16 + addressing (N_c = 32: 208 uncapped) */
-constexpr int kProducerRegs = 40;   /* N > 32: address math of the gather; 2 x 232 + 40 = 504 <= 512 */
+constexpr int kConsumerRegs = 224;  /* N > 32: O^T 128 + S^T 16 + P 16 + addressing (N_c = 32: 208 uncapped) */
+constexpr int kProducerRegs = 56;   /* N > 32: the gather and the next tile's indices / prefetch; 2 x 224 + 56 = 504 */
 constexpr int kSplitSRegs = 240;    /* SPLIT WG 0: O^T half 2N + S^T N/2 + softmax state 3 N/4 (N = 64: 208) */
-constexpr int kSplitPVRegs = 224;   /* SPLIT WG 1: O^T half 2N (N = 64: 128) + addressing */
+constexpr int kSplitPVRegs = 208;   /* SPLIT WG 1: O^T half 2N (N = 64: 128) + addressing; 240 + 208 + 56 = 504 */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -189,6 +189,7 @@ struct SmallArgs {
   int out_vec16;    /* 1: out rows 16-B aligned (uint4 stores), else 4-B stores */
   int head_begin;   /* kernel column h is head head_begin + h of q / sink / out / lse / max_logits */
   int head_count;   /* columns [0, head_count) are real heads (<= N); the rest are zero rows */
+  int kv_prefetch;  /* dsa_attn_fwd_kv_prefetch: L2-prefetch the next tile's KV rows */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
@@ -699,16 +700,20 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     sm90_cp_async_mbar_arrive_noinc(q_full);
 
     const int32_t *irow = p.indices + tok * p.indices_stride;
+    /* tile n's indices are read during tile n - 1, before its wait (the latency overlaps the
+     * consumers' work), and its rows L2-prefetched when kv_prefetch */
+    int32_t idxs[4];
+    sm90_gather_read_indices(irow, 0, g, klen, idxs);
     for (int n = 0; n < ntiles; ++n) {
       const int s = n % kStages;
       const uint32_t use = (uint32_t)(n / kStages);
-      int32_t idxs[4]; /* read before the wait: the latency overlaps the consumer's work */
-      sm90_gather_read_indices(irow, n, g, klen, idxs);
       sm90_mbar_wait(&empty[s], (use & 1) ^ 1); /* first use of a stage: parity 1 returns at once */
       const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
       sm90_gather_kv_rows<NB>(skv, valid + s * kBlockK, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
       sm90_cp_async_mbar_arrive_noinc(&full[s]); /* fires when this thread's copies have landed */
       sm90_mbar_arrive(&full[s]);                /* releases the mask bytes written above */
+      sm90_gather_read_indices(irow, n + 1, g, klen, idxs); /* -1 past klen */
+      if (args.kv_prefetch) sm90_prefetch_kv_rows<NB>(idxs, j, p.kv, p.kv_stride, p.num_kv);
     }
     sm90_cp_async_wait_all();
   } else if constexpr (!C::kTwoWG) {
@@ -756,6 +761,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head
   args.out_vec16 = !((uintptr_t)p->out & 15) && !(p->out_stride_token & 7) && !(p->out_stride_head & 7);
   args.head_begin = head_begin;
   args.head_count = head_count;
+  args.kv_prefetch = dsa_attn_fwd_kv_prefetch != 0;
   attn_fwd_sm90_small_kernel<NB, N, SPLIT><<<(unsigned)p->num_tokens, SmallCfg<N>::kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }

@@ -10,6 +10,8 @@
 int dsa_attn_fwd_variant = 0;
 /* The small-H kernel's two-consumer shape for N = 40..64 (src/internal.h): 1 value-dim split, 0 column split. */
 int dsa_attn_fwd_small_split = 1;
+/* L2 prefetch of the next tiles' KV rows in the sm_90a forward producers (src/internal.h). */
+int dsa_attn_fwd_kv_prefetch = 1;
 /* The 64-head sm_90a kernel's consumer schedule (src/internal.h): 0 serial, 1 overlapped, 2 S(n+1)
  * hoisted behind PV(n), 3 tile split between the WGs (cuda/attn_fwd_sm90_v2.cu), 4 = 3 with mbarrier
  * hand-offs. Default 3 since its first H200 run (2026-11-29: fwd-v32-8k 541.7 vs 465.7 TFLOP/s for
