@@ -9,9 +9,10 @@
  *       of 64 keys x D, each in two halves with their own mbarriers: L = blocks 0..3 (dims 0..255),
  *       R = blocks 4..NB-1 (dims 256..D-1). Tile 2i goes to buffer 0, tile 2i + 1 to buffer 1.
  *       The indices of pair i + 1 are read right after pair i's copies are issued and, with
- *       dsa_attn_fwd_kv_prefetch (default 1), their rows are L2-prefetched (sm90_prefetch_kv_rows):
+ *       dsa_attn_fwd_kv_prefetch = 1 (default 0), their rows are L2-prefetched (sm90_prefetch_kv_rows):
  *       ncu (session 5) had the producer waiting on empty halves and the consumers on full ones
- *       about equally often, a latency-bound two-stage ring; a tile lands with its slowest row.
+ *       about equally often, a latency-bound two-stage ring; a tile lands with its slowest row. The
+ *       prefetch measured slower on most shapes (src/attn_fwd.c), so it stays off.
  *   WG0, WG1 consumers (224 registers): WG w computes the whole S = Q K^T (m64n64k16 SS, D/16 steps)
  *       of the tiles in buffer w, i.e. WG0 the even tiles, WG1 the odd ones. WG0 owns value dims
  *       0..255 of O, WG1 256..511; each runs PV for both tiles of a pair: its own P from registers
