@@ -65,11 +65,6 @@ static int bwd_variant_forced; /* 0: automatic */
  * get ",ss<N>". */
 extern int dsa_attn_fwd_small_split __attribute__((weak));
 static int fwd_small_split_forced = -1;
-/* The sm_90a forward producers' L2 prefetch of the next tiles' KV rows (src/internal.h
- * dsa_attn_fwd_kv_prefetch), from DSA_FWD_KV_PREFETCH=0/1 (unset: the library's); fwd rows then get
- * ",kp<N>". */
-extern int dsa_attn_fwd_kv_prefetch __attribute__((weak));
-static int fwd_kv_prefetch_forced = -1;
 static int parse_layout_list(const char *s) { return parse_digit_list(s, 2, bwd_layout_list, 4, &bwd_layout_count); }
 
 /* ---------------------------------------------------------------------------------------------
@@ -518,8 +513,6 @@ static void bench_fwd(bench *b, const shape *sh) {
              fwd_variant_forced == 1 ? ",portable" : fwd_variant_forced == 2 ? ",sm90" : fwd_variant_forced == 3 ? ",small" : fwd_variant_forced == 4 ? ",split" : "");
     if (fwd_small_split_forced >= 0)
       snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ss%d", fwd_small_split_forced);
-    if (fwd_kv_prefetch_forced >= 0)
-      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",kp%d", fwd_kv_prefetch_forced);
     if (fwd_overlap_count) {
       dsa_attn_fwd_sm90_overlap = fwd_overlap_list[k];
       snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ov%d", fwd_overlap_list[k]);
@@ -916,11 +909,6 @@ int main(int argc, char **argv) {
     dsa_attn_fwd_small_split = fwd_small_split_forced;
     printf("small-H forward, N = 40..64: %s (DSA_FWD_SMALL_SPLIT)\n",
            fwd_small_split_forced ? "value-dim split" : "column split");
-  }
-  if (getenv("DSA_FWD_KV_PREFETCH") && &dsa_attn_fwd_kv_prefetch) {
-    fwd_kv_prefetch_forced = atoi(getenv("DSA_FWD_KV_PREFETCH")) != 0;
-    dsa_attn_fwd_kv_prefetch = fwd_kv_prefetch_forced;
-    printf("sm_90a forward KV L2 prefetch %s (DSA_FWD_KV_PREFETCH)\n", fwd_kv_prefetch_forced ? "on" : "off");
   }
   if (getenv("DSA_TOPK_VARIANT") && &dsa_topk_variant) {
     topk_variant_forced = atoi(getenv("DSA_TOPK_VARIANT"));

@@ -98,7 +98,7 @@ constexpr int kOutPitch = 1040;     /* staged out row: 1024 B + 16 so the 4 head
 constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids of consumer WG 0 (WG 1: + 2); 0 is __syncthreads */
 constexpr int kBarAll = 5;          /* N > 32: both consumer WGs (256 threads) */
 constexpr int kConsumerRegs = 224;  /* N > 32: O^T 128 + S^T 16 + P 16 + addressing (N_c = 32: 208 uncapped) */
-constexpr int kProducerRegs = 56;   /* N > 32: the gather and the next tile's indices / prefetch; 2 x 224 + 56 = 504 */
+constexpr int kProducerRegs = 56;   /* N > 32: the gather and the next tile's indices (at 40: 4-8 B of spills); 2 x 224 + 56 = 504 */
 constexpr int kSplitSRegs = 240;    /* SPLIT WG 0: O^T half 2N + S^T N/2 + softmax state 3 N/4 (N = 64: 208) */
 constexpr int kSplitPVRegs = 208;   /* SPLIT WG 1: O^T half 2N (N = 64: 128) + addressing; 240 + 208 + 56 = 504 */
 constexpr float kLog2e = 1.4426950408889634f;
@@ -189,7 +189,6 @@ struct SmallArgs {
   int out_vec16;    /* 1: out rows 16-B aligned (uint4 stores), else 4-B stores */
   int head_begin;   /* kernel column h is head head_begin + h of q / sink / out / lse / max_logits */
   int head_count;   /* columns [0, head_count) are real heads (<= N); the rest are zero rows */
-  int kv_prefetch;  /* dsa_attn_fwd_kv_prefetch: L2-prefetch the next tile's KV rows */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
@@ -700,8 +699,9 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     sm90_cp_async_mbar_arrive_noinc(q_full);
 
     const int32_t *irow = p.indices + tok * p.indices_stride;
-    /* tile n's indices are read during tile n - 1, before its wait (the latency overlaps the
-     * consumers' work), and its rows L2-prefetched when kv_prefetch */
+    /* tile n's indices are read right after tile n - 1's copies are issued, before tile n's wait
+     * (the latency overlaps the consumers' work). The same order as reading them at the loop head,
+     * but not the same SASS: fwd-tp-h32 316.6 vs 303.5 TFLOP/s (session 5, run 6, two rounds) */
     int32_t idxs[4];
     sm90_gather_read_indices(irow, 0, g, klen, idxs);
     for (int n = 0; n < ntiles; ++n) {
@@ -713,7 +713,6 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
       sm90_cp_async_mbar_arrive_noinc(&full[s]); /* fires when this thread's copies have landed */
       sm90_mbar_arrive(&full[s]);                /* releases the mask bytes written above */
       sm90_gather_read_indices(irow, n + 1, g, klen, idxs); /* -1 past klen */
-      if (args.kv_prefetch) sm90_prefetch_kv_rows<NB>(idxs, j, p.kv, p.kv_stride, p.num_kv);
     }
     sm90_cp_async_wait_all();
   } else if constexpr (!C::kTwoWG) {
@@ -761,7 +760,6 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head
   args.out_vec16 = !((uintptr_t)p->out & 15) && !(p->out_stride_token & 7) && !(p->out_stride_head & 7);
   args.head_begin = head_begin;
   args.head_count = head_count;
-  args.kv_prefetch = dsa_attn_fwd_kv_prefetch != 0;
   attn_fwd_sm90_small_kernel<NB, N, SPLIT><<<(unsigned)p->num_tokens, SmallCfg<N>::kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }

@@ -8,11 +8,6 @@
  *   WG2 producer (56 registers): cp.async gather with the manual 128B swizzle into two KV buffers
  *       of 64 keys x D, each in two halves with their own mbarriers: L = blocks 0..3 (dims 0..255),
  *       R = blocks 4..NB-1 (dims 256..D-1). Tile 2i goes to buffer 0, tile 2i + 1 to buffer 1.
- *       The indices of pair i + 1 are read right after pair i's copies are issued and, with
- *       dsa_attn_fwd_kv_prefetch = 1 (default 0), their rows are L2-prefetched (sm90_prefetch_kv_rows):
- *       ncu (session 5) had the producer waiting on empty halves and the consumers on full ones
- *       about equally often, a latency-bound two-stage ring; a tile lands with its slowest row. The
- *       prefetch measured slower on most shapes (src/attn_fwd.c), so it stays off.
  *   WG0, WG1 consumers (224 registers): WG w computes the whole S = Q K^T (m64n64k16 SS, D/16 steps)
  *       of the tiles in buffer w, i.e. WG0 the even tiles, WG1 the odd ones. WG0 owns value dims
  *       0..255 of O, WG1 256..511; each runs PV for both tiles of a pair: its own P from registers
@@ -95,7 +90,6 @@ struct FwdArgs2 {
   dsa_attn_fwd_params p;
   float scale_log2;
   int num_hblocks, head_begin, head_end;
-  int kv_prefetch; /* dsa_attn_fwd_kv_prefetch: L2-prefetch the next pair's KV rows */
 };
 
 /* Device helpers: only in the sm_90a pass (and the host pass, which never calls them): the compute_90
@@ -424,12 +418,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
     const int32_t *irow = p.indices + tok * p.indices_stride;
     const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
     uint8_t *valid = smem + L::kValid;
-    /* the indices of pair i are read during pair i - 1 (its rows L2-prefetched when kv_prefetch) */
-    int32_t ia[4], ib[4];
-    sm90_gather_read_indices(irow, 0, g, klen, ia);
-    sm90_gather_read_indices(irow, 1, g, klen, ib);
     for (int i = 0; i < npairs; ++i) {
       const uint32_t par = ((uint32_t)i & 1) ^ 1; /* first use of a half: parity 1 returns at once */
+      int32_t ia[4], ib[4];
+      sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
+      sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
       sm90_mbar_wait(&empty[0][0], par);
       sm90_gather_kv_blocks<0, 4, true>(sb0, valid, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
       sm90_cp_async_mbar_arrive_noinc(&full[0][0]);
@@ -446,12 +439,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
       sm90_gather_kv_blocks<0, 4, false>(sb1, nullptr, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
       sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
       sm90_mbar_arrive(&full[1][0]);
-      sm90_gather_read_indices(irow, 2 * i + 2, g, klen, ia); /* -1 past klen */
-      sm90_gather_read_indices(irow, 2 * i + 3, g, klen, ib);
-      if (args.kv_prefetch) {
-        sm90_prefetch_kv_rows<NB>(ia, j, p.kv, p.kv_stride, p.num_kv);
-        sm90_prefetch_kv_rows<NB>(ib, j, p.kv, p.kv_stride, p.num_kv);
-      }
     }
     sm90_cp_async_wait_all();
   } else {
@@ -565,7 +552,6 @@ dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStr
   args.num_hblocks = num_hblocks;
   args.head_begin = head_begin;
   args.head_end = head_end;
-  args.kv_prefetch = dsa_attn_fwd_kv_prefetch != 0;
   const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
   attn_fwd_sm90_v2_kernel<NB, MB><<<grid, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);

@@ -347,23 +347,6 @@ __device__ __forceinline__ void sm90_gather_kv_blocks(uint32_t skv, uint8_t *val
     if (VALID && j == 0) valid[r] = ok ? 1 : 0;
   }
 }
-/* L2 prefetch of this thread's 4 KV rows (idxs; invalid ones skipped): thread j of the row's 8 takes
- * the 128-B line j of each row, j == 0 also line 8 when a row has 9 64-column blocks (D = 576). A
- * gather issued later then finds its rows in L2 instead of waiting on the DRAM misses among them
- * (a tile completes with its slowest row). */
-template <int NB>
-__device__ __forceinline__ void sm90_prefetch_kv_rows(const int32_t idxs[4], int j, const uint16_t *kv, int64_t kv_stride,
-                                                      int64_t num_kv) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int32_t idx = idxs[i];
-    if (idx >= 0 && (int64_t)idx < num_kv) {
-      const uint16_t *row = kv + (int64_t)idx * kv_stride;
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + j * 64));
-      if (NB > 8 && j == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + 8 * 64));
-    }
-  }
-}
 /* All NB blocks of the rows, validity bytes written. */
 template <int NB>
 __device__ __forceinline__ void sm90_gather_kv_rows(uint32_t skv, uint8_t *valid, const int32_t idxs[4],

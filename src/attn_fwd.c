@@ -10,10 +10,6 @@
 int dsa_attn_fwd_variant = 0;
 /* The small-H kernel's two-consumer shape for N = 40..64 (src/internal.h): 1 value-dim split, 0 column split. */
 int dsa_attn_fwd_small_split = 1;
-/* L2 prefetch of the next tiles' KV rows in the sm_90a forward producers (src/internal.h). Off: on the
- * H200 (session 5, run 5, two A/B rounds) it cost 3% on fwd-v32-8k / fwd-glm-4k and 7-9% on
- * fwd-tp-h8/h16/h32, and gained 1-2% only on fwd-glm-cp8 / fwd-tp-h48 (docs/perf.md). */
-int dsa_attn_fwd_kv_prefetch = 0;
 /* The 64-head sm_90a kernel's consumer schedule (src/internal.h): 0 serial, 1 overlapped, 2 S(n+1)
  * hoisted behind PV(n), 3 tile split between the WGs (cuda/attn_fwd_sm90_v2.cu), 4 = 3 with mbarrier
  * hand-offs. Default 3 since its first H200 run (2026-11-29: fwd-v32-8k 541.7 vs 465.7 TFLOP/s for

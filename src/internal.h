@@ -131,10 +131,6 @@ DSA_HIDDEN extern int dsa_attn_fwd_variant;
  * split the columns (each computes its own S^T; the KV tile is read twice). Other values mean 1
  * (tests and benchmarks set it). */
 DSA_HIDDEN extern int dsa_attn_fwd_small_split;
-/* The sm_90a forward kernels' producers L2-prefetch the KV rows of the next tiles (prefetch.global.L2,
- * one 128-B line per thread and row) while the current ones are consumed: 1 on, 0 off (the default:
- * measured slower on most shapes; tests and benchmarks set it). */
-DSA_HIDDEN extern int dsa_attn_fwd_kv_prefetch;
 /* The 64-head sm_90a kernel's consumer schedule (cuda/attn_fwd_sm90.cu header, split-S mode only):
  * 0 = serial, 1 = overlapped (S(n+1) and PV(n) in flight while softmax(n+1) runs), 2 = serial with
  * S(n+1) issued right behind PV(n), 3 = tile split between the WGs (its own kernel, below; the
