@@ -454,7 +454,7 @@ __device__ __forceinline__ void attn_bwd_sm90_main(const MainArgs &args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   typedef Smem<NBT> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint8_t *smem = sm90_smem_align1024(smem_raw);
   const dsa_attn_bwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7;
   const int64_t tok = (kDet ? args.tok0 : 0) + blockIdx.x / args.num_hblocks;

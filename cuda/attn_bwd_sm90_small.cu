@@ -455,6 +455,8 @@ __device__ __forceinline__ void attn_bwd_sm90_small_main(const SArgs &args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   typedef SSmem<NB, N> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
+  /* the integer round trip (generic LD / ST to shared memory), not sm90_smem_align1024: with shared
+   * loads the N = 32, D = 576 instantiations reach 255 registers and spill 4 B (session 5) */
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kSStages;

@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
   static_assert(NB == 8 || NB == 9, "OVERLAP 1 puts P in block 8 (the RoPE dims) when NB = 9");
   typedef Smem<NB, SPLIT, OVERLAP> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint8_t *smem = sm90_smem_align1024(smem_raw);
   uint8_t *valid = smem + L::kValid;
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;

@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
   static_assert(NB == 8 || NB == 9, "D = 512 or 576");
   typedef Smem2<NB> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint8_t *smem = sm90_smem_align1024(smem_raw);
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *q_full = bars;
   uint64_t(*full)[2] = (uint64_t(*)[2])(bars + 1);

@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1) idx_sm90_kernel(const __grid_cons
   constexpr int kBarTurn = 1;       /* named barriers kBarTurn + c: consumer c's turn for its wgmma */
   static_assert((HP == 32 || HP == 64) && QC <= kMaxQ, "HP in {32, 64}");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint8_t *smem = sm90_smem_align1024(smem_raw);
   int32_t *s_lo = (int32_t *)(smem + kOffWin), *s_hi = s_lo + kMaxQ;
   uint64_t *bars = (uint64_t *)(smem + kOffBars);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;

@@ -113,6 +113,14 @@ __device__ __forceinline__ void sm90_named_bar_sync(int id, int count) {
 __device__ __forceinline__ void sm90_named_bar_sync_any(int id, int count) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+/* The 1024-B aligned start of the dynamic shared memory (SW128 atoms; the launch adds 1 KB of slack),
+ * derived by pointer arithmetic on the __shared__ array itself so that nvcc keeps the shared state
+ * space: the usual integer round trip ((uintptr_t)raw + 1023) & ~1023 turns every later access into
+ * a generic LD / ST (session 5: the forward kernels had no ld.shared at all; ncu showed generic
+ * loads of the mask bytes and row maxima on the softmax path). */
+__device__ __forceinline__ uint8_t *sm90_smem_align1024(uint8_t *raw) {
+  return raw + ((1024u - (sm90_smem_addr(raw) & 1023u)) & 1023u);
+}
 /* 16 bytes to global memory: one 16-B store when the destination is 16-B aligned (vec16), else four
  * 4-B stores (rows whose strides keep only 4-B alignment). */
 __device__ __forceinline__ void sm90_store_16b(void *dst, uint4 v, bool vec16) {
