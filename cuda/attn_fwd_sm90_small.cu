@@ -700,8 +700,9 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
 
     const int32_t *irow = p.indices + tok * p.indices_stride;
     /* tile n's indices are read right after tile n - 1's copies are issued, before tile n's wait
-     * (the latency overlaps the consumers' work). The same order as reading them at the loop head,
-     * but not the same SASS: fwd-tp-h32 316.6 vs 303.5 TFLOP/s (session 5, run 6, two rounds) */
+     * (the latency overlaps the consumers' work); the same order as reading them at the loop head.
+     * fwd-tp-h32 measured 303-317 TFLOP/s across builds whose producers differ only in such
+     * details (session 5, runs 5-7): +-3% here is code layout, not a finding */
     int32_t idxs[4];
     sm90_gather_read_indices(irow, 0, g, klen, idxs);
     for (int n = 0; n < ntiles; ++n) {
