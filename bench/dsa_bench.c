@@ -65,6 +65,11 @@ static int bwd_variant_forced; /* 0: automatic */
  * get ",ss<N>". */
 extern int dsa_attn_fwd_small_split __attribute__((weak));
 static int fwd_small_split_forced = -1;
+/* The forward KV gather's L2 policy (src/internal.h dsa_attn_fwd_kv_l2_hint: 0 none, 1 evict_last,
+ * 2 evict_last when the KV fits half the L2), from DSA_FWD_KV_L2_HINT (unset: the library's); fwd rows
+ * then get ",l2h<N>". */
+extern int dsa_attn_fwd_kv_l2_hint __attribute__((weak));
+static int fwd_l2_hint_forced = -1;
 static int parse_layout_list(const char *s) { return parse_digit_list(s, 2, bwd_layout_list, 4, &bwd_layout_count); }
 
 /* ---------------------------------------------------------------------------------------------
@@ -513,6 +518,8 @@ static void bench_fwd(bench *b, const shape *sh) {
              fwd_variant_forced == 1 ? ",portable" : fwd_variant_forced == 2 ? ",sm90" : fwd_variant_forced == 3 ? ",small" : fwd_variant_forced == 4 ? ",split" : "");
     if (fwd_small_split_forced >= 0)
       snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ss%d", fwd_small_split_forced);
+    if (fwd_l2_hint_forced >= 0)
+      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",l2h%d", fwd_l2_hint_forced);
     if (fwd_overlap_count) {
       dsa_attn_fwd_sm90_overlap = fwd_overlap_list[k];
       snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ov%d", fwd_overlap_list[k]);
@@ -909,6 +916,11 @@ int main(int argc, char **argv) {
     dsa_attn_fwd_small_split = fwd_small_split_forced;
     printf("small-H forward, N = 40..64: %s (DSA_FWD_SMALL_SPLIT)\n",
            fwd_small_split_forced ? "value-dim split" : "column split");
+  }
+  if (getenv("DSA_FWD_KV_L2_HINT") && &dsa_attn_fwd_kv_l2_hint) {
+    fwd_l2_hint_forced = atoi(getenv("DSA_FWD_KV_L2_HINT"));
+    dsa_attn_fwd_kv_l2_hint = fwd_l2_hint_forced;
+    printf("forward KV gather L2 policy %d (DSA_FWD_KV_L2_HINT: 0 none, 1 evict_last, 2 auto)\n", fwd_l2_hint_forced);
   }
   if (getenv("DSA_TOPK_VARIANT") && &dsa_topk_variant) {
     topk_variant_forced = atoi(getenv("DSA_TOPK_VARIANT"));

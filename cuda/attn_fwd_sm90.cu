@@ -395,6 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
     sm90_cp_async_mbar_arrive_noinc(q_full);
 
     const int32_t *irow = p.indices + tok * p.indices_stride;
+    const uint64_t pol = sm90_l2_policy(false); /* schedules 0-2: no L2 hint (dsa_fwd_kv_evict_last) */
     for (int n = 0; n < ntiles; ++n) {
       const int s = n & 1;
       const uint32_t use = (uint32_t)(n >> 1);
@@ -403,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_kernel(const __grid
       sm90_gather_read_indices(irow, n, g, klen, idxs);
       sm90_mbar_wait(&empty[s], (use & 1) ^ 1); /* first use of a stage: parity 1 returns at once */
       const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
-      sm90_gather_kv_rows<NB>(skv, valid + s * kBlockN, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
+      sm90_gather_kv_rows<NB>(skv, valid + s * kBlockN, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[s]); /* fires when this thread's copies have landed */
       sm90_mbar_arrive(&full[s]);                /* releases the mask bytes written above */
     }

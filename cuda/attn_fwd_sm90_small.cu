@@ -189,6 +189,7 @@ struct SmallArgs {
   int out_vec16;    /* 1: out rows 16-B aligned (uint4 stores), else 4-B stores */
   int head_begin;   /* kernel column h is head head_begin + h of q / sink / out / lse / max_logits */
   int head_count;   /* columns [0, head_count) are real heads (<= N); the rest are zero rows */
+  int kv_evict_last; /* the KV gather's L2 policy (dsa_fwd_kv_evict_last) */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
@@ -705,12 +706,13 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
      * details (session 5, runs 5-7): +-3% here is code layout, not a finding */
     int32_t idxs[4];
     sm90_gather_read_indices(irow, 0, g, klen, idxs);
+    const uint64_t pol = sm90_l2_policy(args.kv_evict_last != 0);
     for (int n = 0; n < ntiles; ++n) {
       const int s = n % kStages;
       const uint32_t use = (uint32_t)(n / kStages);
       sm90_mbar_wait(&empty[s], (use & 1) ^ 1); /* first use of a stage: parity 1 returns at once */
       const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
-      sm90_gather_kv_rows<NB>(skv, valid + s * kBlockK, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
+      sm90_gather_kv_rows<NB>(skv, valid + s * kBlockK, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[s]); /* fires when this thread's copies have landed */
       sm90_mbar_arrive(&full[s]);                /* releases the mask bytes written above */
       sm90_gather_read_indices(irow, n + 1, g, klen, idxs); /* -1 past klen */
@@ -761,6 +763,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head
   args.out_vec16 = !((uintptr_t)p->out & 15) && !(p->out_stride_token & 7) && !(p->out_stride_head & 7);
   args.head_begin = head_begin;
   args.head_count = head_count;
+  args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
   attn_fwd_sm90_small_kernel<NB, N, SPLIT><<<(unsigned)p->num_tokens, SmallCfg<N>::kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }

@@ -90,6 +90,7 @@ struct FwdArgs2 {
   dsa_attn_fwd_params p;
   float scale_log2;
   int num_hblocks, head_begin, head_end;
+  int kv_evict_last; /* the KV gather's L2 policy (dsa_fwd_kv_evict_last) */
 };
 
 /* Device helpers: only in the sm_90a pass (and the host pass, which never calls them): the compute_90
@@ -418,25 +419,26 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
     const int32_t *irow = p.indices + tok * p.indices_stride;
     const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
     uint8_t *valid = smem + L::kValid;
+    const uint64_t pol = sm90_l2_policy(args.kv_evict_last != 0);
     for (int i = 0; i < npairs; ++i) {
       const uint32_t par = ((uint32_t)i & 1) ^ 1; /* first use of a half: parity 1 returns at once */
       int32_t ia[4], ib[4];
       sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
       sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
       sm90_mbar_wait(&empty[0][0], par);
-      sm90_gather_kv_blocks<0, 4, true>(sb0, valid, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
+      sm90_gather_kv_blocks<0, 4, true>(sb0, valid, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[0][0]);
       sm90_mbar_arrive(&full[0][0]);
       sm90_mbar_wait(&empty[1][1], par);
-      sm90_gather_kv_blocks<4, NB, true>(sb1, valid + 64, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
+      sm90_gather_kv_blocks<4, NB, true>(sb1, valid + 64, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[1][1]);
       sm90_mbar_arrive(&full[1][1]);
       sm90_mbar_wait(&empty[0][1], par);
-      sm90_gather_kv_blocks<4, NB, false>(sb0, nullptr, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
+      sm90_gather_kv_blocks<4, NB, false>(sb0, nullptr, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[0][1]);
       sm90_mbar_arrive(&full[0][1]);
       sm90_mbar_wait(&empty[1][0], par);
-      sm90_gather_kv_blocks<0, 4, false>(sb1, nullptr, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
+      sm90_gather_kv_blocks<0, 4, false>(sb1, nullptr, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
       sm90_mbar_arrive(&full[1][0]);
     }
@@ -552,6 +554,7 @@ dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStr
   args.num_hblocks = num_hblocks;
   args.head_begin = head_begin;
   args.head_end = head_end;
+  args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
   const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
   attn_fwd_sm90_v2_kernel<NB, MB><<<grid, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);

@@ -335,6 +335,23 @@ __device__ __forceinline__ void sm90_load_q_heads64(uint32_t sq, const uint16_t 
   }
 }
 
+/* An L2 cache policy for cp.async's .L2::cache_hint (hopper: createpolicy): evict_last keeps the
+ * gathered KV rows in L2 ahead of the streamed operands (indices, q, out); evict_normal is the
+ * default behaviour. */
+__device__ __forceinline__ uint64_t sm90_l2_policy(bool evict_last) {
+  uint64_t pol;
+  if (evict_last)
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ void sm90_cp_async16_hint(uint32_t dst, const void *src, uint32_t src_bytes, uint64_t pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes), "l"(pol)
+               : "memory");
+}
+
 /* Issues the cp.asyncs of this thread's rows, 64-column blocks [B0, B1), into the SW128 tile at skv
  * (block b at + b * 8192) and, when VALID, writes the validity byte of each row (thread j == 0). An
  * invalid slot (idx < 0 or >= num_kv) copies 0 bytes (zero fill) from `harmless`, a readable
@@ -342,7 +359,7 @@ __device__ __forceinline__ void sm90_load_q_heads64(uint32_t sq, const uint16_t 
 template <int B0, int B1, bool VALID>
 __device__ __forceinline__ void sm90_gather_kv_blocks(uint32_t skv, uint8_t *valid, const int32_t idxs[4],
                                                       int g, int j, const uint16_t *kv, int64_t kv_stride,
-                                                      int64_t num_kv, const uint16_t *harmless) {
+                                                      int64_t num_kv, const uint16_t *harmless, uint64_t pol) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int r = g + 16 * i;
@@ -351,7 +368,7 @@ __device__ __forceinline__ void sm90_gather_kv_blocks(uint32_t skv, uint8_t *val
     const uint16_t *src = ok ? kv + (int64_t)idx * kv_stride + j * 8 : harmless + j * 8;
 #pragma unroll
     for (int b = B0; b < B1; ++b)
-      sm90_cp_async16(skv + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+      sm90_cp_async16_hint(skv + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u, pol);
     if (VALID && j == 0) valid[r] = ok ? 1 : 0;
   }
 }
@@ -359,8 +376,8 @@ __device__ __forceinline__ void sm90_gather_kv_blocks(uint32_t skv, uint8_t *val
 template <int NB>
 __device__ __forceinline__ void sm90_gather_kv_rows(uint32_t skv, uint8_t *valid, const int32_t idxs[4],
                                                     int g, int j, const uint16_t *kv, int64_t kv_stride,
-                                                    int64_t num_kv, const uint16_t *harmless) {
-  sm90_gather_kv_blocks<0, NB, true>(skv, valid, idxs, g, j, kv, kv_stride, num_kv, harmless);
+                                                    int64_t num_kv, const uint16_t *harmless, uint64_t pol) {
+  sm90_gather_kv_blocks<0, NB, true>(skv, valid, idxs, g, j, kv, kv_stride, num_kv, harmless, pol);
 }
 
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL || !__CUDA_ARCH__ */

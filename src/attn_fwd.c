@@ -10,6 +10,15 @@
 int dsa_attn_fwd_variant = 0;
 /* The small-H kernel's two-consumer shape for N = 40..64 (src/internal.h): 1 value-dim split, 0 column split. */
 int dsa_attn_fwd_small_split = 1;
+/* The KV gather's L2 policy (src/internal.h). */
+int dsa_attn_fwd_kv_l2_hint = 2;
+
+int dsa_fwd_kv_evict_last(const dsa_context *ctx, const dsa_attn_fwd_params *p) {
+  if (dsa_attn_fwd_kv_l2_hint == 1) return 1;
+  if (dsa_attn_fwd_kv_l2_hint != 2) return 0;
+  const double kv_bytes = (double)p->num_kv * (double)p->kv_stride * 2.0;
+  return kv_bytes <= 0.5 * (double)ctx->l2_bytes;
+}
 /* The 64-head sm_90a kernel's consumer schedule (src/internal.h): 0 serial, 1 overlapped, 2 S(n+1)
  * hoisted behind PV(n), 3 tile split between the WGs (cuda/attn_fwd_sm90_v2.cu), 4 = 3 with mbarrier
  * hand-offs. Default 3 since its first H200 run (2026-11-29: fwd-v32-8k 541.7 vs 465.7 TFLOP/s for

@@ -131,6 +131,11 @@ DSA_HIDDEN extern int dsa_attn_fwd_variant;
  * split the columns (each computes its own S^T; the KV tile is read twice). Other values mean 1
  * (tests and benchmarks set it). */
 DSA_HIDDEN extern int dsa_attn_fwd_small_split;
+/* The L2 policy of the sm_90a forward's KV gather (schedules 3 / 4 and the small-H kernel): 0 = none,
+ * 1 = evict_last always, 2 = evict_last when the KV rows fit in half the L2 (tests and benchmarks set
+ * it); dsa_fwd_kv_evict_last applies it to a launch. */
+DSA_HIDDEN extern int dsa_attn_fwd_kv_l2_hint;
+DSA_HIDDEN int dsa_fwd_kv_evict_last(const dsa_context *ctx, const dsa_attn_fwd_params *p);
 /* The 64-head sm_90a kernel's consumer schedule (cuda/attn_fwd_sm90.cu header, split-S mode only):
  * 0 = serial, 1 = overlapped (S(n+1) and PV(n) in flight while softmax(n+1) runs), 2 = serial with
  * S(n+1) issued right behind PV(n), 3 = tile split between the WGs (its own kernel, below; the
