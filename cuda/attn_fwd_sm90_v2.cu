@@ -8,6 +8,7 @@
  *   WG2 producer (56 registers): cp.async gather with the manual 128B swizzle into two KV buffers
  *       of 64 keys x D, each in two halves with their own mbarriers: L = blocks 0..3 (dims 0..255),
  *       R = blocks 4..NB-1 (dims 256..D-1). Tile 2i goes to buffer 0, tile 2i + 1 to buffer 1.
+ *       The gather's cp.async carry an L2 evict_last policy (dsa_attn_fwd_kv_l2_hint, src/attn_fwd.c).
  *   WG0, WG1 consumers (224 registers): WG w computes the whole S = Q K^T (m64n64k16 SS, D/16 steps)
  *       of the tiles in buffer w, i.e. WG0 the even tiles, WG1 the odd ones. WG0 owns value dims
  *       0..255 of O, WG1 256..511; each runs PV for both tiles of a pair: its own P from registers

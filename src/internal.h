@@ -132,8 +132,8 @@ DSA_HIDDEN extern int dsa_attn_fwd_variant;
  * (tests and benchmarks set it). */
 DSA_HIDDEN extern int dsa_attn_fwd_small_split;
 /* The L2 policy of the sm_90a forward's KV gather (schedules 3 / 4 and the small-H kernel): 0 = none,
- * 1 = evict_last always, 2 = evict_last when the KV rows fit in half the L2 (tests and benchmarks set
- * it); dsa_fwd_kv_evict_last applies it to a launch. */
+ * 1 = evict_last always (the default), 2 = evict_last when the KV rows fit in half the L2 (tests and
+ * benchmarks set it); dsa_fwd_kv_evict_last applies it to a launch. */
 DSA_HIDDEN extern int dsa_attn_fwd_kv_l2_hint;
 DSA_HIDDEN int dsa_fwd_kv_evict_last(const dsa_context *ctx, const dsa_attn_fwd_params *p);
 /* The 64-head sm_90a kernel's consumer schedule (cuda/attn_fwd_sm90.cu header, split-S mode only):
