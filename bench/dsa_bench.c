@@ -44,7 +44,7 @@ extern int dsa_topk_variant __attribute__((weak));
 /* The fused indexer's kernel (src/internal.h dsa_indexer_fused_variant: 1 mma.sync, 2 sm_90a wgmma);
  * the "fused" row runs the automatic choice, "fused,mma" and "fused,wgmma" force each. */
 extern int dsa_indexer_fused_variant __attribute__((weak));
-static int topk_variant_forced; /* 0: automatic */
+static int topk_variant_forced = -1; /* <= 0: automatic */
 /* Top-k variant 4's next-row prefetch (src/internal.h dsa_topk_v4_whole_prefetch), from
  * DSA_TOPK_V4_PREFETCH=0/1 (unset: the library's); top-k rows then get ",pf<N>". */
 extern int dsa_topk_v4_whole_prefetch __attribute__((weak));
@@ -59,7 +59,7 @@ static int bwd_layout_list[4], bwd_layout_count; /* count 0: library default */
 /* The backward kernel switch (src/internal.h dsa_attn_bwd_variant: 1 portable, 2 sm_90a 64-head, 3 sm_90a
  * small-H), from DSA_BWD_VARIANT (unset: automatic); bwd rows then get ",bv<N>" in their variant. */
 extern int dsa_attn_bwd_variant __attribute__((weak));
-static int bwd_variant_forced; /* 0: automatic */
+static int bwd_variant_forced = -1; /* <= 0: automatic */
 /* The small-H forward's two-consumer shape for N = 40..64 (src/internal.h dsa_attn_fwd_small_split: 1
  * value-dim split, 0 column split), from DSA_FWD_SMALL_SPLIT=0/1 (unset: the library's); fwd rows then
  * get ",ss<N>". */
@@ -70,6 +70,17 @@ static int fwd_small_split_forced = -1;
  * then get ",l2h<N>". */
 extern int dsa_attn_fwd_kv_l2_hint __attribute__((weak));
 static int fwd_l2_hint_forced = -1;
+/* A library knob from the environment (the switches above): when `name` is set and the library has
+ * the knob (weak symbol: knob != NULL), set it (to 0 / 1 when `boolean`), print it and return the
+ * value; otherwise -1 (the library's default stands). */
+static int env_knob(const char *name, int *knob, int boolean, const char *what) {
+  const char *s = getenv(name);
+  if (!s || !knob) return -1;
+  const int v = boolean ? atoi(s) != 0 : atoi(s);
+  *knob = v;
+  printf("%s %d (%s)\n", what, v, name);
+  return v;
+}
 static int parse_layout_list(const char *s) { return parse_digit_list(s, 2, bwd_layout_list, 4, &bwd_layout_count); }
 
 /* ---------------------------------------------------------------------------------------------
@@ -597,7 +608,7 @@ static void bench_bwd(bench *b, const shape *sh) {
     const int lay = (!det && bwd_layout_count) ? bwd_layout_list[job] : -1; /* -1: library default */
     char variant[32];
     snprintf(variant, sizeof variant, "%s%s", det ? "det1" : "det0", lay == 1 ? ",lay1" : lay == 2 ? ",lay2" : lay == 0 ? ",lay0" : "");
-    if (bwd_variant_forced) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",bv%d", bwd_variant_forced);
+    if (bwd_variant_forced > 0) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",bv%d", bwd_variant_forced);
     progress(sh, variant);
     bwd_arg a;
     memset(&a, 0, sizeof a);
@@ -705,7 +716,7 @@ static void bench_topk(bench *b, const shape *sh) {
   for (int v = 0; v < 2; ++v) {
     char variant[32];
     snprintf(variant, sizeof variant, "%s", v == 0 ? "causal" : "full");
-    if (topk_variant_forced) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",v%d", topk_variant_forced);
+    if (topk_variant_forced > 0) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",v%d", topk_variant_forced);
     if (topk_prefetch_forced >= 0)
       snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",pf%d", topk_prefetch_forced);
     progress(sh, variant);
@@ -906,32 +917,14 @@ int main(int argc, char **argv) {
   b.out_path = out_path;
 
   if (fwd_variant_forced) dsa_attn_fwd_variant = fwd_variant_forced;
-  if (getenv("DSA_BWD_VARIANT") && &dsa_attn_bwd_variant) {
-    bwd_variant_forced = atoi(getenv("DSA_BWD_VARIANT"));
-    dsa_attn_bwd_variant = bwd_variant_forced;
-    printf("backward kernel variant %d (DSA_BWD_VARIANT)\n", bwd_variant_forced);
-  }
-  if (getenv("DSA_FWD_SMALL_SPLIT") && &dsa_attn_fwd_small_split) {
-    fwd_small_split_forced = atoi(getenv("DSA_FWD_SMALL_SPLIT")) != 0;
-    dsa_attn_fwd_small_split = fwd_small_split_forced;
-    printf("small-H forward, N = 40..64: %s (DSA_FWD_SMALL_SPLIT)\n",
-           fwd_small_split_forced ? "value-dim split" : "column split");
-  }
-  if (getenv("DSA_FWD_KV_L2_HINT") && &dsa_attn_fwd_kv_l2_hint) {
-    fwd_l2_hint_forced = atoi(getenv("DSA_FWD_KV_L2_HINT"));
-    dsa_attn_fwd_kv_l2_hint = fwd_l2_hint_forced;
-    printf("forward KV gather L2 policy %d (DSA_FWD_KV_L2_HINT: 0 none, 1 evict_last, 2 auto)\n", fwd_l2_hint_forced);
-  }
-  if (getenv("DSA_TOPK_VARIANT") && &dsa_topk_variant) {
-    topk_variant_forced = atoi(getenv("DSA_TOPK_VARIANT"));
-    dsa_topk_variant = topk_variant_forced;
-    printf("top-k kernel variant %d (DSA_TOPK_VARIANT)\n", topk_variant_forced);
-  }
-  if (getenv("DSA_TOPK_V4_PREFETCH") && &dsa_topk_v4_whole_prefetch) {
-    topk_prefetch_forced = atoi(getenv("DSA_TOPK_V4_PREFETCH")) != 0;
-    dsa_topk_v4_whole_prefetch = topk_prefetch_forced;
-    printf("top-k variant 4 next-row prefetch %s (DSA_TOPK_V4_PREFETCH)\n", topk_prefetch_forced ? "whole rows" : "samples only");
-  }
+  bwd_variant_forced = env_knob("DSA_BWD_VARIANT", &dsa_attn_bwd_variant, 0, "backward kernel variant");
+  fwd_small_split_forced =
+      env_knob("DSA_FWD_SMALL_SPLIT", &dsa_attn_fwd_small_split, 1, "small-H forward, N = 40..64: value-dim split 1 / column split 0:");
+  fwd_l2_hint_forced =
+      env_knob("DSA_FWD_KV_L2_HINT", &dsa_attn_fwd_kv_l2_hint, 0, "forward KV gather L2 policy (0 none, 1 evict_last, 2 auto)");
+  topk_variant_forced = env_knob("DSA_TOPK_VARIANT", &dsa_topk_variant, 0, "top-k kernel variant");
+  topk_prefetch_forced = env_knob("DSA_TOPK_V4_PREFETCH", &dsa_topk_v4_whole_prefetch, 1,
+                                  "top-k variant 4 next-row prefetch: whole rows 1 / samples only 0:");
   bc_timer_init(&b.timer, reps);
   printf("libdsa %s bench on %s, commit %s, %d reps (median), L2 flush %.0f MiB\n", dsa_version_string(),
          b.card, b.commit, reps, (double)b.timer.flush_bytes / (1 << 20));
