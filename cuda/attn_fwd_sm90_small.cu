@@ -768,23 +768,26 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
+/* N = 40..64: the two-consumer shape chosen by dsa_attn_fwd_small_split (1 value-dim split, 0 column split). */
+template <int NB, int N>
+dsa_status launch_two_wg(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
+                         cudaStream_t stream) {
+  return dsa_attn_fwd_small_split != 0 ? launch<NB, N, true>(ctx, p, head_begin, head_count, stream)
+                                       : launch<NB, N, false>(ctx, p, head_begin, head_count, stream);
+}
+
 template <int NB>
 dsa_status launch_nb(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
                      cudaStream_t stream) {
-  const bool split = dsa_attn_fwd_small_split != 0; /* N = 40..64 only */
   switch ((head_count + 7) / 8) {
     case 1: return launch<NB, 8, false>(ctx, p, head_begin, head_count, stream);
     case 2: return launch<NB, 16, false>(ctx, p, head_begin, head_count, stream);
     case 3: return launch<NB, 24, false>(ctx, p, head_begin, head_count, stream);
     case 4: return launch<NB, 32, false>(ctx, p, head_begin, head_count, stream);
-    case 5: return split ? launch<NB, 40, true>(ctx, p, head_begin, head_count, stream)
-                         : launch<NB, 40, false>(ctx, p, head_begin, head_count, stream);
-    case 6: return split ? launch<NB, 48, true>(ctx, p, head_begin, head_count, stream)
-                         : launch<NB, 48, false>(ctx, p, head_begin, head_count, stream);
-    case 7: return split ? launch<NB, 56, true>(ctx, p, head_begin, head_count, stream)
-                         : launch<NB, 56, false>(ctx, p, head_begin, head_count, stream);
-    default: return split ? launch<NB, 64, true>(ctx, p, head_begin, head_count, stream)
-                          : launch<NB, 64, false>(ctx, p, head_begin, head_count, stream);
+    case 5: return launch_two_wg<NB, 40>(ctx, p, head_begin, head_count, stream);
+    case 6: return launch_two_wg<NB, 48>(ctx, p, head_begin, head_count, stream);
+    case 7: return launch_two_wg<NB, 56>(ctx, p, head_begin, head_count, stream);
+    default: return launch_two_wg<NB, 64>(ctx, p, head_begin, head_count, stream);
   }
 }
 
