@@ -60,9 +60,9 @@ static int bwd_layout_list[4], bwd_layout_count; /* count 0: library default */
  * small-H), from DSA_BWD_VARIANT (unset: automatic); bwd rows then get ",bv<N>" in their variant. */
 extern int dsa_attn_bwd_variant __attribute__((weak));
 static int bwd_variant_forced = -1; /* <= 0: automatic */
-/* The small-H forward's two-consumer shape for N = 40..64 (src/internal.h dsa_attn_fwd_small_split: 2
- * alternate tiles, 1 value-dim split, 0 column split), from DSA_FWD_SMALL_SPLIT=0/1/2 (unset: the
- * library's); fwd rows then get ",ss<N>". */
+/* The small-H forward's two-consumer shape for N = 40..64 (src/internal.h dsa_attn_fwd_small_split: 1
+ * value-dim split, 0 column split), from DSA_FWD_SMALL_SPLIT=0/1 (unset: the library's); fwd rows then
+ * get ",ss<N>". */
 extern int dsa_attn_fwd_small_split __attribute__((weak));
 static int fwd_small_split_forced = -1;
 /* The forward KV gather's L2 policy (src/internal.h dsa_attn_fwd_kv_l2_hint: 0 none, 1 evict_last,
@@ -919,8 +919,7 @@ int main(int argc, char **argv) {
   if (fwd_variant_forced) dsa_attn_fwd_variant = fwd_variant_forced;
   bwd_variant_forced = env_knob("DSA_BWD_VARIANT", &dsa_attn_bwd_variant, 0, "backward kernel variant");
   fwd_small_split_forced =
-      env_knob("DSA_FWD_SMALL_SPLIT", &dsa_attn_fwd_small_split, 0,
-               "small-H forward, N = 40..64: alternate tiles 2 / value-dim split 1 / column split 0:");
+      env_knob("DSA_FWD_SMALL_SPLIT", &dsa_attn_fwd_small_split, 1, "small-H forward, N = 40..64: value-dim split 1 / column split 0:");
   fwd_l2_hint_forced =
       env_knob("DSA_FWD_KV_L2_HINT", &dsa_attn_fwd_kv_l2_hint, 0, "forward KV gather L2 policy (0 none, 1 evict_last, 2 auto)");
   topk_variant_forced = env_knob("DSA_TOPK_VARIANT", &dsa_topk_variant, 0, "top-k kernel variant");

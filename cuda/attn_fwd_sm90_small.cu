@@ -101,8 +101,6 @@ constexpr int kConsumerRegs = 224;  /* N > 32: O^T 128 + S^T 16 + P 16 + address
 constexpr int kProducerRegs = 56;   /* N > 32: the gather and the next tile's indices (at 40: 4-8 B of spills); 2 x 224 + 56 = 504 */
 constexpr int kSplitSRegs = 240;    /* SPLIT WG 0: O^T half 2N + S^T N/2 + softmax state 3 N/4 (N = 64: 208) */
 constexpr int kSplitPVRegs = 208;   /* SPLIT WG 1: O^T half 2N (N = 64: 128) + addressing; 240 + 208 + 56 = 504 */
-constexpr int kAltRegs = 232;       /* ALT consumers: O^T half 2N + S^T / P N/2 + frame, sums, factors 4 N/4 */
-constexpr int kAltProducerRegs = 40; /* ALT producer (no spills at N = 40..64); 2 x 232 + 40 = 504 */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -117,8 +115,6 @@ static_assert(2 * kConsumerRegs + kProducerRegs <= 504,
 static_assert(kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
 static_assert(kSplitSRegs + kSplitPVRegs + kProducerRegs <= 504 && kSplitSRegs % 8 == 0 && kSplitPVRegs % 8 == 0,
               "setmaxnreg of the value-dim split fits the pool");
-static_assert(2 * kAltRegs + kAltProducerRegs <= 504 && kAltRegs % 8 == 0 && kAltProducerRegs % 8 == 0,
-              "setmaxnreg of the alternate-tile shape fits the pool");
 static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
 
 /* Launch shape per N (wgmma N = head count rounded up to 8), one row each:
@@ -157,52 +153,33 @@ struct SmallCfg {
   static_assert(!kTwoWG || kN1 >= 8, "two consumer WGs only where both have columns");
 };
 
-/* The two-consumer shapes for N = 40..64, dsa_attn_fwd_small_split (src/internal.h) = MODE. */
-enum { kModeCols = 0, kModeSplit = 1, kModeAlt = 2 };
-
-/* Shared-memory layout for NB 64-column blocks per row (D = 64 NB), N heads and MODE (the N <= 32
- * shapes use kModeCols). Every operand tile is 1024-B aligned (SW128 atoms, descriptor base offset
- * 0): N and the column split N0 are multiples of 8, so N * 128 and N0 * 128 are multiples of 1024. */
-template <int NB, int N, int MODE = kModeCols>
+/* Shared-memory layout for NB 64-column blocks per row (D = 64 NB) and N heads. Every operand tile
+ * is 1024-B aligned (SW128 atoms, descriptor base offset 0): N and the column split N0 are multiples
+ * of 8, so N * 128 and N0 * 128 are multiples of 1024. */
+template <int NB, int N, bool SPLIT = false>
 struct SmallSmem {
   static constexpr bool kTwoWG = SmallCfg<N>::kTwoWG;
   static constexpr int kStages = SmallCfg<N>::kStages;
   static constexpr int kTileBytes = NB * kBlkBytes;          /* KV stage: [64 keys x D] bf16 */
   static constexpr int kQBlk = N * 128;                      /* one 64-column block of Q: N rows */
-  /* ALT: the P tile of tile n sits in KV block 8 (the RoPE dims, read only by that tile's S^T) of
-   * its own stage at D = 576, as FlashMLA keeps sP0 (2 x 72 KB + Q 72 KB leave no room for two more
-   * 8 KB tiles at N = 64); at D = 512 in a P tile per stage. Either way the stage's empty barrier
-   * covers the P tile's WAR (both WGs' P V of the tile read it before they release the stage). */
-  static constexpr bool kPInStage = MODE == kModeAlt && NB == 9;
-  static constexpr int kPTiles = MODE == kModeAlt ? (kPInStage ? 0 : kStages) : 1;
   static constexpr int kKV = 0;                              /* stage s at kKV + s * kTileBytes */
   static constexpr int kQ = kKV + kStages * kTileBytes;      /* Q [N x D], block b at kQ + b * kQBlk */
-  static constexpr int kP = kQ + NB * kQBlk;                 /* P [N heads x 64 keys] bf16 SW128; column
-                                                                split: WG c owns rows [N0 c, ...) */
-  static constexpr int kValid = kP + kPTiles * N * 128;      /* [kStages][64] bytes, 1 = valid slot */
+  static constexpr int kP = kQ + NB * kQBlk;                 /* P [N heads x 64 keys] bf16 SW128; WG c
+                                                                owns rows [N0 c, ...) */
+  static constexpr int kValid = kP + N * 128;                /* [kStages][64] bytes, 1 = valid slot */
   static constexpr int kRed = kValid + kStages * kBlockK;    /* f32 red_max[4][N], red_sum[4][N]; two
-                                                                WGs: red_sum aliases red_max (227 KB);
-                                                                ALT: [2 WGs][4][N], each WG's own */
-  static constexpr int kAlpha = kRed + (MODE == kModeAlt ? 2 : kTwoWG ? 1 : 2) * 4 * N * 4;
-                                                             /* SPLIT: f32 alpha[N], fac[N];
-                                                                ALT: f32 m0[N], m1[N], fac[N] */
-  static constexpr int kBars = kAlpha + (MODE == kModeSplit ? 2 : MODE == kModeAlt ? 3 : 0) * N * 4;
-  /* q_full, full[kStages], empty[kStages]; SPLIT: + p_full, fac_full; ALT: + m0_full, p_full[2],
-   * l1_full, fac_full */
-  static constexpr int kNumBars = 1 + 2 * kStages + (MODE == kModeSplit ? 2 : MODE == kModeAlt ? 5 : 0);
-  static constexpr int kEnd = kBars + 8 * kNumBars;
+                                                                WGs: red_sum aliases red_max (227 KB) */
+  static constexpr int kAlpha = kRed + (kTwoWG ? 1 : 2) * 4 * N * 4; /* SPLIT: f32 alpha[N], fac[N] */
+  static constexpr int kBars = kAlpha + (SPLIT ? 2 * N * 4 : 0); /* q_full, full[kStages], empty[kStages],
+                                                                    SPLIT: p_full, fac_full */
+  static constexpr int kEnd = kBars + 8 * (1 + 2 * kStages + (SPLIT ? 2 : 0)); /* SPLIT: + fac_full */
   static constexpr int kBytes = kEnd + 1024;                 /* + slack to align the base */
   static_assert(N % 8 == 0 && N >= 8 && N <= kMaxN, "wgmma N: multiple of 8, at most 64 here");
-  static_assert(MODE == kModeCols || (kTwoWG && kStages == 2), "SPLIT / ALT run N = 40..64 on two stages");
+  static_assert(!SPLIT || (kTwoWG && kStages == 2), "the value-dim split runs N = 40..64 on two stages");
   static_assert(kBars % 8 == 0, "mbarriers are 8-B aligned");
-  static_assert(!kPInStage || N * 128 <= kBlkBytes, "a P tile fits in KV block 8");
   /* one WG: stage 0 is free once the consumer passed its epilogue barrier; two WGs: every stage is
    * free after kBarAll (all tiles consumed, the producer issues nothing more) */
   static_assert(N * kOutPitch <= (kTwoWG ? kStages : 1) * kTileBytes, "staged out tile fits in the KV stages");
-  /* ALT: byte offset of stage s's P tile */
-  static __host__ __device__ constexpr int p_off(int s) {
-    return kPInStage ? kKV + s * kTileBytes + 8 * kBlkBytes : kP + s * N * 128;
-  }
 };
 
 /* Kernel arguments: the resolved public params plus what the host precomputes. */
@@ -230,14 +207,16 @@ __device__ __forceinline__ int small_slot(int i) { return 2 * (i >> 2) + (i & 1)
 __device__ __forceinline__ int small_col(int c, int lane) { return 8 * (c >> 1) + 2 * (lane & 3) + (c & 1); }
 
 /* One completed S^T tile [64 keys x NW columns] (this WG's columns HB.., of N in the CTA): mask the
- * invalid keys (rows) and scale to the log2 domain into x (this thread's fragment), and the tile's
- * column maxima into cm (identical in every thread holding the column): in-thread over rows r0 /
- * r0 + 8, shfl_xor 4 / 8 / 16, then the 4 warps through red [4][N] and named barrier `bar` (128
- * threads). WAR on red: the caller's next barrier (the P barrier) comes after every warp read it and
- * before any warp writes it again. */
+ * invalid keys (rows), then the online softmax per column in the log2 domain. x = this thread's
+ * unnormalised P fragment, alpha = the rescale factor of each column slot; col_max (running, identical
+ * in every thread holding the column) and col_sum (this thread's rows) updated. The column max of the
+ * tile: in-thread over rows r0 / r0 + 8, shfl_xor 4 / 8 / 16, then the 4 warps through red [4][N]
+ * and named barrier `bar` (128 threads). WAR on red: the caller's next barrier (the P barrier) comes
+ * after every warp read it and before any warp writes it again. */
 template <int NW, int N, int HB>
-__device__ __forceinline__ void small_tile_colmax(const float *sacc, const uint8_t *vs, float scale_log2, int warp,
-                                                  int lane, float *red, int bar, float *x, float *cm) {
+__device__ __forceinline__ void small_softmax(const float *sacc, const uint8_t *vs, float scale_log2, int warp, int lane,
+                                              float *red, int bar, float *col_max, float *col_sum, float *alpha,
+                                              float *x) {
   constexpr int NR = NW / 2, NC = NW / 4;
   const int r0 = 16 * warp + (lane >> 2);
   const bool ok0 = vs[r0] != 0, ok1 = vs[r0 + 8] != 0;
@@ -258,30 +237,19 @@ __device__ __forceinline__ void small_tile_colmax(const float *sacc, const uint8
     for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = mx[c];
   }
   sm90_named_bar_sync(bar, 128);
+  float m_use[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
     const int col = HB + small_col(c, lane);
-    cm[c] = fmaxf(fmaxf(red[col], red[N + col]), fmaxf(red[2 * N + col], red[3 * N + col]));
-  }
-}
-
-/* The online-softmax step of a masked tile x against the new running column max m_new (>= col_max):
- * x becomes the unnormalised P fragment exp2(x - m_new), alpha = exp2(col_max - m_new) the rescale
- * factor of each column slot, col_sum (this thread's rows) = col_sum alpha + the tile's sums,
- * col_max = m_new. A column with no valid slot yet (m_new = -inf) uses 0 instead of m_new: no
- * (-inf) - (-inf). */
-template <int NW>
-__device__ __forceinline__ void small_exp_update(float *x, const float *m_new, float *col_max, float *col_sum,
-                                                 float *alpha) {
-  constexpr int NR = NW / 2, NC = NW / 4;
-  float m_use[NC], psum[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    m_use[c] = m_new[c] == -INFINITY ? 0.f : m_new[c];
+    float v = fmaxf(fmaxf(red[col], red[N + col]), fmaxf(red[2 * N + col], red[3 * N + col]));
+    v = fmaxf(v, col_max[c]);
+    m_use[c] = v == -INFINITY ? 0.f : v; /* no valid slot yet: avoid (-inf) - (-inf) */
     alpha[c] = exp2f(col_max[c] - m_use[c]);
-    col_max[c] = m_new[c];
-    psum[c] = 0.f;
+    col_max[c] = v;
   }
+  float psum[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) psum[c] = 0.f;
 #pragma unroll
   for (int i = 0; i < NR; ++i) {
     x[i] = exp2f(x[i] - m_use[small_slot(i)]);
@@ -289,20 +257,6 @@ __device__ __forceinline__ void small_exp_update(float *x, const float *m_new, f
   }
 #pragma unroll
   for (int c = 0; c < NC; ++c) col_sum[c] = col_sum[c] * alpha[c] + psum[c];
-}
-
-/* Both steps for one WG that owns its columns' whole softmax (the N <= 32 consumer, the column split
- * and the value-dim split's WG 0). */
-template <int NW, int N, int HB>
-__device__ __forceinline__ void small_softmax(const float *sacc, const uint8_t *vs, float scale_log2, int warp, int lane,
-                                              float *red, int bar, float *col_max, float *col_sum, float *alpha,
-                                              float *x) {
-  constexpr int NC = NW / 4;
-  float m_new[NC];
-  small_tile_colmax<NW, N, HB>(sacc, vs, scale_log2, warp, lane, red, bar, x, m_new);
-#pragma unroll
-  for (int c = 0; c < NC; ++c) m_new[c] = fmaxf(m_new[c], col_max[c]);
-  small_exp_update<NW>(x, m_new, col_max, col_sum, alpha);
 }
 
 /* P -> shared memory as [NW heads][64 keys] bf16, K-major SW128 (the B operand of P V), rows from sp.
@@ -365,12 +319,10 @@ __device__ __forceinline__ void small_issue_pv(float (*o)[NW / 2], uint32_t skv,
 /* Epilogue per column: sums across lanes and warps (red [4][N], barrier `bar`), lse, max_logits (lanes
  * 0-3 of warp 0 hold every column once: they write them, and fac_s[col] when fac_s is given) and the
  * out factor 1 / l x sink factor of each column slot (0 for empty columns and columns >= head_count).
- * red_other (ALT): the other WG's [4][N] partial sums in the same frame, added.
  * WAR on red: every warp read the last tile's maxima before that tile's P barrier. */
 template <int NW, int N, int HB>
 __device__ __forceinline__ void small_col_factors(const SmallArgs &args, const float *col_max, const float *col_sum,
-                                                  float *red, int bar, int warp, int lane, float *fac, float *fac_s,
-                                                  const float *red_other = nullptr) {
+                                                  float *red, int bar, int warp, int lane, float *fac, float *fac_s) {
   constexpr int NC = NW / 4;
   const dsa_attn_fwd_params &p = args.p;
   const int Hc = args.head_count, hbeg = args.head_begin;
@@ -391,8 +343,7 @@ __device__ __forceinline__ void small_col_factors(const SmallArgs &args, const f
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
     const int h = HB + small_col(c, lane); /* kernel column = head hbeg + h */
-    float l = red[h] + red[N + h] + red[2 * N + h] + red[3 * N + h];
-    if (red_other) l += red_other[h] + red_other[N + h] + red_other[2 * N + h] + red_other[3 * N + h];
+    const float l = red[h] + red[N + h] + red[2 * N + h] + red[3 * N + h];
     const bool empty_col = col_max[c] == -INFINITY && l == 0.f; /* no valid slot (all-NaN logits: l = NaN, lse NaN) */
     const float lse = empty_col ? INFINITY : (col_max[c] + log2f(l)) * kLn2;
     float f = 0.f;
@@ -552,7 +503,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
  * wait 0, softmax, P(n), P V(n) issued without waiting. */
 template <int NB, int N>
 __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
-  typedef SmallSmem<NB, N, kModeSplit> L;
+  typedef SmallSmem<NB, N, true> L;
   constexpr int kStages = L::kStages;
   constexpr int NR = N / 2, NC = N / 4, kHalf = kDVBlocks / 2;
   const uint8_t *valid = smem + L::kValid;
@@ -643,7 +594,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
 /* SPLIT: consumer WG 1, O^T dims [256, 512) from WG 0's P and alpha; then its half of the out rows. */
 template <int NB, int N>
 __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
-  typedef SmallSmem<NB, N, kModeSplit> L;
+  typedef SmallSmem<NB, N, true> L;
   constexpr int kStages = L::kStages;
   constexpr int NR = N / 2, NC = N / 4, kHalf = kDVBlocks / 2;
   const float *alpha_s = (const float *)(smem + L::kAlpha), *fac_s = alpha_s + N;
@@ -690,199 +641,13 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
   sm90_named_bar_sync(kBarP + 2, 128);
   small_copy_out<32>(args, stage, t, 0, N, 32);
 }
-
-/* ---- ALT (N = 40..64, dsa_attn_fwd_small_split = 2): the 64-head kernel's schedule 3 with heads on N.
- * The tiles go in pairs: WG 0 owns tile 2i (stage 0), WG 1 tile 2i + 1 (stage 1); each computes the
- * S^T [64 keys x N] of its own tile for every column, its softmax and its P tile, so one WG's softmax
- * overlaps the other's S^T. Both WGs accumulate P V of both tiles of a pair on their own half of the
- * value dims (WG w: [256 w, 256 w + 256), 2N registers), reading each KV element from shared memory
- * once per tile as the value-dim split does. The column maxima are chained so both P tiles share the
- * frame of O:
- *   m0(i) = max(m1(i - 1), colmax(tile 2i)),   m1(i) = max(m0(i), colmax(tile 2i + 1)),
- *   P0 = exp2(S0 - m0), P1 = exp2(S1 - m1);  O *= exp2(m1(i - 1) - m0); O += V0 P0;
- *                                            O *= exp2(m0 - m1);       O += V1 P1.
- * Each WG keeps the column sums of its own tiles (frame: its own chain) and the two are combined in
- * the epilogue. Hand-offs (mbarriers, 128 arrivals of the writing WG, parity i & 1):
- *   m0_full    WG 0 -> WG 1: m0(i) in m_s[0][N] (WG 1 needs it for m1(i)).
- *   p_full[w]  WG w -> the other: P of tile 2i + w and m_w(i) in m_s[w][N] (WG 0 reads m1(i) there).
- *   empty[s]   both WGs, after their P V of the stage's tile: the producer refills it.
- *   l1_full    WG 1 -> WG 0, once: its column sums in red[1] and every P V of WG 1 done.
- *   fac_full   WG 0 -> WG 1, once: the out factors in fac_s and every P V of WG 0 done.
- * WAR on m_s: WG 0 writes m0(i + 1) after it read m1(i) (p_full[1]), which WG 1 publishes after it
- * read m0(i); WG 1 writes m1(i + 1) after m0_full(i + 1), which WG 0 arrives after it read m1(i).
- * An odd last tile: WG 1 has no tile in the last pair, m1 = m0 there. */
-template <int NB, int N, int W>
-__device__ __forceinline__ void alt_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
-  typedef SmallSmem<NB, N, kModeAlt> L;
-  constexpr int NR = N / 2, NC = N / 4, kHalf = kDVBlocks / 2;
-  constexpr int kBarMaxW = kBarMax + 2 * W, kBarPW = kBarP + 2 * W; /* this WG's named barriers */
-  const uint8_t *valid = smem + L::kValid;
-  float *red = (float *)(smem + L::kRed);    /* [2 WGs][4 warps][N] */
-  float *m_s = (float *)(smem + L::kAlpha);  /* m0[N], m1[N] of the current pair */
-  float *fac_s = m_s + 2 * N;                /* out factors [N] */
-  uint64_t *bars = (uint64_t *)(smem + L::kBars);
-  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 3, *m0_full = bars + 5, *p_full = bars + 6;
-  uint64_t *l1_full = bars + 8, *fac_full = bars + 9;
-  static_assert(L::kStages == 2 && L::kNumBars == 10, "ALT: two stages, ten mbarriers");
-  const int warp = t >> 5, lane = t & 31;
-  float o[kHalf][NR]; /* O^T dims [256 W, 256 W + 256) x N heads */
-  float sacc[NR];     /* S^T of the own tile, then (in place) its P fragment */
-#pragma unroll
-  for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-    for (int i = 0; i < NR; ++i) o[m][i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < NR; ++i) sacc[i] = 0.f;
-  /* frame: the column max that O and own_sum (this WG's rows' partial column sums of its own tiles)
-   * are relative to; -inf before the first tile. Both follow the same factors, so the epilogue
-   * needs no rescale and the registers hold no second chain (N = 64: 2N + N / 2 + 4 N / 4 in the loop). */
-  float frame[NC], own_sum[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    frame[c] = -INFINITY;
-    own_sum[c] = 0.f;
-  }
-  sm90_mbar_wait(q_full, 0);
-  sm90_fence_proxy_async();
-  const uint32_t base = sm90_smem_addr(smem), sq = base + L::kQ;
-  const int npairs = (ntiles + 1) / 2;
-
-  for (int i = 0; i < npairs; ++i) {
-    const bool has1 = 2 * i + 1 < ntiles; /* the pair has its odd tile */
-    const uint32_t ph = (uint32_t)i & 1;
-    float f0[NC], f1[NC]; /* O's rescale factors before P V of tile 2i (m1(i - 1) -> m0(i)) and 2i + 1 (m0 -> m1) */
-    if (W == 0 || has1) {
-      /* ---- own tile 2i + W: S^T, column max, the chained max, P */
-      sm90_mbar_wait(&full[W], ph);
-      sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
-      small_issue_s<NB, N>(sacc, base + L::kKV + W * L::kTileBytes, sq, L::kQBlk);
-      sm90_wgmma_wait<0>();
-#pragma unroll
-      for (int i2 = 0; i2 < NR; ++i2) sm90_fence_operand(sacc[i2]);
-      float m_new[NC], alpha[NC];
-      small_tile_colmax<N, N, 0>(sacc, valid + W * kBlockK, args.scale_log2, warp, lane, red + W * 4 * N, kBarMaxW,
-                                 sacc, m_new);
-      if (W == 0) {
-#pragma unroll
-        for (int c = 0; c < NC; ++c) m_new[c] = fmaxf(frame[c], m_new[c]); /* m0(i) */
-      } else {
-        sm90_mbar_wait(m0_full, ph);
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          const float m0 = m_s[small_col(c, lane)];
-          m_new[c] = fmaxf(m0, m_new[c]); /* m1(i) */
-          f0[c] = exp2f(frame[c] - (m0 == -INFINITY ? 0.f : m0));
-          f1[c] = exp2f(m0 - (m_new[c] == -INFINITY ? 0.f : m_new[c]));
-        }
-      }
-      if (warp == 0 && lane < 4) { /* lanes 0-3 of a warp hold every column once */
-#pragma unroll
-        for (int c = 0; c < NC; ++c) m_s[W * N + small_col(c, lane)] = m_new[c];
-      }
-      if (W == 0) sm90_mbar_arrive(m0_full);
-      /* P = exp2(S - m_new); own_sum and frame move to m_new (WG 0: m0, factor f0; WG 1: m1) */
-      small_exp_update<N>(sacc, m_new, frame, own_sum, W == 0 ? f0 : alpha);
-      /* WAR on the P tile: the previous tile of this stage was released by both WGs' P V (the
-       * producer's empty wait precedes the refill this WG waited for); at D = 576 the tile overlays
-       * KV block 8, which only this tile's S^T (complete above) reads */
-      small_store_p<N>(base + L::p_off(W), sacc, warp, lane);
-      sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) of both WGs */
-      sm90_mbar_arrive(&p_full[W]);
-      sm90_named_bar_sync(kBarPW, 128); /* this WG's P V reads the rows of every warp */
-    }
-    /* ---- P V of tile 2i */
-    if (W == 1) {
-      sm90_mbar_wait(&full[0], ph); /* complete already: WG 0 waited on it */
-      sm90_mbar_wait(&p_full[0], ph);
-      sm90_fence_proxy_async();
-      if (!has1) { /* no own tile: frame and own_sum move to m0(i) here (WG 0 writes no later pair) */
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          const float m0 = m_s[small_col(c, lane)];
-          f0[c] = exp2f(frame[c] - (m0 == -INFINITY ? 0.f : m0));
-          own_sum[c] *= f0[c];
-          frame[c] = m0;
-        }
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-      for (int i2 = 0; i2 < NR; ++i2) o[m][i2] *= f0[small_slot(i2)];
-    small_issue_pv<N, kHalf, kHalf * W>(o, base + L::kKV, base + L::p_off(0));
-    sm90_wgmma_wait<0>();
-#pragma unroll
-    for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-      for (int i2 = 0; i2 < NR; ++i2) sm90_fence_operand(o[m][i2]);
-    sm90_mbar_arrive(&empty[0]);
-    if (has1) {
-      /* ---- P V of tile 2i + 1 */
-      if (W == 0) {
-        sm90_mbar_wait(&full[1], ph); /* complete already: WG 1 waited on it */
-        sm90_mbar_wait(&p_full[1], ph);
-        sm90_fence_proxy_async();
-#pragma unroll
-        for (int c = 0; c < NC; ++c) { /* frame (= m0(i)) and own_sum move to m1(i) */
-          const float m1 = m_s[N + small_col(c, lane)];
-          f1[c] = exp2f(frame[c] - (m1 == -INFINITY ? 0.f : m1));
-          own_sum[c] *= f1[c];
-          frame[c] = m1;
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-        for (int i2 = 0; i2 < NR; ++i2) o[m][i2] *= f1[small_slot(i2)];
-      small_issue_pv<N, kHalf, kHalf * W>(o, base + L::kKV + L::kTileBytes, base + L::p_off(1));
-      sm90_wgmma_wait<0>();
-#pragma unroll
-      for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-        for (int i2 = 0; i2 < NR; ++i2) sm90_fence_operand(o[m][i2]);
-      sm90_mbar_arrive(&empty[1]);
-    }
-  }
-
-  /* ---- epilogue: frame is the final column max in both WGs, own_sum relative to it */
-  float fac[NC];
-  if (W == 1) {
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      float l = own_sum[c];
-      l += __shfl_xor_sync(0xffffffffu, l, 4);
-      l += __shfl_xor_sync(0xffffffffu, l, 8);
-      l += __shfl_xor_sync(0xffffffffu, l, 16);
-      own_sum[c] = l;
-    }
-    /* WAR on red[1]: every warp of this WG read its last column maxima before that tile's P barrier */
-    if (lane < 4) {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) red[4 * N + warp * N + small_col(c, lane)] = own_sum[c];
-    }
-    sm90_mbar_arrive(l1_full); /* and every P V of this WG retired in the loop */
-    sm90_mbar_wait(fac_full, 0);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) fac[c] = fac_s[small_col(c, lane)];
-  } else {
-    sm90_mbar_wait(l1_full, 0);
-    small_col_factors<N, N, 0>(args, frame, own_sum, red, kBarMax, warp, lane, fac, fac_s, red + 4 * N);
-    sm90_mbar_arrive(fac_full); /* and every P V of this WG retired in the loop */
-  }
-  /* both WGs' P V are done (l1_full / fac_full): the KV stages become the staged out rows, this WG
-   * writing its 256 dims of each */
-  uint8_t *stage = smem + L::kKV;
-  small_stage_out<N, kHalf, 0, 256 * W>(stage, o, fac, warp, lane);
-  sm90_named_bar_sync(kBarPW, 128);
-  small_copy_out<32>(args, stage, t, 0, N, 32 * W);
-}
 #endif
 
-template <int NB, int N, int MODE>
+template <int NB, int N, bool SPLIT>
 __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     attn_fwd_sm90_small_kernel(const __grid_constant__ SmallArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  typedef SmallSmem<NB, N, MODE> L;
+  typedef SmallSmem<NB, N, SPLIT> L;
   typedef SmallCfg<N> C;
   constexpr int kStages = L::kStages;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -904,19 +669,17 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
       sm90_mbar_init(&full[s], 256);
       sm90_mbar_init(&empty[s], 128 * C::kConsumers);
     }
-    /* SPLIT: p_full, fac_full (WG 0's threads). ALT: m0_full, p_full[0] (WG 0), p_full[1], l1_full
-     * (WG 1), fac_full (WG 0) */
-    for (int b = 1 + 2 * kStages; b < L::kNumBars; ++b) sm90_mbar_init(bars + b, 128);
+    if constexpr (SPLIT) {
+      sm90_mbar_init(bars + 1 + 2 * kStages, 128); /* p_full: WG 0's threads */
+      sm90_mbar_init(bars + 2 + 2 * kStages, 128); /* fac_full: WG 0's threads, once */
+    }
     sm90_mbar_init_fence();
   }
   __syncthreads();
 
   if (wg == C::kConsumers) {
     /* ================= producer ================= */
-    if constexpr (MODE == kModeAlt)
-      sm90_setmaxnreg_dec<kAltProducerRegs>();
-    else if constexpr (C::kTwoWG)
-      sm90_setmaxnreg_dec<kProducerRegs>();
+    if constexpr (C::kTwoWG) sm90_setmaxnreg_dec<kProducerRegs>();
     /* Thread (g, j): 16-B chunk j of every 64-column block of rows g, g+16, g+32, g+48 (rows 16
      * apart share r % 8: 8 consecutive threads fill one 128-B swizzled row piece, conflict free). */
     const int g = t >> 3, j = t & 7;
@@ -958,14 +721,7 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
   } else if constexpr (!C::kTwoWG) {
     /* ================= consumer (all N columns) ================= */
     small_consumer<NB, N, N, 0, false>(args, smem, t, ntiles);
-  } else if constexpr (MODE == kModeAlt) {
-    /* ================= consumers: WG w owns tiles 2i + w and value dims [256 w, 256 w + 256) ===== */
-    sm90_setmaxnreg_inc<kAltRegs>();
-    if (wg == 0)
-      alt_consumer<NB, N, 0>(args, smem, t, ntiles);
-    else
-      alt_consumer<NB, N, 1>(args, smem, t, ntiles);
-  } else if constexpr (MODE == kModeSplit) {
+  } else if constexpr (SPLIT) {
     /* ================= consumers: WG0 S^T, softmax, value dims [0, 256); WG1 dims [256, 512) ===== */
     if (wg == 0) {
       sm90_setmaxnreg_inc<kSplitSRegs>();
@@ -988,18 +744,18 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
 }
 
 /* One instantiation per (head dim D = 64 NB, N = head count rounded up to 8). */
-template <int NB, int N, int MODE>
+template <int NB, int N, bool SPLIT>
 dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
                   cudaStream_t stream) {
   const char *fn = "dsa_sparse_attn_fwd";
-  const int smem_bytes = SmallSmem<NB, N, MODE>::kBytes;
+  const int smem_bytes = SmallSmem<NB, N, SPLIT>::kBytes;
   if (smem_bytes > ctx->max_smem_optin)
     return dsa_fail(DSA_ERROR_UNSUPPORTED,
                     "%s: the sm_90a small-H kernel needs %d bytes of shared memory, device has %d", fn,
                     smem_bytes, ctx->max_smem_optin);
   /* two CTAs per SM need the largest shared-memory carveout */
   static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
-  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_small_kernel<NB, N, MODE>, smem_bytes,
+  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_small_kernel<NB, N, SPLIT>, smem_bytes,
                                SmallCfg<N>::kCtas > 1, ctx->device, attr_set, fn));
   SmallArgs args;
   args.p = *p;
@@ -1008,30 +764,26 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head
   args.head_begin = head_begin;
   args.head_count = head_count;
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
-  attn_fwd_sm90_small_kernel<NB, N, MODE><<<(unsigned)p->num_tokens, SmallCfg<N>::kThreads, smem_bytes, stream>>>(args);
+  attn_fwd_sm90_small_kernel<NB, N, SPLIT><<<(unsigned)p->num_tokens, SmallCfg<N>::kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
-/* N = 40..64: the two-consumer shape chosen by dsa_attn_fwd_small_split (2 alternate tiles, 1
- * value-dim split, 0 column split). */
+/* N = 40..64: the two-consumer shape chosen by dsa_attn_fwd_small_split (1 value-dim split, 0 column split). */
 template <int NB, int N>
 dsa_status launch_two_wg(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
                          cudaStream_t stream) {
-  switch (dsa_attn_fwd_small_split) {
-    case kModeCols: return launch<NB, N, kModeCols>(ctx, p, head_begin, head_count, stream);
-    case kModeSplit: return launch<NB, N, kModeSplit>(ctx, p, head_begin, head_count, stream);
-    default: return launch<NB, N, kModeAlt>(ctx, p, head_begin, head_count, stream);
-  }
+  return dsa_attn_fwd_small_split != 0 ? launch<NB, N, true>(ctx, p, head_begin, head_count, stream)
+                                       : launch<NB, N, false>(ctx, p, head_begin, head_count, stream);
 }
 
 template <int NB>
 dsa_status launch_nb(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
                      cudaStream_t stream) {
   switch ((head_count + 7) / 8) {
-    case 1: return launch<NB, 8, kModeCols>(ctx, p, head_begin, head_count, stream);
-    case 2: return launch<NB, 16, kModeCols>(ctx, p, head_begin, head_count, stream);
-    case 3: return launch<NB, 24, kModeCols>(ctx, p, head_begin, head_count, stream);
-    case 4: return launch<NB, 32, kModeCols>(ctx, p, head_begin, head_count, stream);
+    case 1: return launch<NB, 8, false>(ctx, p, head_begin, head_count, stream);
+    case 2: return launch<NB, 16, false>(ctx, p, head_begin, head_count, stream);
+    case 3: return launch<NB, 24, false>(ctx, p, head_begin, head_count, stream);
+    case 4: return launch<NB, 32, false>(ctx, p, head_begin, head_count, stream);
     case 5: return launch_two_wg<NB, 40>(ctx, p, head_begin, head_count, stream);
     case 6: return launch_two_wg<NB, 48>(ctx, p, head_begin, head_count, stream);
     case 7: return launch_two_wg<NB, 56>(ctx, p, head_begin, head_count, stream);

@@ -126,11 +126,10 @@ DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ct
                                                            const dsa_attn_fwd_params *p, int head_begin,
                                                            int head_count, cudaStream_t stream);
 DSA_HIDDEN extern int dsa_attn_fwd_variant;
-/* The sm_90a small-H forward's two-consumer shape (N = 40..64, cuda/attn_fwd_sm90_small.cu): 2 = the
- * WGs take alternate KV tiles (S^T and softmax of their own, chained column max) and split the 512
- * value dims for P V of both; 1 = they split the value dims (WG 0 computes S^T and the softmax for
- * every column once); 0 = they split the columns (each computes its own S^T; the KV tile is read
- * twice). Other values mean 2 (tests and benchmarks set it). */
+/* The sm_90a small-H forward's two-consumer shape (N = 40..64, cuda/attn_fwd_sm90_small.cu): 1 = the
+ * WGs split the 512 value dims (WG 0 computes S^T and the softmax for every column once), 0 = they
+ * split the columns (each computes its own S^T; the KV tile is read twice). Other values mean 1
+ * (tests and benchmarks set it). */
 DSA_HIDDEN extern int dsa_attn_fwd_small_split;
 /* The L2 policy of the sm_90a forward's KV gather (schedules 3 / 4 and the small-H kernel): 0 = none,
  * 1 = evict_last always (the default), 2 = evict_last when the KV rows fit in half the L2 (tests and

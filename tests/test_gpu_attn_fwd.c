@@ -21,9 +21,8 @@
  * logged as a warning (a race that stays inside the tolerance would show there first). Schedules 3 and
  * 4 sum in another order (and round WG0's P in two frames): they are checked against the reference.
  * Under racecheck schedule 3 is skipped and 4 runs in its place (tests/test_common.h).
- * heads_33_to_127 runs its cases under the three two-consumer shapes of the small-H kernel
- * (dsa_attn_fwd_small_split 2 = alternate tiles, 1 = value-dim split, 0 = column split);
- * DSA_TEST_FWD_HEADS=h limits it
+ * heads_33_to_127 runs its cases under both two-consumer shapes of the small-H kernel
+ * (dsa_attn_fwd_small_split 1 = value-dim split, 0 = column split); DSA_TEST_FWD_HEADS=h limits it
  * to H = h (one sanitizer process per head count). */
 #include <limits.h>
 #include "test_common.h"
@@ -539,11 +538,10 @@ ParameterizedTest(int *heads, gpu_attn_fwd, heads_33_to_127) {
   /* DSA_TEST_FWD_HEADS=h runs this test for H = h alone (a sanitizer run per head count) */
   const char *only = getenv("DSA_TEST_FWD_HEADS");
   if (only && atoi(only) != H) cr_skip_test("H=%d: DSA_TEST_FWD_HEADS=%s", H, only);
-  /* the small-H kernel's three shapes for N = 40..64 (dsa_attn_fwd_small_split): alternate tiles,
-   * value-dim split, column split; each of the three cases below under all three (K = 100: 0..2
-   * tiles per row, K = 257 and 700: odd tile counts, the alternate shape's lone last tile) */
+  /* the small-H kernel's two shapes for N = 40..64 (dsa_attn_fwd_small_split): value-dim split, then
+   * column split; each of the three cases below under both */
   const int split_default = dsa_attn_fwd_small_split;
-  for (int split = 2; split >= 0; --split) {
+  for (int split = 1; split >= 0; --split) {
     dsa_attn_fwd_small_split = split;
     char name[96];
     /* a: random topk_length, per-head sink mix (+inf, -inf, finite), token-padded q, head-major out */
