@@ -166,6 +166,24 @@ $(BUILD)/bench/barrier_probe: bench/barrier_probe.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -o $@ $<
 
+# Forward probe builds (docs/perf.md "Probes", cuda/sm90_common.cuh DSA_FWD_PROBE): the bench linked with the
+# sm_90a forward kernels rebuilt so that their consumers only drain the KV ring (PROBE=1) or their
+# producers copy nothing (PROBE=2). Times only; the library itself is never built this way.
+PROBE ?= 1
+PROBE_DIR := $(BUILD)/probe$(PROBE)
+PROBE_CU := cuda/attn_fwd_sm90_small.cu cuda/attn_fwd_sm90_v2.cu
+PROBE_OBJ := $(PROBE_CU:cuda/%.cu=$(PROBE_DIR)/%.o)
+.PHONY: probe-bench
+probe-bench: $(PROBE_DIR)/dsa_bench
+$(PROBE_DIR)/%.o: cuda/%.cu $(HDRS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DDSA_FWD_PROBE=$(PROBE) -c $< -o $@
+$(PROBE_DIR)/libdsa.a: $(LIB_A) $(PROBE_OBJ)
+	cp $(LIB_A) $@
+	$(AR) r $@ $(PROBE_OBJ)
+$(PROBE_DIR)/dsa_bench: bench/dsa_bench.c $(BENCH_COMMON) bench/bench_common.h $(PROBE_DIR)/libdsa.a
+	$(CC) $(CFLAGS) -Ibench -o $@ $< $(BENCH_COMMON) $(PROBE_DIR)/libdsa.a $(LDLIBS_CUDA) $(RPATH_CUDA)
+
 run: $(BUILD)/bench/dsa_layer
 	$(BUILD)/bench/dsa_layer $(RUN_ARGS)
 

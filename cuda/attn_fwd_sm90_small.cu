@@ -676,6 +676,15 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     sm90_mbar_init_fence();
   }
   __syncthreads();
+#if DSA_FWD_PROBE == 1
+  if (wg != C::kConsumers) { /* probe build (sm90_common.cuh): the consumers only drain the KV ring */
+    for (int n = 0; n < ntiles; ++n) {
+      sm90_mbar_wait(&full[n % kStages], (uint32_t)(n / kStages) & 1);
+      sm90_mbar_arrive(&empty[n % kStages]);
+    }
+    return;
+  }
+#endif
 
   if (wg == C::kConsumers) {
     /* ================= producer ================= */

@@ -409,6 +409,17 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
     sm90_mbar_init_fence();
   }
   __syncthreads();
+#if DSA_FWD_PROBE == 1
+  if (wg < 2) { /* probe build (sm90_common.cuh): the consumers only drain the KV ring (WG c releases
+                 * the halves [w][c]) */
+    for (int i = 0; i < npairs; ++i)
+      for (int w = 0; w < 2; ++w) {
+        sm90_mbar_wait(&full[w][wg], (uint32_t)i & 1);
+        sm90_mbar_arrive(&empty[w][wg]);
+      }
+    return;
+  }
+#endif
 
   if (wg == 2) {
     /* ================= producer ================= */

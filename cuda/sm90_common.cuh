@@ -14,6 +14,14 @@
 #include <math.h> /* INFINITY */
 #include <stdint.h>
 
+/* Probe builds of the forward (`make probe-bench PROBE=1|2`, docs/perf.md "Probes"), never the library:
+ *   1  the consumer warpgroups only drain the KV ring (wait full, arrive empty): the gather's own pace;
+ *   2  sm90_gather_kv_blocks issues no copies (validity bytes only): the consumers' own pace.
+ * Their outputs are garbage; only their times mean something. */
+#ifndef DSA_FWD_PROBE
+#define DSA_FWD_PROBE 0
+#endif
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 
 /* Shared-window address of a generic pointer to shared memory. */
@@ -366,9 +374,11 @@ __device__ __forceinline__ void sm90_gather_kv_blocks(uint32_t skv, uint8_t *val
     const int32_t idx = idxs[i];
     const bool ok = idx >= 0 && (int64_t)idx < num_kv;
     const uint16_t *src = ok ? kv + (int64_t)idx * kv_stride + j * 8 : harmless + j * 8;
+#if DSA_FWD_PROBE != 2
 #pragma unroll
     for (int b = B0; b < B1; ++b)
       sm90_cp_async16_hint(skv + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u, pol);
+#endif
     if (VALID && j == 0) valid[r] = ok ? 1 : 0;
   }
 }
