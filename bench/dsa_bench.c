@@ -65,10 +65,6 @@ static int bwd_variant_forced = -1; /* <= 0: automatic */
  * get ",ss<N>". */
 extern int dsa_attn_fwd_small_split __attribute__((weak));
 static int fwd_small_split_forced = -1;
-/* The smallest N (24 / 32) the small-H forward gives the value-dim split (src/internal.h
- * dsa_attn_fwd_small_split_min), from DSA_FWD_SMALL_SPLIT_MIN (unset: the library's); ",sm<N>". */
-extern int dsa_attn_fwd_small_split_min __attribute__((weak));
-static int fwd_small_split_min_forced = -1;
 /* The forward KV gather's L2 policy (src/internal.h dsa_attn_fwd_kv_l2_hint: 0 none, 1 evict_last,
  * 2 evict_last when the KV fits half the L2), from DSA_FWD_KV_L2_HINT (unset: the library's); fwd rows
  * then get ",l2h<N>". */
@@ -126,7 +122,6 @@ static const shape shapes[] = {
     {"topk-32k", OP_TOPK, 4096, 0, 2048, 32768, 0, "4096 rows x 32768 fp32, K=2048, causal lengths and full rows", 0},
     {"topk-128k", OP_TOPK, 4096, 0, 2048, 131072, 0, "4096 rows x 131072 fp32, K=2048, causal lengths and full rows", 0},
     /* Not in targets.md (no peer): head counts between the kernels' native blocks, and D = 512. */
-    {"fwd-tp-h24", OP_FWD, 4096, 24, 2048, 32768, 0, "T=4096 (last CP rank) H=24 K=2048 s_kv=32768 (not canonical)", 0},
     {"fwd-tp-h40", OP_FWD, 4096, 40, 2048, 32768, 0, "T=4096 (last CP rank) H=40 K=2048 s_kv=32768 (not canonical)", 0},
     {"fwd-tp-h48", OP_FWD, 4096, 48, 2048, 32768, 0, "T=4096 (last CP rank) H=48 K=2048 s_kv=32768 (not canonical)", 0},
     {"fwd-tp-h56", OP_FWD, 4096, 56, 2048, 32768, 0, "T=4096 (last CP rank) H=56 K=2048 s_kv=32768 (not canonical)", 0},
@@ -534,8 +529,6 @@ static void bench_fwd(bench *b, const shape *sh) {
              fwd_variant_forced == 1 ? ",portable" : fwd_variant_forced == 2 ? ",sm90" : fwd_variant_forced == 3 ? ",small" : fwd_variant_forced == 4 ? ",split" : "");
     if (fwd_small_split_forced >= 0)
       snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ss%d", fwd_small_split_forced);
-    if (fwd_small_split_min_forced >= 0)
-      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",sm%d", fwd_small_split_min_forced);
     if (fwd_l2_hint_forced >= 0)
       snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",l2h%d", fwd_l2_hint_forced);
     if (fwd_overlap_count) {
@@ -927,8 +920,6 @@ int main(int argc, char **argv) {
   bwd_variant_forced = env_knob("DSA_BWD_VARIANT", &dsa_attn_bwd_variant, 0, "backward kernel variant");
   fwd_small_split_forced =
       env_knob("DSA_FWD_SMALL_SPLIT", &dsa_attn_fwd_small_split, 1, "small-H forward, N = 40..64: value-dim split 1 / column split 0:");
-  fwd_small_split_min_forced = env_knob("DSA_FWD_SMALL_SPLIT_MIN", &dsa_attn_fwd_small_split_min, 0,
-                                        "small-H forward: value-dim split from N =");
   fwd_l2_hint_forced =
       env_knob("DSA_FWD_KV_L2_HINT", &dsa_attn_fwd_kv_l2_hint, 0, "forward KV gather L2 policy (0 none, 1 evict_last, 2 auto)");
   topk_variant_forced = env_knob("DSA_TOPK_VARIANT", &dsa_topk_variant, 0, "top-k kernel variant");

@@ -139,10 +139,10 @@ static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and l
 #ifndef DSA_SM90_FWD_SMALL_TWO_CTAS
 #define DSA_SM90_FWD_SMALL_TWO_CTAS 1
 #endif
-template <int N, bool SPLIT = false>
+template <int N>
 struct SmallCfg {
-  static constexpr bool kTwo = DSA_SM90_FWD_SMALL_TWO_CTAS != 0 && N <= 16 && !SPLIT; /* two CTAs per SM */
-  static constexpr bool kTwoWG = N > kMaxNOneWG || SPLIT; /* two consumer WGs (columns or value dims split) */
+  static constexpr bool kTwo = DSA_SM90_FWD_SMALL_TWO_CTAS != 0 && N <= 16; /* two CTAs per SM */
+  static constexpr bool kTwoWG = N > kMaxNOneWG;         /* two consumer WGs, columns split */
   static constexpr int kStages = kTwo ? 1 : 2;           /* KV stages per CTA */
   static constexpr int kCtas = kTwo ? 2 : 1;             /* CTAs per SM: __launch_bounds__ min blocks */
   static constexpr int kConsumers = kTwoWG ? 2 : 1;      /* consumer WGs; the producer is WG kConsumers */
@@ -158,8 +158,8 @@ struct SmallCfg {
  * of 8, so N * 128 and N0 * 128 are multiples of 1024. */
 template <int NB, int N, bool SPLIT = false>
 struct SmallSmem {
-  static constexpr bool kTwoWG = SmallCfg<N, SPLIT>::kTwoWG;
-  static constexpr int kStages = SmallCfg<N, SPLIT>::kStages;
+  static constexpr bool kTwoWG = SmallCfg<N>::kTwoWG;
+  static constexpr int kStages = SmallCfg<N>::kStages;
   static constexpr int kTileBytes = NB * kBlkBytes;          /* KV stage: [64 keys x D] bf16 */
   static constexpr int kQBlk = N * 128;                      /* one 64-column block of Q: N rows */
   static constexpr int kKV = 0;                              /* stage s at kKV + s * kTileBytes */
@@ -644,11 +644,11 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
 #endif
 
 template <int NB, int N, bool SPLIT>
-__global__ void __launch_bounds__(SmallCfg<N, SPLIT>::kThreads, SmallCfg<N, SPLIT>::kCtas)
+__global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     attn_fwd_sm90_small_kernel(const __grid_constant__ SmallArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   typedef SmallSmem<NB, N, SPLIT> L;
-  typedef SmallCfg<N, SPLIT> C;
+  typedef SmallCfg<N> C;
   constexpr int kStages = L::kStages;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = sm90_smem_align1024(smem_raw);
@@ -765,7 +765,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head
   /* two CTAs per SM need the largest shared-memory carveout */
   static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
   DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_small_kernel<NB, N, SPLIT>, smem_bytes,
-                               SmallCfg<N, SPLIT>::kCtas > 1, ctx->device, attr_set, fn));
+                               SmallCfg<N>::kCtas > 1, ctx->device, attr_set, fn));
   SmallArgs args;
   args.p = *p;
   args.scale_log2 = p->softmax_scale * kLog2e;
@@ -773,7 +773,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head
   args.head_begin = head_begin;
   args.head_count = head_count;
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
-  attn_fwd_sm90_small_kernel<NB, N, SPLIT><<<(unsigned)p->num_tokens, SmallCfg<N, SPLIT>::kThreads, smem_bytes, stream>>>(args);
+  attn_fwd_sm90_small_kernel<NB, N, SPLIT><<<(unsigned)p->num_tokens, SmallCfg<N>::kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
@@ -785,22 +785,14 @@ dsa_status launch_two_wg(const dsa_context *ctx, const dsa_attn_fwd_params *p, i
                                        : launch<NB, N, false>(ctx, p, head_begin, head_count, stream);
 }
 
-/* N = 24 / 32: one consumer WG, or the value-dim split from N = dsa_attn_fwd_small_split_min on. */
-template <int NB, int N>
-dsa_status launch_one_or_split(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
-                               cudaStream_t stream) {
-  return N >= dsa_attn_fwd_small_split_min ? launch<NB, N, true>(ctx, p, head_begin, head_count, stream)
-                                           : launch<NB, N, false>(ctx, p, head_begin, head_count, stream);
-}
-
 template <int NB>
 dsa_status launch_nb(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
                      cudaStream_t stream) {
   switch ((head_count + 7) / 8) {
     case 1: return launch<NB, 8, false>(ctx, p, head_begin, head_count, stream);
     case 2: return launch<NB, 16, false>(ctx, p, head_begin, head_count, stream);
-    case 3: return launch_one_or_split<NB, 24>(ctx, p, head_begin, head_count, stream);
-    case 4: return launch_one_or_split<NB, 32>(ctx, p, head_begin, head_count, stream);
+    case 3: return launch<NB, 24, false>(ctx, p, head_begin, head_count, stream);
+    case 4: return launch<NB, 32, false>(ctx, p, head_begin, head_count, stream);
     case 5: return launch_two_wg<NB, 40>(ctx, p, head_begin, head_count, stream);
     case 6: return launch_two_wg<NB, 48>(ctx, p, head_begin, head_count, stream);
     case 7: return launch_two_wg<NB, 56>(ctx, p, head_begin, head_count, stream);

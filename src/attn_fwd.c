@@ -10,8 +10,6 @@
 int dsa_attn_fwd_variant = 0;
 /* The small-H kernel's two-consumer shape for N = 40..64 (src/internal.h): 1 value-dim split, 0 column split. */
 int dsa_attn_fwd_small_split = 1;
-/* The smallest N (24 or 32) that takes the value-dim split instead of one consumer WG (src/internal.h). */
-int dsa_attn_fwd_small_split_min = 40;
 /* The KV gather's L2 policy (src/internal.h). 1 (evict_last always): session 5 run 10, same run, two
  * rounds each, against 0: fwd-v32-8k +0.7%, -32k +1.0%, -128k +1.8% (the KV does not even fit the L2
  * there), glm-4k / cp8 +0.5%, tp-h8 +2.9%, tp-h16 +0.5%, tp-h32 / h48 +0.1%: never slower. */

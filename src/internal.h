@@ -131,9 +131,6 @@ DSA_HIDDEN extern int dsa_attn_fwd_variant;
  * split the columns (each computes its own S^T; the KV tile is read twice). Other values mean 1
  * (tests and benchmarks set it). */
 DSA_HIDDEN extern int dsa_attn_fwd_small_split;
-/* N = 24 / 32 (H mod 64 in 17..32): the small-H forward runs the value-dim split (two consumer WGs) for
- * N >= dsa_attn_fwd_small_split_min, one consumer WG below (40, the default: one WG up to N = 32). */
-DSA_HIDDEN extern int dsa_attn_fwd_small_split_min;
 /* The L2 policy of the sm_90a forward's KV gather (schedules 3 / 4 and the small-H kernel): 0 = none,
  * 1 = evict_last always (the default), 2 = evict_last when the KV rows fit in half the L2 (tests and
  * benchmarks set it); dsa_fwd_kv_evict_last applies it to a launch. */

@@ -22,9 +22,8 @@
  * 4 sum in another order (and round WG0's P in two frames): they are checked against the reference.
  * Under racecheck schedule 3 is skipped and 4 runs in its place (tests/test_common.h).
  * heads_33_to_127 runs its cases under both two-consumer shapes of the small-H kernel
- * (dsa_attn_fwd_small_split 1 = value-dim split, 0 = column split), heads_17_to_32_two_wg under the
- * one-consumer shape and the value-dim split for N = 24 / 32 (dsa_attn_fwd_small_split_min);
- * DSA_TEST_FWD_HEADS=h limits both to H = h (one sanitizer process per head count). */
+ * (dsa_attn_fwd_small_split 1 = value-dim split, 0 = column split); DSA_TEST_FWD_HEADS=h limits it
+ * to H = h (one sanitizer process per head count). */
 #include <limits.h>
 #include "test_common.h"
 #include <criterion/parameterized.h>
@@ -528,55 +527,6 @@ Test(gpu_attn_fwd, head_dim_512) {
  * the split (64-head kernel on heads [0, 64) + small-H kernel on [64, H)) and the automatic choice.
  * Every row compared (sample = T), K not a multiple of 64, invalid slots and empty rows, topk_length,
  * sinks with +-inf, strided q / out / kv / indices, D = 512, one bitwise rerun per H. ---- */
-/* The three cases of the two-consumer-WG tests below, each under the small-H kernel's shapes for the
- * head count (dsa_attn_fwd_small_split / _split_min): a: random topk_length, per-head sink mix, strided
- * q / out, rerun; b: 5 KV tiles (both stages reused), D = 512 for odd H, kv stride 640; c: 11 KV tiles,
- * many duplicates, no max_logits. */
-static void run_two_wg_cases(int H, tc_rng *rng, const char *shape) {
-  char name[128];
-  /* a: random topk_length, per-head sink mix (+inf, -inf, finite), token-padded q, head-major out */
-  attn_case c = base_case(37, H, 100);
-  c.len = LEN_RANDOM;
-  c.sink = SINK_MIX;
-  c.p_invalid = 0.1;
-  c.p_empty = 0.1;
-  c.q_layout = LAYOUT_TOKEN_PAD;
-  c.out_layout = LAYOUT_HEAD_MAJOR;
-  c.sample = (int)c.T;
-  c.rerun = 1;
-  snprintf(name, sizeof name, "H=%d K=100 strided q/out, sink mix, rerun, %s", H, shape);
-  run_case(&c, rng, name);
-  /* b: 5 KV tiles (both stages reused), head-major q, kv stride 640, padded index rows, sink +inf or
-   * -inf for every head, D = 512 for odd H */
-  c = base_case(45, H, 257);
-  c.D = H % 2 ? 512 : 576;
-  c.len = LEN_FULL;
-  c.sink = H % 3 ? SINK_NEG_INF : SINK_POS_INF;
-  c.p_invalid = 0.2;
-  c.q_layout = LAYOUT_HEAD_MAJOR;
-  c.out_layout = LAYOUT_TOKEN_PAD;
-  c.kv_stride = 640;
-  c.idx_pad = 3;
-  c.sample = (int)c.T;
-  snprintf(name, sizeof name, "H=%d D=%d K=257 kv stride 640, sink %s, %s", H, c.D, sink_name[c.sink], shape);
-  run_case(&c, rng, name);
-  /* c: no topk_length, finite sinks, dense layouts, no max_logits, many duplicates, 11 KV tiles */
-  c = base_case(37, H, 700);
-  c.sink = SINK_FINITE;
-  c.p_invalid = 0.05;
-  c.p_dup = 0.3;
-  c.no_max_logits = 1;
-  c.sample = (int)c.T;
-  snprintf(name, sizeof name, "H=%d K=700 dense, max_logits NULL, %s", H, shape);
-  run_case(&c, rng, name);
-}
-
-/* DSA_TEST_FWD_HEADS=h runs the tests below for H = h alone (a sanitizer run per head count) */
-static int fwd_heads_selected(int H) {
-  const char *only = getenv("DSA_TEST_FWD_HEADS");
-  return !only || atoi(only) == H;
-}
-
 ParameterizedTestParameters(gpu_attn_fwd, heads_33_to_127) {
   static int heads[] = {33, 40, 48, 52, 63, 65, 96, 127};
   return cr_make_param_array(int, heads, sizeof heads / sizeof heads[0]);
@@ -585,35 +535,52 @@ ParameterizedTest(int *heads, gpu_attn_fwd, heads_33_to_127) {
   TC_REQUIRE_GPU();
   tc_rng rng = tc_seed("gpu_attn_fwd/heads_33_to_127");
   const int H = *heads;
-  if (!fwd_heads_selected(H)) cr_skip_test("H=%d: DSA_TEST_FWD_HEADS=%s", H, getenv("DSA_TEST_FWD_HEADS"));
+  /* DSA_TEST_FWD_HEADS=h runs this test for H = h alone (a sanitizer run per head count) */
+  const char *only = getenv("DSA_TEST_FWD_HEADS");
+  if (only && atoi(only) != H) cr_skip_test("H=%d: DSA_TEST_FWD_HEADS=%s", H, only);
   /* the small-H kernel's two shapes for N = 40..64 (dsa_attn_fwd_small_split): value-dim split, then
-   * column split; each of the three cases under both */
+   * column split; each of the three cases below under both */
   const int split_default = dsa_attn_fwd_small_split;
   for (int split = 1; split >= 0; --split) {
     dsa_attn_fwd_small_split = split;
-    run_two_wg_cases(H, &rng, split ? "split 1" : "split 0");
+    char name[96];
+    /* a: random topk_length, per-head sink mix (+inf, -inf, finite), token-padded q, head-major out */
+    attn_case c = base_case(37, H, 100);
+    c.len = LEN_RANDOM;
+    c.sink = SINK_MIX;
+    c.p_invalid = 0.1;
+    c.p_empty = 0.1;
+    c.q_layout = LAYOUT_TOKEN_PAD;
+    c.out_layout = LAYOUT_HEAD_MAJOR;
+    c.sample = (int)c.T;
+    c.rerun = 1;
+    snprintf(name, sizeof name, "H=%d K=100 strided q/out, sink mix, rerun, split %d", H, split);
+    run_case(&c, &rng, name);
+    /* b: 5 KV tiles (both stages reused), head-major q, kv stride 640, padded index rows, sink +inf or
+     * -inf for every head, D = 512 for odd H */
+    c = base_case(45, H, 257);
+    c.D = H % 2 ? 512 : 576;
+    c.len = LEN_FULL;
+    c.sink = H % 3 ? SINK_NEG_INF : SINK_POS_INF;
+    c.p_invalid = 0.2;
+    c.q_layout = LAYOUT_HEAD_MAJOR;
+    c.out_layout = LAYOUT_TOKEN_PAD;
+    c.kv_stride = 640;
+    c.idx_pad = 3;
+    c.sample = (int)c.T;
+    snprintf(name, sizeof name, "H=%d D=%d K=257 kv stride 640, sink %s, split %d", H, c.D, sink_name[c.sink], split);
+    run_case(&c, &rng, name);
+    /* c: no topk_length, finite sinks, dense layouts, no max_logits, many duplicates, 11 KV tiles */
+    c = base_case(37, H, 700);
+    c.sink = SINK_FINITE;
+    c.p_invalid = 0.05;
+    c.p_dup = 0.3;
+    c.no_max_logits = 1;
+    c.sample = (int)c.T;
+    snprintf(name, sizeof name, "H=%d K=700 dense, max_logits NULL, split %d", H, split);
+    run_case(&c, &rng, name);
   }
   dsa_attn_fwd_small_split = split_default;
-}
-
-/* N = 24 / 32 (H mod 64 in 17..32): the one-consumer shape and the value-dim split
- * (dsa_attn_fwd_small_split_min), each under the three cases */
-ParameterizedTestParameters(gpu_attn_fwd, heads_17_to_32_two_wg) {
-  static int heads[] = {17, 24, 29, 32, 81, 96};
-  return cr_make_param_array(int, heads, sizeof heads / sizeof heads[0]);
-}
-ParameterizedTest(int *heads, gpu_attn_fwd, heads_17_to_32_two_wg) {
-  TC_REQUIRE_GPU();
-  tc_rng rng = tc_seed("gpu_attn_fwd/heads_17_to_32_two_wg");
-  const int H = *heads;
-  if (!fwd_heads_selected(H)) cr_skip_test("H=%d: DSA_TEST_FWD_HEADS=%s", H, getenv("DSA_TEST_FWD_HEADS"));
-  const int min_default = dsa_attn_fwd_small_split_min;
-  static const int mins[] = {24, 40};
-  for (int i = 0; i < 2; ++i) {
-    dsa_attn_fwd_small_split_min = mins[i];
-    run_two_wg_cases(H, &rng, i == 0 ? "value-dim split from N = 24" : "one consumer WG up to N = 32");
-  }
-  dsa_attn_fwd_small_split_min = min_default;
 }
 
 /* ---- strided q (token stride > H*D, head-major), kv row stride 640, strided out ---- */
