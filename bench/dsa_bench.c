@@ -65,6 +65,9 @@ static int bwd_variant_forced = -1; /* <= 0: automatic */
  * get ",ss<N>". */
 extern int dsa_attn_fwd_small_split __attribute__((weak));
 static int fwd_small_split_forced = -1;
+/* Defined only by a probe build of the forward (`make probe-bench`, cuda/sm90_common.cuh): its forward
+ * rows are bounds, not results, and carry ",probe<N>". */
+extern const int dsa_fwd_probe_build __attribute__((weak));
 /* The forward KV gather's L2 policy (src/internal.h dsa_attn_fwd_kv_l2_hint: 0 none, 1 evict_last,
  * 2 evict_last when the KV fits half the L2), from DSA_FWD_KV_L2_HINT (unset: the library's); fwd rows
  * then get ",l2h<N>". */
@@ -529,6 +532,8 @@ static void bench_fwd(bench *b, const shape *sh) {
              fwd_variant_forced == 1 ? ",portable" : fwd_variant_forced == 2 ? ",sm90" : fwd_variant_forced == 3 ? ",small" : fwd_variant_forced == 4 ? ",split" : "");
     if (fwd_small_split_forced >= 0)
       snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ss%d", fwd_small_split_forced);
+    if (&dsa_fwd_probe_build)
+      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",probe%d", dsa_fwd_probe_build);
     if (fwd_l2_hint_forced >= 0)
       snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",l2h%d", fwd_l2_hint_forced);
     if (fwd_overlap_count) {
@@ -925,6 +930,9 @@ int main(int argc, char **argv) {
   topk_variant_forced = env_knob("DSA_TOPK_VARIANT", &dsa_topk_variant, 0, "top-k kernel variant");
   topk_prefetch_forced = env_knob("DSA_TOPK_V4_PREFETCH", &dsa_topk_v4_whole_prefetch, 1,
                                   "top-k variant 4 next-row prefetch: whole rows 1 / samples only 0:");
+  if (&dsa_fwd_probe_build)
+    printf("PROBE BUILD %d of the forward (make probe-bench): its times are bounds, its outputs garbage\n",
+           dsa_fwd_probe_build);
   bc_timer_init(&b.timer, reps);
   printf("libdsa %s bench on %s, commit %s, %d reps (median), L2 flush %.0f MiB\n", dsa_version_string(),
          b.card, b.commit, reps, (double)b.timer.flush_bytes / (1 << 20));

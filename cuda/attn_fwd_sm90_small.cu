@@ -85,6 +85,11 @@
 #include "internal.h"
 #include "sm90_common.cuh"
 
+#if DSA_FWD_PROBE
+/* Only in a probe build (sm90_common.cuh): dsa_bench finds it and labels its forward rows ",probe<N>". */
+extern "C" DSA_HIDDEN const int dsa_fwd_probe_build = DSA_FWD_PROBE;
+#endif
+
 namespace {
 
 /* ---- tile and launch configuration ----------------------------------------------------------- */
