@@ -16,7 +16,13 @@
  *                                                        B = P stored [N heads][64 keys] K-major SW128
  * The softmax runs per head = per COLUMN of S^T: a column's 64 keys live in 8 lanes (lane / 4) of each
  * of the 4 warps, so its max is an in-thread max over the rows r, r + 8, shfl_xor 4 / 8 / 16, then one
- * exchange between the 4 warps through shared memory (named barrier). P reaches shared memory with
+ * exchange between the 4 warps through shared memory (named barrier). That exchange, the rescale
+ * factors and the O rescale are the softmax's cost here, so they run only when the frame has to move:
+ * P = exp2(S - frame) with a per-column frame that moves only when a logit of the tile exceeds it by
+ * more than 8 (log2 units; P <= 256 otherwise), decided by one barrier with an OR reduction
+ * (small_softmax; the true column max for max_logits is tracked per thread and reduced once). Session
+ * 6 measured it on the H200 against the exact running max: fwd-tp-h40 / h48 / h56 -12% / -13% / -14%
+ * (value-dim split), tp-h16 / h32 -4%, tp-h8 -1%. P reaches shared memory with
  * stmatrix .trans (the accumulator fragment is [keys][heads]; .trans writes [heads][keys]).
  *
  * One CTA = one query token, heads [head_begin, head_begin + head_count) of it (the launch's head
@@ -27,7 +33,7 @@
  *        N/2 registers in the consumer. N <= 16: two CTAs per SM, one KV stage each.
  *   N = 40..64: 384 threads, WG0 and WG1 consumers, WG2 producer. Two ways to share the work, chosen
  *        by dsa_attn_fwd_small_split (src/internal.h):
- *     1 (default) value-dim split (setmaxnreg 240 / 208 / 56): WG0 computes S^T [64 x N] once per tile
+ *     1 (default) value-dim split (setmaxnreg 256 / 192 / 56): WG0 computes S^T [64 x N] once per tile
  *        for every column, the softmax, P and the rescale factors, and O^T dims [0, 256); WG1 only
  *        O^T dims [256, 512) from the same P (split_s_consumer / split_pv_consumer below, with their
  *        hand-offs). Each KV element is read from shared memory once per tile: 238 KB of wgmma
@@ -54,7 +60,7 @@
  * already (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing).
  * ptxas (nvcc 13, -Xptxas -v): 64 / 122 / 168 / 208 registers for N = 8 / 16 / 24 / 32, no spills, no
  * wgmma serialisation warning; N = 40..64: 168 at entry (the __launch_bounds__(384, 1) cap), raised
- * to 224 in the consumers (value-dim split: 240 / 208; producer 56), no spills. SASS per 64-key tile and
+ * to 224 in the consumers (value-dim split: 256 / 192; producer 56), no spills. SASS per 64-key tile and
  * consumer: 36 (D = 576) or 32 (D = 512) HGMMA.64xN_cx16 for S^T, 32 HGMMA.64xN_cx16 with
  * gdesc.tnspA for P V, N_c / 8 STSM.16.MT88.2 (value-dim split at N = 48: 68 HGMMA.64x48x16 in the
  * kernel, 36 + 16 in WG0's loop and 16 in WG1's). Shared memory at D = 576: 190632 B (N = 32) ..
@@ -104,8 +110,8 @@ constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids of consumer WG 0 (WG 
 constexpr int kBarAll = 5;          /* N > 32: both consumer WGs (256 threads) */
 constexpr int kConsumerRegs = 224;  /* N > 32: O^T 128 + S^T 16 + P 16 + addressing (N_c = 32: 208 uncapped) */
 constexpr int kProducerRegs = 56;   /* N > 32: the gather and the next tile's indices (at 40: 4-8 B of spills); 2 x 224 + 56 = 504 */
-constexpr int kSplitSRegs = 240;    /* SPLIT WG 0: O^T half 2N + S^T N/2 + softmax state 3 N/4 (N = 64: 208) */
-constexpr int kSplitPVRegs = 208;   /* SPLIT WG 1: O^T half 2N (N = 64: 128) + addressing; 240 + 208 + 56 = 504 */
+constexpr int kSplitSRegs = 256;    /* SPLIT WG 0: O^T half 2N + S^T / P N/2 + frame, sums, logit max 3 N/4 (N = 56: 210) */
+constexpr int kSplitPVRegs = 192;   /* SPLIT WG 1: O^T half 2N (N = 64: 128) + addressing; 256 + 192 + 56 = 504 */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -212,45 +218,71 @@ __device__ __forceinline__ int small_slot(int i) { return 2 * (i >> 2) + (i & 1)
 __device__ __forceinline__ int small_col(int c, int lane) { return 8 * (c >> 1) + 2 * (lane & 3) + (c & 1); }
 
 /* One completed S^T tile [64 keys x NW columns] (this WG's columns HB.., of N in the CTA): mask the
- * invalid keys (rows), then the online softmax per column in the log2 domain. x = this thread's
- * unnormalised P fragment, alpha = the rescale factor of each column slot; col_max (running, identical
- * in every thread holding the column) and col_sum (this thread's rows) updated. The column max of the
- * tile: in-thread over rows r0 / r0 + 8, shfl_xor 4 / 8 / 16, then the 4 warps through red [4][N]
- * and named barrier `bar` (128 threads). WAR on red: the caller's next barrier (the P barrier) comes
- * after every warp read it and before any warp writes it again. */
-template <int NW, int N, int HB>
-__device__ __forceinline__ void small_softmax(const float *sacc, const uint8_t *vs, float scale_log2, int warp, int lane,
+ * invalid keys (rows), then the online softmax per column in the log2 domain, against a lazily moved
+ * frame: col_max (identical in every thread holding the column) is the max P and col_sum are relative
+ * to, and it moves only when some logit of the tile exceeds it by more than kRescaleSlack (P <= 2^8
+ * otherwise; the 4-warp max exchange, the rescale factors and the caller's O rescale are skipped:
+ * returns false, alpha = 1). The decision is one barrier with an OR reduction (named barrier `bar`,
+ * 128 threads); when it says move, the tile's column max is exchanged as before: in-thread over rows
+ * r0 / r0 + 8, shfl_xor 4 / 8 / 16, then the 4 warps through red [4][N] and `bar` again, and the frame
+ * becomes max(col_max, the tile's max). The first tile with a valid key always moves it (-inf before).
+ * tmax: this thread's running max of its logits per column slot (max_logits, reduced in the epilogue).
+ * LAZY = false: the frame follows the running max on every tile (the exchange always runs, tmax is
+ * not touched and col_max is the max_logits).
+ * x = this thread's unnormalised P fragment, col_sum (this thread's rows) updated. WAR on red: the
+ * caller's next barrier (the P barrier) comes after every warp read it and before any warp writes it
+ * again. */
+constexpr float kRescaleSlack = 8.f;
+template <int NW, int N, int HB, bool LAZY = true>
+__device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *vs, float scale_log2, int warp, int lane,
                                               float *red, int bar, float *col_max, float *col_sum, float *alpha,
-                                              float *x) {
+                                              float *x, float *tmax) {
   constexpr int NR = NW / 2, NC = NW / 4;
   const int r0 = 16 * warp + (lane >> 2);
   const bool ok0 = vs[r0] != 0, ok1 = vs[r0 + 8] != 0;
+  bool over = false;
 #pragma unroll
-  for (int i = 0; i < NR; ++i) x[i] = (((i >> 1) & 1) ? ok1 : ok0) ? sacc[i] * scale_log2 : -INFINITY;
-  float mx[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    const int i = 4 * (c >> 1) + (c & 1); /* rows r0 (i) and r0 + 8 (i + 2) */
-    float v = fmaxf(x[i], x[i + 2]);
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-    mx[c] = v; /* max over this warp's 16 keys */
+  for (int i = 0; i < NR; ++i) {
+    x[i] = (((i >> 1) & 1) ? ok1 : ok0) ? sacc[i] * scale_log2 : -INFINITY;
+    if (LAZY) {
+      tmax[small_slot(i)] = fmaxf(tmax[small_slot(i)], x[i]);
+      over |= x[i] > col_max[small_slot(i)] + kRescaleSlack; /* -inf frame: any finite logit */
+    }
   }
-  if (lane < 4) {
-#pragma unroll
-    for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = mx[c];
-  }
-  sm90_named_bar_sync(bar, 128);
+  /* !LAZY (the value-dim split at N = 64: no registers left for tmax): the frame is the running max */
+  const bool move = LAZY ? sm90_named_bar_or(bar, 128, over) : true;
   float m_use[NC];
+  if (move) {
+    float mx[NC];
 #pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    const int col = HB + small_col(c, lane);
-    float v = fmaxf(fmaxf(red[col], red[N + col]), fmaxf(red[2 * N + col], red[3 * N + col]));
-    v = fmaxf(v, col_max[c]);
-    m_use[c] = v == -INFINITY ? 0.f : v; /* no valid slot yet: avoid (-inf) - (-inf) */
-    alpha[c] = exp2f(col_max[c] - m_use[c]);
-    col_max[c] = v;
+    for (int c = 0; c < NC; ++c) {
+      const int i = 4 * (c >> 1) + (c & 1); /* rows r0 (i) and r0 + 8 (i + 2) */
+      float v = fmaxf(x[i], x[i + 2]);
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+      mx[c] = v; /* max over this warp's 16 keys */
+    }
+    if (lane < 4) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = mx[c];
+    }
+    sm90_named_bar_sync(bar, 128);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int col = HB + small_col(c, lane);
+      float v = fmaxf(fmaxf(red[col], red[N + col]), fmaxf(red[2 * N + col], red[3 * N + col]));
+      v = fmaxf(v, col_max[c]);
+      m_use[c] = v == -INFINITY ? 0.f : v; /* no valid slot yet: avoid (-inf) - (-inf) */
+      alpha[c] = exp2f(col_max[c] - m_use[c]);
+      col_max[c] = v;
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      m_use[c] = col_max[c] == -INFINITY ? 0.f : col_max[c];
+      alpha[c] = 1.f;
+    }
   }
   float psum[NC];
 #pragma unroll
@@ -262,6 +294,7 @@ __device__ __forceinline__ void small_softmax(const float *sacc, const uint8_t *
   }
 #pragma unroll
   for (int c = 0; c < NC; ++c) col_sum[c] = col_sum[c] * alpha[c] + psum[c];
+  return move;
 }
 
 /* P -> shared memory as [NW heads][64 keys] bf16, K-major SW128 (the B operand of P V), rows from sp.
@@ -324,31 +357,61 @@ __device__ __forceinline__ void small_issue_pv(float (*o)[NW / 2], uint32_t skv,
 /* Epilogue per column: sums across lanes and warps (red [4][N], barrier `bar`), lse, max_logits (lanes
  * 0-3 of warp 0 hold every column once: they write them, and fac_s[col] when fac_s is given) and the
  * out factor 1 / l x sink factor of each column slot (0 for empty columns and columns >= head_count).
+ * col_max is the softmax frame (lse = frame + log2 l); max_logits comes from tmax, this thread's running
+ * max of the column's logits, reduced over the WG here (a second exchange through red, only when
+ * max_logits is requested); tmax = nullptr: the frame is the running max (small_softmax's !LAZY).
  * WAR on red: every warp read the last tile's maxima before that tile's P barrier. */
 template <int NW, int N, int HB>
 __device__ __forceinline__ void small_col_factors(const SmallArgs &args, const float *col_max, const float *col_sum,
-                                                  float *red, int bar, int warp, int lane, float *fac, float *fac_s) {
+                                                  const float *tmax, float *red, int bar, int warp, int lane, float *fac,
+                                                  float *fac_s) {
   constexpr int NC = NW / 4;
   const dsa_attn_fwd_params &p = args.p;
   const int Hc = args.head_count, hbeg = args.head_begin;
-  float l_part[NC];
+  float part[NC], l_col[NC], t_col[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
     float l = col_sum[c];
     l += __shfl_xor_sync(0xffffffffu, l, 4);
     l += __shfl_xor_sync(0xffffffffu, l, 8);
     l += __shfl_xor_sync(0xffffffffu, l, 16);
-    l_part[c] = l;
+    part[c] = l;
   }
   if (lane < 4) {
 #pragma unroll
-    for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = l_part[c];
+    for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = part[c];
   }
   sm90_named_bar_sync(bar, 128);
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
+    const int h = HB + small_col(c, lane);
+    l_col[c] = red[h] + red[N + h] + red[2 * N + h] + red[3 * N + h];
+  }
+  if (p.max_logits && tmax) { /* the true column max (the frame col_max may lag it by up to kRescaleSlack) */
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      float v = tmax[c];
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+      part[c] = v;
+    }
+    sm90_named_bar_sync(bar, 128); /* WAR: every warp has read the sums */
+    if (lane < 4) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = part[c];
+    }
+    sm90_named_bar_sync(bar, 128);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int h = HB + small_col(c, lane);
+      t_col[c] = fmaxf(fmaxf(red[h], red[N + h]), fmaxf(red[2 * N + h], red[3 * N + h]));
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
     const int h = HB + small_col(c, lane); /* kernel column = head hbeg + h */
-    const float l = red[h] + red[N + h] + red[2 * N + h] + red[3 * N + h];
+    const float l = l_col[c];
     const bool empty_col = col_max[c] == -INFINITY && l == 0.f; /* no valid slot (all-NaN logits: l = NaN, lse NaN) */
     const float lse = empty_col ? INFINITY : (col_max[c] + log2f(l)) * kLn2;
     float f = 0.f;
@@ -362,7 +425,7 @@ __device__ __forceinline__ void small_col_factors(const SmallArgs &args, const f
       if (h < Hc) {
         const int64_t th = (int64_t)blockIdx.x * p.num_heads + hbeg + h;
         p.lse[th] = lse;
-        if (p.max_logits) p.max_logits[th] = empty_col ? -INFINITY : col_max[c] * kLn2;
+        if (p.max_logits) p.max_logits[th] = empty_col ? -INFINITY : (tmax ? t_col[c] : col_max[c]) * kLn2;
       }
     }
   }
@@ -432,12 +495,14 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     for (int i = 0; i < NR; ++i) o[m][i] = 0.f;
 #pragma unroll
   for (int i = 0; i < NR; ++i) sacc[i] = 0.f;
-  /* running column max (log2 units) and this thread's partial column sums over its rows */
-  float col_max[NC], col_sum[NC];
+  /* the softmax frame per column (log2 units; small_softmax), this thread's partial column sums over
+   * its rows and its running max of the column's logits */
+  float col_max[NC], col_sum[NC], tmax[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
     col_max[c] = -INFINITY;
     col_sum[c] = 0.f;
+    tmax[c] = -INFINITY;
   }
 
   sm90_mbar_wait(q_full, 0);
@@ -456,19 +521,22 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
 #pragma unroll
     for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
 
-    float x[NR], alpha[NC];
-    small_softmax<NW, N, HB>(sacc, valid + s * kBlockK, args.scale_log2, warp, lane, red_max, kBarMaxW, col_max,
-                             col_sum, alpha, x);
+    float alpha[NC];
+    float *x = sacc; /* P in place of S^T: sacc is rewritten by the next tile's S^T only */
+    const bool moved = small_softmax<NW, N, HB>(sacc, valid + s * kBlockK, args.scale_log2, warp, lane, red_max,
+                                                kBarMaxW, col_max, col_sum, alpha, x, tmax);
     /* WAR on the P tile (this WG's rows only): every warp passed its wait on the previous P V before
      * the kBarMax barrier inside small_softmax. */
     small_store_p<NW>(sp, x, warp, lane);
     sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
     sm90_named_bar_sync(kBarPW, 128);
 
+    if (moved) { /* the frame moved: O follows (WG-uniform branch) */
 #pragma unroll
-    for (int m = 0; m < kDVBlocks; ++m)
+      for (int m = 0; m < kDVBlocks; ++m)
 #pragma unroll
-      for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
+        for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
+    }
     small_issue_pv<NW, kDVBlocks, 0>(o, skv, sp);
     sm90_wgmma_wait<0>();
 #pragma unroll
@@ -481,7 +549,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
   /* ---- epilogue. TWO: red_sum = red_max, this WG's columns. After small_col_factors' barrier every
    * warp of this WG has also finished its last P V. */
   float fac[NC];
-  small_col_factors<NW, N, HB>(args, col_max, col_sum, red_sum, kBarMaxW, warp, lane, fac, nullptr);
+  small_col_factors<NW, N, HB>(args, col_max, col_sum, tmax, red_sum, kBarMaxW, warp, lane, fac, nullptr);
   /* TWO: the other consumer WG may still run P V on a KV stage the staged tile overlaps; after
    * this barrier both have consumed every tile (and the producer issues nothing more). */
   if constexpr (TWO) sm90_named_bar_sync_any(kBarAll, 256); /* both WGs, each from its own instantiation */
@@ -514,6 +582,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
   const uint8_t *valid = smem + L::kValid;
   float *red = (float *)(smem + L::kRed); /* [4 warps][N]: column maxima per tile, then column sums */
   float *alpha_s = (float *)(smem + L::kAlpha), *fac_s = alpha_s + N;
+  constexpr bool kLazy = N < 64; /* N = 64: the lazy frame's tmax does not fit WG 0's 256 registers */
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages, *p_full = bars + 1 + 2 * kStages;
   uint64_t *fac_full = p_full + 1;
@@ -526,11 +595,12 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
     for (int i = 0; i < NR; ++i) o[m][i] = 0.f;
 #pragma unroll
   for (int i = 0; i < NR; ++i) sacc[i] = 0.f;
-  float col_max[NC], col_sum[NC];
+  float col_max[NC], col_sum[NC], tmax[NC]; /* as in small_consumer */
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
     col_max[c] = -INFINITY;
     col_sum[c] = 0.f;
+    tmax[c] = -INFINITY;
   }
   sm90_mbar_wait(q_full, 0);
   sm90_fence_proxy_async();
@@ -554,9 +624,10 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
 #pragma unroll
     for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
 
-    float x[NR], alpha[NC];
-    small_softmax<N, N, 0>(sacc, valid + s * kBlockK, args.scale_log2, warp, lane, red, kBarMax, col_max, col_sum,
-                           alpha, x);
+    float alpha[NC];
+    float *x = sacc; /* P in place of S^T: sacc is rewritten by the next tile's S^T only */
+    const bool moved = small_softmax<N, N, 0, kLazy>(sacc, valid + s * kBlockK, args.scale_log2, warp, lane, red,
+                                                     kBarMax, col_max, col_sum, alpha, x, tmax);
     /* P and alpha -> shared memory. WAR: WG 1 has finished P V(n - 1) (it read P(n - 1) and alpha(n - 1)
      * before issuing it); this WG's own P V(n - 1) was retired above. */
     if (n > 0) sm90_mbar_wait(&empty[(n - 1) % kStages], (uint32_t)((n - 1) / kStages) & 1);
@@ -569,10 +640,12 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
     sm90_mbar_arrive(p_full);
     sm90_named_bar_sync(kBarP, 128); /* this WG's P V reads the rows of every warp */
 
+    if (moved) { /* the frame moved: O follows (WG 1 always applies alpha, 1 when it did not move) */
 #pragma unroll
-    for (int m = 0; m < kHalf; ++m)
+      for (int m = 0; m < kHalf; ++m)
 #pragma unroll
-      for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
+        for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
+    }
     small_issue_pv<N, kHalf, 0>(o, skv, sp); /* dims [0, 256), not waited for here */
   }
   sm90_wgmma_wait<0>();
@@ -583,7 +656,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
   if (ntiles > 0) sm90_mbar_arrive(&empty[(ntiles - 1) % kStages]);
 
   float fac[NC];
-  small_col_factors<N, N, 0>(args, col_max, col_sum, red, kBarMax, warp, lane, fac, fac_s);
+  small_col_factors<N, N, 0>(args, col_max, col_sum, kLazy ? tmax : nullptr, red, kBarMax, warp, lane, fac, fac_s);
   /* -> WG 1: fac_s written and every P V of this WG done (WG 1 may overwrite the KV stages with its
    * staged half). <- WG 1: its last P V done (the empty barrier of the last tile; it completes
    * every P V of WG 1, which retires them in order). An mbarrier, not a named barrier, so that
@@ -620,6 +693,8 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
     sm90_mbar_wait(p_full, (uint32_t)n & 1);
     sm90_fence_proxy_async();
     const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
+    /* alpha = 1 when WG 0's frame did not move: a flag to skip this measured 9% slower (session 6,
+     * runs 8-10: WG 1 is not on the critical path, and the extra store / branch cost WG 0's schedule) */
     float alpha[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) alpha[c] = alpha_s[small_col(c, lane)];

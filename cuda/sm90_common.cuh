@@ -114,6 +114,16 @@ __device__ __forceinline__ void sm90_setmaxnreg_dec() {
 __device__ __forceinline__ void sm90_named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
+/* The same barrier returning the OR of `pred` over the `count` threads that reach it. */
+__device__ __forceinline__ bool sm90_named_bar_or(int id, int count, bool pred) {
+  uint32_t r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 q, %1, 0;\n bar.red.or.pred p, %2, %3, q;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(r)
+      : "r"((uint32_t)pred), "r"(id), "r"(count)
+      : "memory");
+  return r != 0;
+}
 /* The same barrier for warps that reach it from different code (e.g. two warpgroups running two
  * template instantiations): the non-.aligned form, which the PTX ISA allows at different
  * instructions per warp (compute-sanitizer synccheck flags the .aligned form there as "divergent

@@ -30,18 +30,19 @@ int dsa_attn_fwd_sm90_overlap = 3;
 /* Automatic choice on cc 9.0 (docs/design.md section 8 has the table with the reasons), by the
  * remainder r = H mod 64:
  *   r = 0          64-head kernel (every M row a real head)
- *   r in 1..32     the 64-head kernel on heads [0, 64 floor(H / 64)) (none when H < 64) + the small-H
- *                  kernel on the r others, N = r rounded up to 8 (at most 7 zero columns), one
- *                  consumer warpgroup; two launches on the stream (disjoint outputs)
- *   r in 33..63    64-head kernel on the whole H (64 - r zero M rows): the small-H kernel needs two
- *                  consumer warpgroups there and measured slower than the zero rows on an H200
- *                  (a963e9e: fwd-tp-h48 2.66 ms small-H vs 2.46 ms 64-head; session 5, its value-dim
- *                  split: 2.51 vs 2.14 ms, -h40 2.25 vs 2.11); variants 3 / 4 run it
+ *   r in 1..48     the 64-head kernel on heads [0, 64 floor(H / 64)) (none when H < 64) + the small-H
+ *                  kernel on the r others, N = r rounded up to 8 (at most 7 zero columns): one
+ *                  consumer warpgroup up to N = 32, the value-dim split at N = 40 / 48; two launches
+ *                  on the stream (disjoint outputs). N = 40 / 48 since session 6's lazily moved
+ *                  softmax frame: fwd-tp-h40 1.91 vs 2.06 ms for the 64-head kernel's zero rows,
+ *                  -h48 2.07 vs 2.09 (one run, two rounds)
+ *   r in 49..63    64-head kernel on the whole H (64 - r zero M rows): faster than the small-H kernel
+ *                  there (fwd-tp-h56 2.20 vs 2.13 ms, session 6); variants 3 / 4 run the small-H one
  * Each kernel declines what it does not run with DSA_ERROR_UNSUPPORTED; the choice then falls back
  * to the 64-head kernel on the whole H, then to the portable kernel. */
 enum {
   FWD_HEAD_BLOCK = 64,   /* heads per CTA of the 64-head kernel */
-  FWD_SMALL_AUTO_MAX = 32 /* largest remainder the automatic choice gives the small-H kernel */
+  FWD_SMALL_AUTO_MAX = 48 /* largest remainder the automatic choice gives the small-H kernel */
 };
 
 /* Variant 4 and the automatic H in 65..127: the first `big` heads on the 64-head kernel, the rest on
