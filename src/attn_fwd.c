@@ -34,10 +34,11 @@ int dsa_attn_fwd_sm90_overlap = 3;
  *                  kernel on the r others, N = r rounded up to 8 (at most 7 zero columns): one
  *                  consumer warpgroup up to N = 32, the value-dim split at N = 40 / 48; two launches
  *                  on the stream (disjoint outputs). N = 40 / 48 since session 6's lazily moved
- *                  softmax frame: fwd-tp-h40 1.91 vs 2.06 ms for the 64-head kernel's zero rows,
- *                  -h48 2.07 vs 2.09 (one run, two rounds)
+ *                  softmax frame: fwd-tp-h40 1.92 vs 2.09 ms for the 64-head kernel's zero rows,
+ *                  -h48 2.09 vs 2.11 (run 11, same run; docs/design.md section 8)
  *   r in 49..63    64-head kernel on the whole H (64 - r zero M rows): faster than the small-H kernel
- *                  there (fwd-tp-h56 2.20 vs 2.13 ms, session 6); variants 3 / 4 run the small-H one
+ *                  there (fwd-tp-h56 2.23 vs 2.16 ms, session 6 runs 10 / 11); variants 3 / 4 run the
+ *                  small-H one
  * Each kernel declines what it does not run with DSA_ERROR_UNSUPPORTED; the choice then falls back
  * to the 64-head kernel on the whole H, then to the portable kernel. */
 enum {

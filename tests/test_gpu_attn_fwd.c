@@ -528,7 +528,7 @@ Test(gpu_attn_fwd, head_dim_512) {
  * Every row compared (sample = T), K not a multiple of 64, invalid slots and empty rows, topk_length,
  * sinks with +-inf, strided q / out / kv / indices, D = 512, one bitwise rerun per H. ---- */
 ParameterizedTestParameters(gpu_attn_fwd, heads_33_to_127) {
-  static int heads[] = {33, 40, 48, 52, 63, 65, 96, 127};
+  static int heads[] = {33, 40, 48, 52, 63, 65, 96, 112, 127};
   return cr_make_param_array(int, heads, sizeof heads / sizeof heads[0]);
 }
 ParameterizedTest(int *heads, gpu_attn_fwd, heads_33_to_127) {
