@@ -58,7 +58,7 @@
  *        (reusing the KV stages) as [head][512] bf16 rows, then 16-B coalesced stores to out.
  * N <= 32 has no setmaxnreg: with 256 threads and one CTA per SM every thread may hold 255 registers
  * already (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing).
- * ptxas (nvcc 13, -Xptxas -v): 64 / 122 / 168 / 208 registers for N = 8 / 16 / 24 / 32, no spills, no
+ * ptxas (nvcc 13, -Xptxas -v): 64 / 118 / 178 / 229 registers for N = 8 / 16 / 24 / 32, no spills, no
  * wgmma serialisation warning; N = 40..64: 168 at entry (the __launch_bounds__(384, 1) cap), raised
  * to 224 in the consumers (value-dim split: 256 / 192; producer 56), no spills. SASS per 64-key tile and
  * consumer: 36 (D = 576) or 32 (D = 512) HGMMA.64xN_cx16 for S^T, 32 HGMMA.64xN_cx16 with
