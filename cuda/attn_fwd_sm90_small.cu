@@ -220,8 +220,8 @@ __device__ __forceinline__ int small_col(int c, int lane) { return 8 * (c >> 1) 
 /* One completed S^T tile [64 keys x NW columns] (this WG's columns HB.., of N in the CTA): mask the
  * invalid keys (rows), then the online softmax per column in the log2 domain, against a lazily moved
  * frame: col_max (identical in every thread holding the column) is the max P and col_sum are relative
- * to, and it moves only when some logit of the tile exceeds it by more than kRescaleSlack (P <= 2^8
- * otherwise; the 4-warp max exchange, the rescale factors and the caller's O rescale are skipped:
+ * to, and it moves only when some logit of the tile exceeds it by more than kSm90RescaleSlack (8; P <=
+ * 2^8 otherwise; the 4-warp max exchange, the rescale factors and the caller's O rescale are skipped:
  * returns false, alpha = 1). The decision is one barrier with an OR reduction (named barrier `bar`,
  * 128 threads); when it says move, the tile's column max is exchanged as before: in-thread over rows
  * r0 / r0 + 8, shfl_xor 4 / 8 / 16, then the 4 warps through red [4][N] and `bar` again, and the frame
@@ -232,7 +232,6 @@ __device__ __forceinline__ int small_col(int c, int lane) { return 8 * (c >> 1) 
  * x = this thread's unnormalised P fragment, col_sum (this thread's rows) updated. WAR on red: the
  * caller's next barrier (the P barrier) comes after every warp read it and before any warp writes it
  * again. */
-constexpr float kRescaleSlack = 8.f;
 template <int NW, int N, int HB, bool LAZY = true>
 __device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *vs, float scale_log2, int warp, int lane,
                                               float *red, int bar, float *col_max, float *col_sum, float *alpha,
@@ -246,7 +245,7 @@ __device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *
     x[i] = (((i >> 1) & 1) ? ok1 : ok0) ? sacc[i] * scale_log2 : -INFINITY;
     if (LAZY) {
       tmax[small_slot(i)] = fmaxf(tmax[small_slot(i)], x[i]);
-      over |= x[i] > col_max[small_slot(i)] + kRescaleSlack; /* -inf frame: any finite logit */
+      over |= x[i] > col_max[small_slot(i)] + kSm90RescaleSlack; /* -inf frame: any finite logit */
     }
   }
   /* !LAZY (the value-dim split at N = 64: no registers left for tmax): the frame is the running max */
@@ -387,7 +386,7 @@ __device__ __forceinline__ void small_col_factors(const SmallArgs &args, const f
     const int h = HB + small_col(c, lane);
     l_col[c] = red[h] + red[N + h] + red[2 * N + h] + red[3 * N + h];
   }
-  if (p.max_logits && tmax) { /* the true column max (the frame col_max may lag it by up to kRescaleSlack) */
+  if (p.max_logits && tmax) { /* the true column max (the frame col_max may lag it by up to kSm90RescaleSlack) */
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       float v = tmax[c];

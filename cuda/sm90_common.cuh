@@ -335,6 +335,13 @@ __device__ __forceinline__ void sm90_mask_logits(const float *sacc, const uint8_
   }
 }
 
+/* The lazily moved softmax frame of the forward kernels (FlashAttention-4's conditional rescale): P =
+ * exp2(logit - frame) with a per-row (per-head) frame that moves only when a logit exceeds it by more
+ * than this many log2 units, so P <= 2^8 otherwise and the O / sum rescale (alpha = 1) is skipped.
+ * lse = (frame + log2 l) ln 2 is exact in any frame; max_logits needs the true running max, kept
+ * apart. The first finite logit always moves a frame of -inf. */
+constexpr float kSm90RescaleSlack = 8.f;
+
 /* One token's q rows of heads [h0, h0 + 64) into the SW128 tile at sq (NB 64-column blocks of 8192 B),
  * by thread (g, j) of a 128-thread producer WG (g = t / 8, j = t % 8): 16-B chunk j of every block of
  * rows g, g + 16, g + 32, g + 48. Rows 16 apart share r % 8, so 8 consecutive threads fill one 128-B
