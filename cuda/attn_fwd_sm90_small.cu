@@ -217,6 +217,38 @@ __device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, ui
 __device__ __forceinline__ int small_slot(int i) { return 2 * (i >> 2) + (i & 1); }
 __device__ __forceinline__ int small_col(int c, int lane) { return 8 * (c >> 1) + 2 * (lane & 3) + (c & 1); }
 
+/* Column totals over the WG from per-thread partials v[c] (this thread's rows of column slot c): the
+ * lanes holding the column (shfl_xor 4 / 8 / 16), then the 4 warps through red [4][N] and named
+ * barrier `bar` (128 threads); MAX: max, else sum (in the order warp 0 + 1 + 2 + 3); fin(c, total)
+ * receives each slot's total. WAR: a barrier before the stores, for a caller that read red since its
+ * last barrier; otherwise the caller's next barrier must come after every warp read red and before
+ * any warp writes it again. */
+template <int NW, int N, int HB, bool MAX, bool WAR, class Fin>
+__device__ __forceinline__ void small_col_reduce(const float *v, float *red, int bar, int warp, int lane, Fin fin) {
+  constexpr int NC = NW / 4;
+  float part[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    float a = v[c];
+    a = MAX ? fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4)) : a + __shfl_xor_sync(0xffffffffu, a, 4);
+    a = MAX ? fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8)) : a + __shfl_xor_sync(0xffffffffu, a, 8);
+    a = MAX ? fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16)) : a + __shfl_xor_sync(0xffffffffu, a, 16);
+    part[c] = a;
+  }
+  if (WAR) sm90_named_bar_sync(bar, 128);
+  if (lane < 4) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = part[c];
+  }
+  sm90_named_bar_sync(bar, 128);
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const int col = HB + small_col(c, lane);
+    fin(c, MAX ? fmaxf(fmaxf(red[col], red[N + col]), fmaxf(red[2 * N + col], red[3 * N + col]))
+               : red[col] + red[N + col] + red[2 * N + col] + red[3 * N + col]);
+  }
+}
+
 /* One completed S^T tile [64 keys x NW columns] (this WG's columns HB.., of N in the CTA): mask the
  * invalid keys (rows), then the online softmax per column in the log2 domain, against a lazily moved
  * frame: col_max (identical in every thread holding the column) is the max P and col_sum are relative
@@ -256,26 +288,14 @@ __device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       const int i = 4 * (c >> 1) + (c & 1); /* rows r0 (i) and r0 + 8 (i + 2) */
-      float v = fmaxf(x[i], x[i + 2]);
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-      mx[c] = v; /* max over this warp's 16 keys */
+      mx[c] = fmaxf(x[i], x[i + 2]);
     }
-    if (lane < 4) {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = mx[c];
-    }
-    sm90_named_bar_sync(bar, 128);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      const int col = HB + small_col(c, lane);
-      float v = fmaxf(fmaxf(red[col], red[N + col]), fmaxf(red[2 * N + col], red[3 * N + col]));
-      v = fmaxf(v, col_max[c]);
+    small_col_reduce<NW, N, HB, true, false>(mx, red, bar, warp, lane, [&](int c, float tile_max) {
+      const float v = fmaxf(tile_max, col_max[c]);
       m_use[c] = v == -INFINITY ? 0.f : v; /* no valid slot yet: avoid (-inf) - (-inf) */
       alpha[c] = exp2f(col_max[c] - m_use[c]);
       col_max[c] = v;
-    }
+    });
   } else {
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
@@ -367,46 +387,11 @@ __device__ __forceinline__ void small_col_factors(const SmallArgs &args, const f
   constexpr int NC = NW / 4;
   const dsa_attn_fwd_params &p = args.p;
   const int Hc = args.head_count, hbeg = args.head_begin;
-  float part[NC], l_col[NC], t_col[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    float l = col_sum[c];
-    l += __shfl_xor_sync(0xffffffffu, l, 4);
-    l += __shfl_xor_sync(0xffffffffu, l, 8);
-    l += __shfl_xor_sync(0xffffffffu, l, 16);
-    part[c] = l;
-  }
-  if (lane < 4) {
-#pragma unroll
-    for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = part[c];
-  }
-  sm90_named_bar_sync(bar, 128);
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    const int h = HB + small_col(c, lane);
-    l_col[c] = red[h] + red[N + h] + red[2 * N + h] + red[3 * N + h];
-  }
-  if (p.max_logits && tmax) { /* the true column max (the frame col_max may lag it by up to kSm90RescaleSlack) */
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      float v = tmax[c];
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-      part[c] = v;
-    }
-    sm90_named_bar_sync(bar, 128); /* WAR: every warp has read the sums */
-    if (lane < 4) {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = part[c];
-    }
-    sm90_named_bar_sync(bar, 128);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      const int h = HB + small_col(c, lane);
-      t_col[c] = fmaxf(fmaxf(red[h], red[N + h]), fmaxf(red[2 * N + h], red[3 * N + h]));
-    }
-  }
+  float l_col[NC], t_col[NC];
+  small_col_reduce<NW, N, HB, false, false>(col_sum, red, bar, warp, lane, [&](int c, float l) { l_col[c] = l; });
+  /* the true column max (the frame col_max may lag it by up to kSm90RescaleSlack); WAR: the sums were read */
+  if (p.max_logits && tmax)
+    small_col_reduce<NW, N, HB, true, true>(tmax, red, bar, warp, lane, [&](int c, float t) { t_col[c] = t; });
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
     const int h = HB + small_col(c, lane); /* kernel column = head hbeg + h */
