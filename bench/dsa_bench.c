@@ -37,7 +37,7 @@ static int parse_digit_list(const char *s, int max_digit, int *list, int cap, in
   }
   return *count > 0 ? 0 : -1;
 }
-static int parse_overlap_list(const char *s) { return parse_digit_list(s, 6, fwd_overlap_list, 8, &fwd_overlap_count); }
+static int parse_overlap_list(const char *s) { return parse_digit_list(s, 4, fwd_overlap_list, 8, &fwd_overlap_count); }
 /* The top-k kernel switch (src/internal.h dsa_topk_variant), from DSA_TOPK_VARIANT (unset: automatic);
  * top-k rows then get ",v<N>" in their variant. */
 extern int dsa_topk_variant __attribute__((weak));
@@ -765,8 +765,7 @@ static void usage(FILE *f) {
           "  --fwd-variant N  force the forward kernel: 1 portable, 2 sm_90a 64-head, 3 sm_90a small-H, 4 split\n"
           "                   (variant gets ,portable / ,sm90 / ,small / ,split)\n"
           "  --fwd-overlap LIST  the 64-head sm_90a forward's consumer schedules to run, e.g. 0,3,4 (0 serial,\n"
-          "                   1 overlapped, 2 S hoisted, 3 tile split, 4 = 3 with mbarriers, 5 = 3 with a TMA gather\n"
-          "                   shared by a 2-CTA cluster at 2 head blocks, 6 = 3 with a TMA gather): one row per schedule, variant gets\n"
+          "                   1 overlapped, 2 S hoisted, 3 tile split, 4 = 3 with mbarriers): one row per schedule, variant gets\n"
           "                   ,ov<N>; also from DSA_FWD_OVERLAP=LIST (the option wins); default: the library's (3)\n"
           "  --bwd-dkv-layout LIST  the sm_90a backward's fp32 dKV layouts to run in det0, e.g. 0,1 (0 real order,\n"
           "                   1 permuted, 64-B v4 atomics, 2 the same in 128-B segments): one det0 row per layout,\n"
@@ -830,7 +829,7 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(argv[i], "--fwd-overlap") && i + 1 < argc) {
       if (parse_overlap_list(argv[++i]) != 0) {
-        fprintf(stderr, "--fwd-overlap takes a comma-separated list of 0..6 (e.g. 0,3)\n");
+        fprintf(stderr, "--fwd-overlap takes a comma-separated list of 0, 1, 2, 3, 4 (e.g. 0,3)\n");
         return 2;
       }
       fwd_overlap_set = 1;

@@ -610,7 +610,7 @@ extern "C" dsa_status dsa_launch_attn_fwd_sm90_heads(const dsa_context *ctx, con
                     0x7fffffff / num_hblocks, (long long)p->num_tokens);
   const int head_end = head_begin + head_count;
   /* schedule 3: its own kernel (cuda/attn_fwd_sm90_v2.cu), either S mode */
-  if (dsa_attn_fwd_sm90_overlap >= 3 && dsa_attn_fwd_sm90_overlap <= 6)
+  if (dsa_attn_fwd_sm90_overlap == 3 || dsa_attn_fwd_sm90_overlap == 4)
     return dsa_launch_attn_fwd_sm90_v2(ctx, p, head_begin, head_end, num_hblocks, stream);
   /* dsa_attn_fwd_sm90_overlap (src/attn_fwd.c): the consumer loop's schedule, split mode only */
   const int ov = kSplitS && (dsa_attn_fwd_sm90_overlap == 1 || dsa_attn_fwd_sm90_overlap == 2)

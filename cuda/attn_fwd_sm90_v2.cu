@@ -56,12 +56,9 @@
  * The last pair of WG0 is peeled (template NEXT) so every wgmma wait is unconditional (C7517 / C7514).
  * Template MB (schedule 4): the four hand-offs on mbarriers instead of named barriers (hand_post below).
  */
-#include <cuda.h> /* CUtensorMap (the type only: the encoder comes through cudaGetDriverEntryPointByVersion) */
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "internal.h"
 #include "sm90_common.cuh"
@@ -96,7 +93,6 @@ static_assert(Smem2<8>::kQ == 0 && Smem2<9>::kQ == 0 && Smem2<8>::kP0 % 1024 == 
 static_assert(Smem2<9>::kBytes <= 227 * 1024, "fits the H100 / H200 opt-in shared memory (227 KB)");
 
 struct FwdArgs2 {
-  CUtensorMap kv_map; /* GATHER > 0: kv as a 2D map {D, num_kv}, box {64, 1}, SWIZZLE_128B (64-B aligned) */
   dsa_attn_fwd_params p;
   float scale_log2;
   int num_hblocks, head_begin, head_end;
@@ -129,14 +125,6 @@ template <bool MB>
 __device__ __forceinline__ void hand_wait(int id, uint64_t *hand, int i) {
   if constexpr (MB) sm90_mbar_wait(&hand[id - 1], (uint32_t)i & 1);
   else sm90_named_bar_sync_any(id, 256);
-}
-
-/* A consumer WG's release of a KV half: its own CTA's empty barrier and, CL (the 2-CTA cluster of
- * GATHER = 2, whose producers both fill every half of both CTAs), the peer's. */
-template <bool CL>
-__device__ __forceinline__ void release_half(uint64_t *bar, uint32_t peer) {
-  sm90_mbar_arrive(bar);
-  if constexpr (CL) sm90_mbar_arrive_cluster(bar, peer);
 }
 
 /* Issues S += Q K^T over blocks [B0, B1) (m64n64k16 SS, both K-major SW128); ZERO: the first step
@@ -254,8 +242,8 @@ __device__ __forceinline__ void wait_half(uint64_t *bar, uint32_t parity) {
 
 /* WG0, pair i: S(2i) complete in sacc on entry, nothing in flight. NEXT: pair i + 1 exists; then
  * S(2i + 2) is complete on return. */
-template <int NB, bool NEXT, bool MB, bool CL>
-__device__ __forceinline__ void wg0_pair(int i, uint32_t peer, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
+template <int NB, bool NEXT, bool MB>
+__device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
                                          uint32_t sq,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
                                          float row_max[2], float row_sum[2], float true_max[2]) {
@@ -289,7 +277,7 @@ __device__ __forceinline__ void wg0_pair(int i, uint32_t peer, uint8_t *smem, ui
   sm90_wgmma_wait<0>();
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
-  release_half<CL>(&empty[0][0], peer); /* buffer 0 L: S(2i) and this PV done, mask read */
+  sm90_mbar_arrive(&empty[0][0]); /* buffer 0 L: S(2i) and this PV done, mask read */
   /* the chain's max after WG1's tile: bring P0 (fp32) and O0 into that frame */
   hand_wait<MB>(kBarM1, hand, i);
   float sc[2];
@@ -331,7 +319,7 @@ __device__ __forceinline__ void wg0_pair(int i, uint32_t peer, uint8_t *smem, ui
     sm90_wgmma_commit();
     sm90_wgmma_wait<1>(); /* the SS PV retired (groups retire in order); S half L may run on */
     FENCE_ARR(o, 128);
-    release_half<CL>(&empty[1][0], peer); /* buffer 1 L: S(2i + 1) and this PV done */
+    sm90_mbar_arrive(&empty[1][0]); /* buffer 1 L: S(2i + 1) and this PV done */
     wait_half(&full[0][1], par);
     sm90_wgmma_fence();
     issue_s<4, NB, false>(sacc, sq, sb0);
@@ -341,13 +329,13 @@ __device__ __forceinline__ void wg0_pair(int i, uint32_t peer, uint8_t *smem, ui
   } else {
     sm90_wgmma_wait<0>();
     FENCE_ARR(o, 128);
-    release_half<CL>(&empty[1][0], peer);
+    sm90_mbar_arrive(&empty[1][0]);
   }
 }
 
 /* WG1, pair i: nothing in flight on entry or return. */
-template <int NB, bool MB, bool CL>
-__device__ __forceinline__ void wg1_pair(int i, uint32_t peer, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
+template <int NB, bool MB>
+__device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
                                          uint32_t sq,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
                                          float row_max[2], float row_sum[2], float true_max[2]) {
@@ -404,38 +392,15 @@ __device__ __forceinline__ void wg1_pair(int i, uint32_t peer, uint8_t *smem, ui
   sm90_wgmma_commit();
   sm90_wgmma_wait<1>();
   FENCE_PA(pa);
-  release_half<CL>(&empty[1][1], peer); /* buffer 1 R: S(2i + 1), the RS PV, mask read */
+  sm90_mbar_arrive(&empty[1][1]); /* buffer 1 R: S(2i + 1), the RS PV, mask read */
   sm90_wgmma_wait<0>();
   FENCE_ARR(o, 128);
-  release_half<CL>(&empty[0][1], peer); /* buffer 0 R: S(2i) (WG0, done before kBarS0) and the SS PV */
-}
-
-/* GATHER > 0: blocks [B0, B1) of one KV half by TMA, {64, 1} boxes (hopper-notes 5: each lands at
- * tile + 8192 b + 128 r already in the SW128 layout). Thread t copies row `row` (its own, one of NRW
- * rows: all 64, or MC: this CTA's 32 of the 2-CTA cluster, multicast into both CTAs) of blocks
- * B0 + t / NRW, then every 128 / NRW blocks; c1 = the KV row, -1 for an invalid slot (zeros). */
-template <int B0, int B1, int NRW, bool MC>
-__device__ __forceinline__ void tma_gather_half(uint32_t sbuf, uint64_t map, int row, int c1, int t, uint64_t *bar,
-                                                uint64_t pol) {
-  static_assert(NRW == 32 || NRW == 64, "rows per CTA");
-  const uint32_t sbar = sm90_smem_addr(bar);
-#pragma unroll
-  for (int b = B0 + t / NRW; b < B1; b += 128 / NRW)
-    sm90_tma_load_2d<MC>(sbuf + b * kBlkBytes + row * 128, map, 64 * b, c1, sbar, (uint16_t)3, pol);
-}
-/* The producer thread's release of a half it filled by TMA: thread 0 also declares the half's bytes
- * (64 rows x its blocks, from this CTA's copies and, MC, the peer's). */
-__device__ __forceinline__ void tma_half_done(uint64_t *bar, int t, uint32_t bytes) {
-  if (t == 0) sm90_mbar_arrive_expect_tx(bar, bytes);
-  else sm90_mbar_arrive(bar);
+  sm90_mbar_arrive(&empty[0][1]); /* buffer 0 R: S(2i) (WG0, done before kBarS0) and the SS PV */
 }
 
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL || !__CUDA_ARCH__ */
 
-/* GATHER: 0 cp.async by the producer's 128 threads (schedules 3 / 4); 1 TMA boxes (schedule 6); 2 TMA
- * boxes multicast in a cluster of the token's two head-block CTAs, each issuing half the rows
- * (schedule 5 when the launch has two head blocks). */
-template <int NB, bool MB, int GATHER>
+template <int NB, bool MB>
 __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __grid_constant__ FwdArgs2 args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(NB == 8 || NB == 9, "D = 512 or 576");
@@ -458,21 +423,17 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
   const int ntiles = (klen + 63) / 64;
   const int npairs = (ntiles + 1) / 2; /* an odd count ends with an all-invalid odd tile */
 
-  constexpr bool CL = GATHER == 2;
-  const uint32_t peer = CL ? sm90_cluster_rank() ^ 1u : 0u;
   if (tid == 0) {
     sm90_mbar_init(q_full, 128);
     for (int w = 0; w < 2; ++w)
       for (int h = 0; h < 2; ++h) {
-        /* cp.async: 128 .noinc + 128 plain (mask bytes); TMA: 128 plain, one with the bytes */
-        sm90_mbar_init(&full[w][h], GATHER ? 128 : 256);
-        sm90_mbar_init(&empty[w][h], CL ? 256 : 128); /* the releasing WG (of both CTAs) */
+        sm90_mbar_init(&full[w][h], 256); /* 128 cp.async .noinc + 128 plain (mask bytes) */
+        sm90_mbar_init(&empty[w][h], 128); /* the releasing WG */
       }
     for (int k = 0; k < 4; ++k) sm90_mbar_init(&hand[k], 128); /* the posting WG */
     sm90_mbar_init_fence();
   }
-  if constexpr (CL) sm90_cluster_sync(); /* the peer's copies and arrivals find initialised barriers */
-  else __syncthreads();
+  __syncthreads();
 #if DSA_FWD_PROBE == 1
   if (wg < 2) { /* probe build (sm90_common.cuh): the consumers only drain the KV ring (WG c releases
                  * the halves [w][c]) */
@@ -496,43 +457,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
     const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
     uint8_t *valid = smem + L::kValid;
     const uint64_t pol = sm90_l2_policy(args.kv_evict_last != 0);
-    if constexpr (GATHER > 0) {
-      constexpr int NRW = CL ? 32 : 64;
-      const uint64_t map = (uint64_t)&args.kv_map;
-      const int row = (CL ? 32 * (int)(peer ^ 1u) : 0) + (t & (NRW - 1)); /* the row this thread copies */
-      const int mrow = t & 63; /* the row whose validity byte it writes (t < 64) */
-      constexpr uint32_t kBytesL = 64 * 4 * kBlkBytes / 64, kBytesR = 64 * (NB - 4) * kBlkBytes / 64;
-      for (int i = 0; i < npairs; ++i) {
-        const uint32_t par = ((uint32_t)i & 1) ^ 1;
-        int c1[2];
-        bool ok[2];
-        for (int u = 0; u < 2; ++u) {
-          const int slot = 64 * (2 * i + u);
-          const int32_t x = slot + row < klen ? irow[slot + row] : -1;
-          c1[u] = x >= 0 && (int64_t)x < p.num_kv ? x : -1;
-          const int32_t y = slot + mrow < klen ? irow[slot + mrow] : -1;
-          ok[u] = y >= 0 && (int64_t)y < p.num_kv;
-        }
-        if constexpr (CL) sm90_mbar_wait_cluster(&empty[0][0], par);
-        else sm90_mbar_wait(&empty[0][0], par);
-        if (t < 64) valid[mrow] = ok[0];
-        tma_gather_half<0, 4, NRW, CL>(sb0, map, row, c1[0], t, &full[0][0], pol);
-        tma_half_done(&full[0][0], t, kBytesL);
-        if constexpr (CL) sm90_mbar_wait_cluster(&empty[1][1], par);
-        else sm90_mbar_wait(&empty[1][1], par);
-        if (t < 64) valid[64 + mrow] = ok[1];
-        tma_gather_half<4, NB, NRW, CL>(sb1, map, row, c1[1], t, &full[1][1], pol);
-        tma_half_done(&full[1][1], t, kBytesR);
-        if constexpr (CL) sm90_mbar_wait_cluster(&empty[0][1], par);
-        else sm90_mbar_wait(&empty[0][1], par);
-        tma_gather_half<4, NB, NRW, CL>(sb0, map, row, c1[0], t, &full[0][1], pol);
-        tma_half_done(&full[0][1], t, kBytesR);
-        if constexpr (CL) sm90_mbar_wait_cluster(&empty[1][0], par);
-        else sm90_mbar_wait(&empty[1][0], par);
-        tma_gather_half<0, 4, NRW, CL>(sb1, map, row, c1[1], t, &full[1][0], pol);
-        tma_half_done(&full[1][0], t, kBytesL);
-      }
-    } else
     for (int i = 0; i < npairs; ++i) {
       const uint32_t par = ((uint32_t)i & 1) ^ 1; /* first use of a half: parity 1 returns at once */
       int32_t ia[4], ib[4];
@@ -589,12 +513,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
         FENCE_ARR(sacc, 32);
       }
       for (int i = 0; i < npairs - 1; ++i)
-        wg0_pair<NB, true, MB, CL>(i, peer, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+        wg0_pair<NB, true, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
       if (npairs > 0)
-        wg0_pair<NB, false, MB, CL>(npairs - 1, peer, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+        wg0_pair<NB, false, MB>(npairs - 1, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
     } else {
       for (int i = 0; i < npairs; ++i)
-        wg1_pair<NB, MB, CL>(i, peer, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+        wg1_pair<NB, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
     }
 
     /* ---- epilogue (as schedule 0): normalise, sink factor, bf16 out, lse, max_logits. Both WGs end
@@ -651,42 +575,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
       }
     }
   }
-  /* CL: no CTA leaves while the peer may still arrive on its barriers (its TMA copies into this CTA all
-   * landed: this CTA's consumers waited for every byte) */
-  if constexpr (CL) sm90_cluster_sync();
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif
 }
 
-/* cuTensorMapEncodeTiled through the runtime (no -lcuda); nullptr where the driver lacks it. A benign
- * race: every caller stores the same pointer. */
-PFN_cuTensorMapEncodeTiled_v12000 tma_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn;
-  if (!fn) {
-    void *f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
-  }
-  return fn;
-}
-
-/* The KV tensor map of GATHER > 0: {D, num_kv} bf16, row stride kv_stride, box {64, 1}, SWIZZLE_128B,
- * zeros out of bounds. false if it cannot be made (the caller gathers by cp.async). */
-bool make_kv_map(CUtensorMap *m, const dsa_attn_fwd_params *p) {
-  PFN_cuTensorMapEncodeTiled_v12000 enc = tma_encoder();
-  if (!enc || p->num_kv <= 0) return false;
-  cuuint64_t dims[2] = {(cuuint64_t)p->head_dim, (cuuint64_t)p->num_kv};
-  cuuint64_t strides[1] = {(cuuint64_t)p->kv_stride * 2};
-  cuuint32_t box[2] = {64, 1}, estr[2] = {1, 1};
-  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p->kv, dims, strides, box, estr,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-template <int NB, bool MB, int GATHER>
+template <int NB, bool MB>
 dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int head_begin,
                    int head_end, int num_hblocks) {
   const char *fn = "dsa_sparse_attn_fwd";
@@ -696,12 +590,9 @@ dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStr
                     "%s: the sm_90a kernel (schedule 3) needs %d bytes of shared memory, device has %d", fn,
                     smem_bytes, ctx->max_smem_optin);
   static int attr_set[DSA_TRACKED_DEVICES];
-  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_v2_kernel<NB, MB, GATHER>, smem_bytes, 0, ctx->device,
-                               attr_set, fn));
+  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_v2_kernel<NB, MB>, smem_bytes, 0, ctx->device, attr_set,
+                               fn));
   FwdArgs2 args;
-  memset(&args.kv_map, 0, sizeof args.kv_map);
-  if (GATHER > 0 && !make_kv_map(&args.kv_map, p))
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: no TMA map for kv (driver entry point or num_kv = 0)", fn);
   args.p = *p;
   args.scale_log2 = p->softmax_scale * kLog2e;
   args.num_hblocks = num_hblocks;
@@ -709,22 +600,7 @@ dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStr
   args.head_end = head_end;
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
   const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
-  if constexpr (GATHER == 2) { /* the token's two head-block CTAs (blockIdx 2 tok, 2 tok + 1) as a cluster */
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = (size_t)smem_bytes;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return dsa_cuda_status((int)cudaLaunchKernelEx(&cfg, attn_fwd_sm90_v2_kernel<NB, MB, GATHER>, args), fn);
-  }
-  attn_fwd_sm90_v2_kernel<NB, MB, GATHER><<<grid, kThreads, smem_bytes, stream>>>(args);
+  attn_fwd_sm90_v2_kernel<NB, MB><<<grid, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
@@ -735,19 +611,10 @@ dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStr
 extern "C" dsa_status dsa_launch_attn_fwd_sm90_v2(const dsa_context *ctx, const dsa_attn_fwd_params *p,
                                                   int head_begin, int head_end, int num_hblocks,
                                                   cudaStream_t stream) {
-  const int ov = dsa_attn_fwd_sm90_overlap;
-  const bool mb = ov == 4; /* schedule 4: schedule 3 with mbarrier hand-offs */
-  /* schedules 5 / 6: the KV gather by TMA, 5 in a 2-CTA cluster when there are two head blocks (not in
-   * probe builds, whose consumers leave early) */
-  int gather = 0;
-  if (!DSA_FWD_PROBE && (ov == 5 || ov == 6) && p->num_kv > 0) gather = ov == 5 && num_hblocks == 2 ? 2 : 1;
+  const bool mb = dsa_attn_fwd_sm90_overlap == 4; /* schedule 4: schedule 3 with mbarrier hand-offs */
   if (p->head_dim == 576)
-    return gather == 2 ? launch2<9, false, 2>(ctx, p, stream, head_begin, head_end, num_hblocks)
-         : gather == 1 ? launch2<9, false, 1>(ctx, p, stream, head_begin, head_end, num_hblocks)
-         : mb          ? launch2<9, true, 0>(ctx, p, stream, head_begin, head_end, num_hblocks)
-                       : launch2<9, false, 0>(ctx, p, stream, head_begin, head_end, num_hblocks);
-  return gather == 2 ? launch2<8, false, 2>(ctx, p, stream, head_begin, head_end, num_hblocks)
-       : gather == 1 ? launch2<8, false, 1>(ctx, p, stream, head_begin, head_end, num_hblocks)
-       : mb          ? launch2<8, true, 0>(ctx, p, stream, head_begin, head_end, num_hblocks)
-                     : launch2<8, false, 0>(ctx, p, stream, head_begin, head_end, num_hblocks);
+    return mb ? launch2<9, true>(ctx, p, stream, head_begin, head_end, num_hblocks)
+              : launch2<9, false>(ctx, p, stream, head_begin, head_end, num_hblocks);
+  return mb ? launch2<8, true>(ctx, p, stream, head_begin, head_end, num_hblocks)
+            : launch2<8, false>(ctx, p, stream, head_begin, head_end, num_hblocks);
 }

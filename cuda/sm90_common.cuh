@@ -90,62 +90,6 @@ __device__ __forceinline__ void sm90_mbar_wait(uint64_t *bar, uint32_t parity) {
   } while (!done);
 }
 
-/* ---- TMA gather and 2-CTA clusters (notes 4, 5) -------------------------------------------------
- * One 2D box of the tensor map `map` (generic address of a __grid_constant__ CUtensorMap) at coordinates
- * {c0, c1} into shared memory at dst, completing its bytes on the mbarrier at the same offset; MC:
- * multicast to the CTAs of `mask` in the cluster (dst and bar at the same offsets in each). A box out of
- * the map (row -1) lands as zeros and still counts its bytes. */
-template <bool MC>
-__device__ __forceinline__ void sm90_tma_load_2d(uint32_t dst, uint64_t map, int c0, int c1, uint32_t bar, uint16_t mask,
-                                                 uint64_t pol) {
-  if constexpr (MC)
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-        ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;\n" ::"r"(dst),
-        "l"(map), "r"(c0), "r"(c1), "r"(bar), "h"(mask), "l"(pol)
-        : "memory");
-  else
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-        "l"(map), "r"(c0), "r"(c1), "r"(bar), "l"(pol)
-        : "memory");
-}
-/* Arrive (counts one arrival) and add `bytes` to the phase's expected transaction count. */
-__device__ __forceinline__ void sm90_mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sm90_smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-/* Arrive on the mbarrier at the same offset in CTA `rank` of the cluster (release at cluster scope). */
-__device__ __forceinline__ void sm90_mbar_arrive_cluster(uint64_t *bar, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(sm90_smem_addr(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-/* sm90_mbar_wait with acquire at cluster scope: the arrivals came from the peer CTA too. */
-__device__ __forceinline__ void sm90_mbar_wait_cluster(uint64_t *bar, uint32_t parity) {
-  uint32_t addr = sm90_smem_addr(bar);
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ uint32_t sm90_cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-/* Every thread of every CTA of the cluster (release / acquire): after mbarrier init, before exit. The
- * non-.aligned forms: the roles reach it from different code. */
-__device__ __forceinline__ void sm90_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-
 /* ---- cp.async (notes 5) -------------------------------------------------------------------------- */
 /* 16-byte global -> shared copy; src_bytes = 0 zero-fills the destination (src must still be a valid
  * address: callers clamp it). */

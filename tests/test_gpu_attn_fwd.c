@@ -14,14 +14,13 @@
  * from a warning into a failure, and so "the small-H kernel (variant 3) or the split (variant 4)
  * declined a configuration it must run".
  * Every run of the 64-head sm_90a kernel (variant 2, variant 4, and variant 0 where the automatic choice
- * takes it) is repeated for each consumer schedule dsa_attn_fwd_sm90_overlap = 0..6 (serial,
- * overlapped, S hoisted, cuda/attn_fwd_sm90.cu; tile split between the WGs, the default, the same
- * with mbarrier hand-offs, and the same with the KV gather by TMA: 5 shared by the token's 2-CTA
- * cluster when the launch has two head blocks, 6 per CTA, cuda/attn_fwd_sm90_v2.cu), each checked in full; schedules 1 and 2 do the
+ * takes it) is repeated for each consumer schedule dsa_attn_fwd_sm90_overlap = 0, 1, 2, 3, 4 (serial,
+ * overlapped, S hoisted, cuda/attn_fwd_sm90.cu; tile split between the WGs, the default, and the same
+ * with mbarrier hand-offs, cuda/attn_fwd_sm90_v2.cu), each checked in full; schedules 1 and 2 do the
  * same arithmetic in the same order as 0, so a result that is not bitwise identical to schedule 0's is
  * logged as a warning (a race that stays inside the tolerance would show there first). Schedules 3 and
  * 4 sum in another order (and round WG0's P in two frames): they are checked against the reference.
- * Under racecheck schedules 3, 5 and 6 are skipped and 4 runs in their place (tests/test_common.h).
+ * Under racecheck schedule 3 is skipped and 4 runs in its place (tests/test_common.h).
  * heads_33_to_127 runs its cases under both two-consumer shapes of the small-H kernel
  * (dsa_attn_fwd_small_split 1 = value-dim split, 0 = column split); DSA_TEST_FWD_HEADS=h limits it
  * to H = h (one sanitizer process per head count). */
@@ -106,7 +105,7 @@ static int required_split_sm90(const attn_case *c) {
 
 /* The order run_case goes through the variants; 0 (automatic) last. */
 static const int variants[] = {1, 2, 3, 4, 0};
-enum { NUM_OVERLAP = 7 }; /* dsa_attn_fwd_sm90_overlap 0..6 */
+enum { NUM_OVERLAP = 5 }; /* dsa_attn_fwd_sm90_overlap 0, 1, 2, 3, 4 */
 /* Schedules whose results should be bitwise identical to schedule 0's (same arithmetic, same order). */
 static int same_order_as_0(int ov) { return ov == 1 || ov == 2; }
 
@@ -116,7 +115,7 @@ static int fwd_only(void) {
   const char *s = getenv("DSA_TEST_FWD_ONLY");
   return s ? atoi(s) : -1;
 }
-/* DSA_TEST_FWD_SCHEDULES=n runs only schedules 0..n-1 (1..7; default all 7). */
+/* DSA_TEST_FWD_SCHEDULES=n runs only schedules 0..n-1 (1..5; default all 5). */
 static int fwd_schedules(void) {
   const char *s = getenv("DSA_TEST_FWD_SCHEDULES");
   if (fwd_only() >= 0) return NUM_OVERLAP;
@@ -288,9 +287,7 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
     int declined = 0;
     for (int ov = 0; ov < num_ov && !declined; ++ov) {
       if (num_ov > 1 && fwd_only() >= 0 && ov != fwd_only()) continue;
-      /* schedule 4 is the racecheck twin of 3 (test_common.h); 5 / 6 (3 with a TMA gather) share 3's named
-       * barrier hand-offs */
-      if ((ov == 3 || ov == 5 || ov == 6) && tc_racecheck()) continue;
+      if (ov == 3 && tc_racecheck()) continue; /* schedule 4 is its racecheck twin (test_common.h) */
       char vn[32]; /* the variant in messages: "2" or "2/overlap 1" */
       if (num_ov > 1)
         snprintf(vn, sizeof vn, "%d/overlap %d", variant, ov);
