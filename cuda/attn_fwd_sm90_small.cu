@@ -34,13 +34,15 @@
  *   N = 40..64: 384 threads, WG0 and WG1 consumers, WG2 producer. Two ways to share the work, chosen
  *        by dsa_attn_fwd_small_split (src/internal.h):
  *     1 (default) value-dim split (setmaxnreg 256 / 192 / 56): WG0 computes S^T [64 x N] once per tile
- *        for every column, the softmax, P and the rescale factors, and O^T dims [0, 256); WG1 only
- *        O^T dims [256, 512) from the same P (split_s_consumer / split_pv_consumer below, with their
+ *        for every column, the softmax, P and the rescale factors, and O^T dims [0, 64 kMB0); WG1 only
+ *        O^T dims [64 kMB0, 512) from the same P (kMB0 = 3 at N = 40, else 4, and two P buffers at
+ *        N = 48 / 56: SplitCfg; split_s_consumer / split_pv_consumer below, with their
  *        hand-offs). Each KV element is read from shared memory once per tile: 238 KB of wgmma
  *        operand reads per tile at N = 48 instead of 374. Measured on the H200 (session 5, run 2):
  *        fwd-tp-h40 2.247 vs 2.408 ms, -h48 2.507 vs 2.640, -h56 2.725 vs 2.693 for the column split:
  *        -7% / -5% / +1%, far less than the operand bytes (-36%): the 2-stage gather pipeline, not
- *        shared memory, sets the pace (docs/design.md section 8).
+ *        shared memory, sets the pace (docs/design.md section 8). With the lazy frame (session 7,
+ *        run 3): 1.94 / 2.07 / 2.22 ms vs 2.34 / 2.48 / 2.65 for the column split.
  *     0 column split (setmaxnreg 224 / 224 / 56). The N
  *        columns are split between the consumers: WG0 columns [0, N0), WG1 [N0, N), N0 = 8 ceil(N / 16)
  *        (40 = 24 + 16, 48 = 24 + 24, 56 = 32 + 24, 64 = 32 + 32). Each consumer runs exactly the
@@ -64,7 +66,8 @@
  * consumer: 36 (D = 576) or 32 (D = 512) HGMMA.64xN_cx16 for S^T, 32 HGMMA.64xN_cx16 with
  * gdesc.tnspA for P V, N_c / 8 STSM.16.MT88.2 (value-dim split at N = 48: 68 HGMMA.64x48x16 in the
  * kernel, 36 + 16 in WG0's loop and 16 in WG1's). Shared memory at D = 576: 190632 B (N = 32) ..
- * 159144 B (N = 8), 231592 B (N = 64; value-dim split 232120 B), one CTA per SM except N <= 16.
+ * 159144 B (N = 8), 231592 B (N = 64; value-dim split 232120 B, at N = 56 with two P buffers 229088 B),
+ * one CTA per SM except N <= 16.
  *
  * Pipeline barriers (mbarriers in shared memory, parities as in hopper-notes 4):
  *   q_full   : 128 .noinc cp.async arrivals (producer threads) -> Q landed.
@@ -164,6 +167,24 @@ struct SmallCfg {
   static_assert(!kTwoWG || kN1 >= 8, "two consumer WGs only where both have columns");
 };
 
+/* The value-dim split's choices per N (SPLIT below). H200, session 7 run 4, same run, two rounds each
+ * (fwd-tp-hN, ms; the previous shape 4 + 4 blocks and one P buffer in brackets):
+ *   N    WG 0 / WG 1 value blocks   P buffers   why
+ *   40   3 / 5                     1           1.885 [1.951]; 4 + 4 with two buffers 1.942, 3 + 5 with two 1.925
+ *   48   4 / 4                     2           2.015 [2.069]; 3 + 5 with one buffer 2.053, with two 2.049
+ *   56   4 / 4                     2           2.170 [2.223]; 3 + 5 with one buffer 2.200, with two 2.200
+ *   64   4 / 4                     1           two P buffers do not fit beside Q (231.5 KB); not measured
+ * Fewer value blocks in WG 0 shorten its per-tile chain (S, softmax, P, its P V); two P buffers let WG 0
+ * write P(n) while WG 1's P V(n - 1) still reads P(n - 1). Every row of the table also has WG 1 skip its
+ * rescale when each alpha of the warp is 1 (a warp vote on the alphas it loads anyway: no flag from
+ * WG 0, whose one extra store cost 9% in session 6): alone -1..-2% at N = 40 / 48 (run 3). */
+template <int N>
+struct SplitCfg {
+  static constexpr int kMB0 = N == 40 ? 3 : 4;                 /* WG 0's value-dim blocks of 64 */
+  static constexpr int kPBufs = N == 48 || N == 56 ? 2 : 1;    /* P / alpha buffers */
+  static_assert(kMB0 >= 1 && kMB0 < kDVBlocks, "both WGs own value dims");
+};
+
 /* Shared-memory layout for NB 64-column blocks per row (D = 64 NB) and N heads. Every operand tile
  * is 1024-B aligned (SW128 atoms, descriptor base offset 0): N and the column split N0 are multiples
  * of 8, so N * 128 and N0 * 128 are multiples of 1024. */
@@ -177,13 +198,14 @@ struct SmallSmem {
   static constexpr int kQ = kKV + kStages * kTileBytes;      /* Q [N x D], block b at kQ + b * kQBlk */
   static constexpr int kP = kQ + NB * kQBlk;                 /* P [N heads x 64 keys] bf16 SW128; WG c
                                                                 owns rows [N0 c, ...) */
-  static constexpr int kValid = kP + N * 128;                /* [kStages][64] bytes, 1 = valid slot */
+  static constexpr int kPBufs = SPLIT ? SplitCfg<N>::kPBufs : 1; /* SPLIT: P and alpha of tiles n, n + 1 */
+  static constexpr int kValid = kP + kPBufs * N * 128;       /* [kStages][64] bytes, 1 = valid slot */
   static constexpr int kRed = kValid + kStages * kBlockK;    /* f32 red_max[4][N], red_sum[4][N]; two
                                                                 WGs: red_sum aliases red_max (227 KB) */
-  static constexpr int kAlpha = kRed + (kTwoWG ? 1 : 2) * 4 * N * 4; /* SPLIT: f32 alpha[N], fac[N] */
-  static constexpr int kBars = kAlpha + (SPLIT ? 2 * N * 4 : 0); /* q_full, full[kStages], empty[kStages],
-                                                                    SPLIT: p_full, fac_full */
-  static constexpr int kEnd = kBars + 8 * (1 + 2 * kStages + (SPLIT ? 2 : 0)); /* SPLIT: + fac_full */
+  static constexpr int kAlpha = kRed + (kTwoWG ? 1 : 2) * 4 * N * 4; /* SPLIT: f32 alpha[kPBufs][N], fac[N] */
+  static constexpr int kBars = kAlpha + (SPLIT ? (kPBufs + 1) * N * 4 : 0); /* q_full, full[kStages],
+                                                  empty[kStages], SPLIT: p_full[kPBufs], fac_full */
+  static constexpr int kEnd = kBars + 8 * (1 + 2 * kStages + (SPLIT ? kPBufs + 1 : 0));
   static constexpr int kBytes = kEnd + 1024;                 /* + slack to align the base */
   static_assert(N % 8 == 0 && N >= 8 && N <= kMaxN, "wgmma N: multiple of 8, at most 64 here");
   static_assert(!SPLIT || (kTwoWG && kStages == 2), "the value-dim split runs N = 40..64 on two stages");
@@ -546,13 +568,17 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
 /* ---- SPLIT (N = 40..64, dsa_attn_fwd_small_split = 1): two consumer WGs split the 512 value dims
  * instead of the columns. WG 0 computes S^T [64 keys x N] once per tile for every column, runs the
  * softmax, writes P [N][64] and the per-column rescale factors alpha [N] to shared memory (p_full) and
- * accumulates O^T dims [0, 256); WG 1 waits on p_full and accumulates O^T dims [256, 512) from the
- * same P. Each KV element is read from shared memory once per tile (the column split reads the whole
- * tile twice: 374 vs 238 KB per tile at N = 48). Hand-offs (mbarriers):
- *   WG 0 -> WG 1: p_full (128 arrivals of WG 0, after its P stmatrix / alpha stores and their
- *                 fence.proxy.async): P(n) and alpha(n) ready; WG 1 waits with parity n & 1.
- *   WG 1 -> WG 0: empty[s] (the producer's barrier, 128 arrivals of each WG after its P V(n) completed):
- *                 WG 0 waits on it (parity of tile n - 1) before it overwrites P and alpha with tile n's.
+ * accumulates O^T dims [0, 64 kMB0); WG 1 waits on p_full and accumulates O^T dims [64 kMB0, 512) from
+ * the same P (kMB0 and the number of P / alpha buffers per N: SplitCfg). Each KV element is read from
+ * shared memory once per tile (the column split reads the whole tile twice: 374 vs 238 KB per tile at
+ * N = 48). Hand-offs (mbarriers), tile n in P buffer b = n % kPBufs:
+ *   WG 0 -> WG 1: p_full[b] (128 arrivals of WG 0, after its P stmatrix / alpha stores and their
+ *                 fence.proxy.async): P(n) and alpha(n) ready; WG 1 waits with parity (n / kPBufs) & 1.
+ *   WG 1 -> WG 0: empty[s] (the producer's barrier, 128 arrivals of each WG after its P V(n) completed).
+ *                 One buffer: WG 0 waits on it (parity of tile n - 1) before it overwrites P and alpha
+ *                 with tile n's. Two: buffer b last held tile n - 2, and WG 1 finished its P V(n - 2)
+ *                 before the producer could refill stage s with tile n, which WG 0 waited for; the
+ *                 same chain keeps WG 0 from completing a phase of p_full[b] that WG 1 has not seen.
  *   epilogue:     fac_full (WG 0: out factors in fac_s, its P V all done) and WG 0's wait on the last
  *                 tile's empty barrier (WG 1's P V all done) before either overwrites the KV stages.
  * WG 0's order per tile: S(n) issued, then wgmma.wait 1 retires its P V(n - 1) (stage of n - 1
@@ -562,16 +588,17 @@ template <int NB, int N>
 __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
   typedef SmallSmem<NB, N, true> L;
   constexpr int kStages = L::kStages;
-  constexpr int NR = N / 2, NC = N / 4, kHalf = kDVBlocks / 2;
+  constexpr int NR = N / 2, NC = N / 4, kHalf = SplitCfg<N>::kMB0; /* value-dim blocks [0, kHalf) */
   const uint8_t *valid = smem + L::kValid;
   float *red = (float *)(smem + L::kRed); /* [4 warps][N]: column maxima per tile, then column sums */
-  float *alpha_s = (float *)(smem + L::kAlpha), *fac_s = alpha_s + N;
-  constexpr bool kLazy = N < 64; /* N = 64: the lazy frame's tmax does not fit WG 0's 256 registers */
+  constexpr int kPB = L::kPBufs;
+  float *alpha_s = (float *)(smem + L::kAlpha), *fac_s = alpha_s + kPB * N;
+  constexpr bool kLazy = N < 64 || kHalf < 4; /* N = 64, 4 blocks: the lazy frame's tmax does not fit 256 registers */
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages, *p_full = bars + 1 + 2 * kStages;
-  uint64_t *fac_full = p_full + 1;
+  uint64_t *fac_full = p_full + kPB;
   const int warp = t >> 5, lane = t & 31;
-  float o[kHalf][NR]; /* O^T dims [0, 256) x N heads */
+  float o[kHalf][NR]; /* O^T dims [0, 64 kHalf) x N heads */
   float sacc[NR];
 #pragma unroll
   for (int m = 0; m < kHalf; ++m)
@@ -614,14 +641,17 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
                                                      kBarMax, col_max, col_sum, alpha, x, tmax);
     /* P and alpha -> shared memory. WAR: WG 1 has finished P V(n - 1) (it read P(n - 1) and alpha(n - 1)
      * before issuing it); this WG's own P V(n - 1) was retired above. */
-    if (n > 0) sm90_mbar_wait(&empty[(n - 1) % kStages], (uint32_t)((n - 1) / kStages) & 1);
-    small_store_p<N>(sp, x, warp, lane);
+    /* two buffers: WG 1 finished P V(n - 2) before the producer could refill stage s with tile n */
+    if (kPB == 1 && n > 0) sm90_mbar_wait(&empty[(n - 1) % kStages], (uint32_t)((n - 1) / kStages) & 1);
+    const int pb = n % kPB;
+    const uint32_t spn = sp + pb * (N * 128);
+    small_store_p<N>(spn, x, warp, lane);
     if (warp == 0 && lane < 4) { /* lanes 0-3 of a warp hold every column once */
 #pragma unroll
-      for (int c = 0; c < NC; ++c) alpha_s[small_col(c, lane)] = alpha[c];
+      for (int c = 0; c < NC; ++c) alpha_s[pb * N + small_col(c, lane)] = alpha[c];
     }
     sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) of both WGs */
-    sm90_mbar_arrive(p_full);
+    sm90_mbar_arrive(&p_full[pb]);
     sm90_named_bar_sync(kBarP, 128); /* this WG's P V reads the rows of every warp */
 
     if (moved) { /* the frame moved: O follows (WG 1 always applies alpha, 1 when it did not move) */
@@ -630,7 +660,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
 #pragma unroll
         for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
     }
-    small_issue_pv<N, kHalf, 0>(o, skv, sp); /* dims [0, 256), not waited for here */
+    small_issue_pv<N, kHalf, 0>(o, skv, spn); /* dims [0, 64 kHalf), not waited for here */
   }
   sm90_wgmma_wait<0>();
 #pragma unroll
@@ -650,21 +680,23 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
   uint8_t *stage = smem + L::kKV;
   small_stage_out<N, kHalf, 0, 0>(stage, o, fac, warp, lane);
   sm90_named_bar_sync(kBarP, 128);
-  small_copy_out<32>(args, stage, t, 0, N, 0);
+  small_copy_out<8 * kHalf>(args, stage, t, 0, N, 0);
 }
 
-/* SPLIT: consumer WG 1, O^T dims [256, 512) from WG 0's P and alpha; then its half of the out rows. */
+/* SPLIT: consumer WG 1, O^T dims [64 kMB0, 512) from WG 0's P and alpha; then its part of the out rows. */
 template <int NB, int N>
 __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
   typedef SmallSmem<NB, N, true> L;
   constexpr int kStages = L::kStages;
-  constexpr int NR = N / 2, NC = N / 4, kHalf = kDVBlocks / 2;
-  const float *alpha_s = (const float *)(smem + L::kAlpha), *fac_s = alpha_s + N;
+  constexpr int kMB0 = SplitCfg<N>::kMB0;
+  constexpr int NR = N / 2, NC = N / 4, kHalf = kDVBlocks - kMB0; /* value-dim blocks [kMB0, 8) */
+  constexpr int kPB = L::kPBufs;
+  const float *alpha_s = (const float *)(smem + L::kAlpha), *fac_s = alpha_s + kPB * N;
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *full = bars + 1, *empty = bars + 1 + kStages, *p_full = bars + 1 + 2 * kStages;
-  uint64_t *fac_full = p_full + 1;
+  uint64_t *fac_full = p_full + kPB;
   const int warp = t >> 5, lane = t & 31;
-  float o[kHalf][NR]; /* O^T dims [256, 512) x N heads */
+  float o[kHalf][NR]; /* O^T dims [64 kMB0, 512) x N heads */
 #pragma unroll
   for (int m = 0; m < kHalf; ++m)
 #pragma unroll
@@ -674,19 +706,25 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
   for (int n = 0; n < ntiles; ++n) {
     const int s = n % kStages;
     sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1); /* complete already: WG 0 waited on it */
-    sm90_mbar_wait(p_full, (uint32_t)n & 1);
+    const int pb = n % kPB;
+    sm90_mbar_wait(&p_full[pb], (uint32_t)(n / kPB) & 1);
     sm90_fence_proxy_async();
     const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
-    /* alpha = 1 when WG 0's frame did not move: a flag to skip this measured 9% slower (session 6,
-     * runs 8-10: WG 1 is not on the critical path, and the extra store / branch cost WG 0's schedule) */
+    /* alpha = 1 when WG 0's frame did not move. A flag from WG 0 to skip the rescale measured 9% slower
+     * (session 6, runs 8-10: its store cost WG 0's schedule); a vote on the loaded alphas costs WG 0
+     * nothing (SplitCfg) */
     float alpha[NC];
 #pragma unroll
-    for (int c = 0; c < NC; ++c) alpha[c] = alpha_s[small_col(c, lane)];
+    for (int c = 0; c < NC; ++c) alpha[c] = alpha_s[pb * N + small_col(c, lane)];
+    bool resc = false;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) resc |= alpha[c] != 1.f;
+    if (__any_sync(0xffffffffu, resc)) /* alpha = 1 everywhere in the warp: nothing to rescale */
 #pragma unroll
     for (int m = 0; m < kHalf; ++m)
 #pragma unroll
       for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
-    small_issue_pv<N, kHalf, kHalf>(o, skv, sp); /* dims [256, 512) */
+    small_issue_pv<N, kHalf, kMB0>(o, skv, sp + pb * (N * 128)); /* dims [64 kMB0, 512) */
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int m = 0; m < kHalf; ++m)
@@ -701,9 +739,9 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
 #pragma unroll
   for (int c = 0; c < NC; ++c) fac[c] = fac_s[small_col(c, lane)];
   uint8_t *stage = smem + L::kKV;
-  small_stage_out<N, kHalf, 0, 256>(stage, o, fac, warp, lane);
+  small_stage_out<N, kHalf, 0, 64 * kMB0>(stage, o, fac, warp, lane);
   sm90_named_bar_sync(kBarP + 2, 128);
-  small_copy_out<32>(args, stage, t, 0, N, 32);
+  small_copy_out<8 * kHalf>(args, stage, t, 0, N, 8 * kMB0);
 }
 #endif
 
@@ -734,8 +772,7 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
       sm90_mbar_init(&empty[s], 128 * C::kConsumers);
     }
     if constexpr (SPLIT) {
-      sm90_mbar_init(bars + 1 + 2 * kStages, 128); /* p_full: WG 0's threads */
-      sm90_mbar_init(bars + 2 + 2 * kStages, 128); /* fac_full: WG 0's threads, once */
+      for (int b = 0; b <= L::kPBufs; ++b) sm90_mbar_init(bars + 1 + 2 * kStages + b, 128); /* p_full[], fac_full: WG 0 */
     }
     sm90_mbar_init_fence();
   }
@@ -795,7 +832,7 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     /* ================= consumer (all N columns) ================= */
     small_consumer<NB, N, N, 0, false>(args, smem, t, ntiles);
   } else if constexpr (SPLIT) {
-    /* ================= consumers: WG0 S^T, softmax, value dims [0, 256); WG1 dims [256, 512) ===== */
+    /* ================= consumers: WG0 S^T, softmax, value dims [0, 64 kMB0); WG1 the rest ===== */
     if (wg == 0) {
       sm90_setmaxnreg_inc<kSplitSRegs>();
       split_s_consumer<NB, N>(args, smem, t, ntiles);
