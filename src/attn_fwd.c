@@ -30,20 +30,21 @@ int dsa_attn_fwd_sm90_overlap = 3;
 /* Automatic choice on cc 9.0 (docs/design.md section 8 has the table with the reasons), by the
  * remainder r = H mod 64:
  *   r = 0          64-head kernel (every M row a real head)
- *   r in 1..48     the 64-head kernel on heads [0, 64 floor(H / 64)) (none when H < 64) + the small-H
+ *   r in 1..56     the 64-head kernel on heads [0, 64 floor(H / 64)) (none when H < 64) + the small-H
  *                  kernel on the r others, N = r rounded up to 8 (at most 7 zero columns): one
- *                  consumer warpgroup up to N = 32, the value-dim split at N = 40 / 48; two launches
- *                  on the stream (disjoint outputs). N = 40 / 48 since session 6's lazily moved
- *                  softmax frame: fwd-tp-h40 1.92 vs 2.09 ms for the 64-head kernel's zero rows,
- *                  -h48 2.09 vs 2.11 (run 11, same run; docs/design.md section 8)
- *   r in 49..63    64-head kernel on the whole H (64 - r zero M rows): faster than the small-H kernel
- *                  there (fwd-tp-h56 2.23 vs 2.16 ms, session 6 runs 10 / 11); variants 3 / 4 run the
- *                  small-H one
+ *                  consumer warpgroup up to N = 32, the value-dim split at N = 40..56; two launches
+ *                  on the stream (disjoint outputs). Session 7 run 4 (same run): fwd-tp-h40 1.89 vs
+ *                  2.04 ms for the 64-head kernel's zero rows, -h48 2.02 vs 2.07, -h56 2.17 vs 2.14:
+ *                  at N = 56 the no-zero-head kernel is 1.5% slower, and runs anyway, since issue 4
+ *                  asks for no wasted heads (docs/design.md section 8 has the trade; set 48 here
+ *                  for the faster zero rows at r = 49..56)
+ *   r in 57..63    64-head kernel on the whole H (64 - r <= 7 zero M rows: what rounding N up to 8
+ *                  costs the small-H kernel too, and faster); variants 3 / 4 run the small-H one
  * Each kernel declines what it does not run with DSA_ERROR_UNSUPPORTED; the choice then falls back
  * to the 64-head kernel on the whole H, then to the portable kernel. */
 enum {
   FWD_HEAD_BLOCK = 64,   /* heads per CTA of the 64-head kernel */
-  FWD_SMALL_AUTO_MAX = 48 /* largest remainder the automatic choice gives the small-H kernel */
+  FWD_SMALL_AUTO_MAX = 56 /* largest remainder the automatic choice gives the small-H kernel */
 };
 
 /* Variant 4 and the automatic H in 65..127: the first `big` heads on the 64-head kernel, the rest on

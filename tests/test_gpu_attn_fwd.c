@@ -126,7 +126,7 @@ static int fwd_schedules(void) {
 /* Whether this variant runs the 64-head sm_90a kernel for H heads (src/attn_fwd.c): then it is run
  * once per consumer schedule. */
 static int runs_64head(int variant, int64_t H) {
-  return variant == 2 || variant == 4 || (variant == 0 && (H >= 64 || H % 64 > 48));
+  return variant == 2 || variant == 4 || (variant == 0 && (H >= 64 || H % 64 > 56));
 }
 
 static void check_scalar(const char *what, float got, float ref, int64_t t, int h, const char *variant) {
@@ -528,7 +528,7 @@ Test(gpu_attn_fwd, head_dim_512) {
  * Every row compared (sample = T), K not a multiple of 64, invalid slots and empty rows, topk_length,
  * sinks with +-inf, strided q / out / kv / indices, D = 512, one bitwise rerun per H. ---- */
 ParameterizedTestParameters(gpu_attn_fwd, heads_33_to_127) {
-  static int heads[] = {33, 40, 48, 52, 63, 65, 96, 112, 127};
+  static int heads[] = {33, 40, 48, 52, 56, 63, 65, 96, 112, 120, 127};
   return cr_make_param_array(int, heads, sizeof heads / sizeof heads[0]);
 }
 ParameterizedTest(int *heads, gpu_attn_fwd, heads_33_to_127) {
