@@ -168,7 +168,9 @@ $(BUILD)/bench/barrier_probe: bench/barrier_probe.cu
 
 # Forward probe builds (docs/perf.md "Probes", cuda/sm90_common.cuh DSA_FWD_PROBE): the bench linked with the
 # sm_90a forward kernels rebuilt so that their consumers only drain the KV ring (PROBE=1) or their
-# producers copy nothing (PROBE=2). Times only; the library itself is never built this way.
+# producers copy nothing (PROBE=2): times only; or that record a timeline of their hand-offs (PROBE=3,
+# correct outputs; DSA_FWD_TRACE=prefix makes the bench write it, bench/trace_report.py reads it).
+# The library itself is never built this way.
 PROBE ?= 1
 PROBE_DIR := $(BUILD)/probe$(PROBE)
 PROBE_CU := cuda/attn_fwd_sm90_small.cu cuda/attn_fwd_sm90_v2.cu

@@ -68,6 +68,10 @@ static int fwd_small_split_forced = -1;
 /* Defined only by a probe build of the forward (`make probe-bench`, cuda/sm90_common.cuh): its forward
  * rows are bounds, not results, and carry ",probe<N>". */
 extern const int dsa_fwd_probe_build __attribute__((weak));
+/* Probe 3 builds (cuda/sm90_common.cuh): each forward kernel's timeline of its last launch. With
+ * DSA_FWD_TRACE=prefix set, every fwd row writes prefix-<shape>-<row>-v2.bin / -small.bin. */
+extern int dsa_fwd_trace_dump_v2(const char *path) __attribute__((weak));
+extern int dsa_fwd_trace_dump_small(const char *path) __attribute__((weak));
 /* The forward KV gather's L2 policy (src/internal.h dsa_attn_fwd_kv_l2_hint: 0 none, 1 evict_last,
  * 2 evict_last when the KV fits half the L2), from DSA_FWD_KV_L2_HINT (unset: the library's); fwd rows
  * then get ",l2h<N>". */
@@ -553,6 +557,16 @@ static void bench_fwd(bench *b, const shape *sh) {
     double ms = NAN;
     dsa_status st = bc_time_op(&b->timer, fwd_run, &a, &ms);
     add_result(b, sh, variant, in.note, st, ms, bc_flops_fwd(in.slots, in.H), 0);
+    const char *trace = getenv("DSA_FWD_TRACE");
+    if (trace && (&dsa_fwd_trace_dump_v2 || &dsa_fwd_trace_dump_small)) {
+      char path[512];
+      cudaDeviceSynchronize();
+      snprintf(path, sizeof path, "%s-%s-%d-v2.bin", trace, sh->name, k);
+      if (&dsa_fwd_trace_dump_v2 && dsa_fwd_trace_dump_v2(path) != 0) fprintf(stderr, "trace: cannot write %s\n", path);
+      snprintf(path, sizeof path, "%s-%s-%d-small.bin", trace, sh->name, k);
+      if (&dsa_fwd_trace_dump_small && dsa_fwd_trace_dump_small(path) != 0)
+        fprintf(stderr, "trace: cannot write %s\n", path);
+    }
     cudaFree(out);
     cudaFree(lse);
   }
@@ -931,8 +945,9 @@ int main(int argc, char **argv) {
   topk_prefetch_forced = env_knob("DSA_TOPK_V4_PREFETCH", &dsa_topk_v4_whole_prefetch, 1,
                                   "top-k variant 4 next-row prefetch: whole rows 1 / samples only 0:");
   if (&dsa_fwd_probe_build)
-    printf("PROBE BUILD %d of the forward (make probe-bench): its times are bounds, its outputs garbage\n",
-           dsa_fwd_probe_build);
+    printf("PROBE BUILD %d of the forward (make probe-bench): %s\n", dsa_fwd_probe_build,
+           dsa_fwd_probe_build == 3 ? "timeline marks (DSA_FWD_TRACE=prefix writes them), times a little above the library's"
+                                    : "its times are bounds, its outputs garbage");
   bc_timer_init(&b.timer, reps);
   printf("libdsa %s bench on %s, commit %s, %d reps (median), L2 flush %.0f MiB\n", dsa_version_string(),
          b.card, b.commit, reps, (double)b.timer.flush_bytes / (1 << 20));

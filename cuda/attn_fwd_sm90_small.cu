@@ -585,7 +585,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
  * released at once: the producer's gather of n + 1 overlaps S(n), the softmax and both P V(n)),
  * wait 0, softmax, P(n), P V(n) issued without waiting. */
 template <int NB, int N>
-__device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
+__device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles, Sm90Trace &tr) {
   typedef SmallSmem<NB, N, true> L;
   constexpr int kStages = L::kStages;
   constexpr int NR = N / 2, NC = N / 4, kHalf = SplitCfg<N>::kMB0; /* value-dim blocks [0, kHalf) */
@@ -620,9 +620,11 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
   for (int n = 0; n < ntiles; ++n) {
     const int s = n % kStages;
     sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1);
+    tr.mark(0); /* probe 3 ids, split WG 0: 0 tile landed */
     sm90_fence_proxy_async();
     const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
     small_issue_s<NB, N>(sacc, skv, sq, L::kQBlk);
+    tr.mark(1); /* S^T issued */
     if (n > 0) { /* P V(n - 1) done: this WG is through with stage n - 1 */
       sm90_wgmma_wait<1>();
 #pragma unroll
@@ -630,18 +632,21 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
 #pragma unroll
         for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
       sm90_mbar_arrive(&empty[(n - 1) % kStages]);
+      tr.mark(2); /* P V(n - 1) retired */
     }
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
+    tr.mark(3); /* S^T complete */
 
     float alpha[NC];
     float *x = sacc; /* P in place of S^T: sacc is rewritten by the next tile's S^T only */
     const bool moved = small_softmax<N, N, 0, kLazy>(sacc, valid + s * kBlockK, args.scale_log2, warp, lane, red,
                                                      kBarMax, col_max, col_sum, alpha, x, tmax);
-    /* P and alpha -> shared memory. WAR: WG 1 has finished P V(n - 1) (it read P(n - 1) and alpha(n - 1)
-     * before issuing it); this WG's own P V(n - 1) was retired above. */
-    /* two buffers: WG 1 finished P V(n - 2) before the producer could refill stage s with tile n */
+    tr.mark(4); /* softmax done */
+    /* P and alpha -> shared memory. WAR: one buffer: wait until WG 1 has finished P V(n - 1) (it read
+     * P(n - 1) and alpha(n - 1) before issuing it); two: WG 1 finished P V(n - 2) before the producer
+     * could refill stage s with tile n. This WG's own P V(n - 1) was retired above. */
     if (kPB == 1 && n > 0) sm90_mbar_wait(&empty[(n - 1) % kStages], (uint32_t)((n - 1) / kStages) & 1);
     const int pb = n % kPB;
     const uint32_t spn = sp + pb * (N * 128);
@@ -652,6 +657,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
     }
     sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) of both WGs */
     sm90_mbar_arrive(&p_full[pb]);
+    tr.mark(5); /* P(n) posted */
     sm90_named_bar_sync(kBarP, 128); /* this WG's P V reads the rows of every warp */
 
     if (moved) { /* the frame moved: O follows (WG 1 always applies alpha, 1 when it did not move) */
@@ -661,6 +667,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
         for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
     }
     small_issue_pv<N, kHalf, 0>(o, skv, spn); /* dims [0, 64 kHalf), not waited for here */
+    tr.mark(6); /* P V(n) issued */
   }
   sm90_wgmma_wait<0>();
 #pragma unroll
@@ -685,7 +692,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
 
 /* SPLIT: consumer WG 1, O^T dims [64 kMB0, 512) from WG 0's P and alpha; then its part of the out rows. */
 template <int NB, int N>
-__device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
+__device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles, Sm90Trace &tr) {
   typedef SmallSmem<NB, N, true> L;
   constexpr int kStages = L::kStages;
   constexpr int kMB0 = SplitCfg<N>::kMB0;
@@ -707,7 +714,9 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
     const int s = n % kStages;
     sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1); /* complete already: WG 0 waited on it */
     const int pb = n % kPB;
+    tr.mark(16); /* probe 3 ids, split WG 1: 16 tile landed */
     sm90_mbar_wait(&p_full[pb], (uint32_t)(n / kPB) & 1);
+    tr.mark(17); /* P(n) received */
     sm90_fence_proxy_async();
     const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
     /* alpha = 1 when WG 0's frame did not move. A flag from WG 0 to skip the rescale measured 9% slower
@@ -725,12 +734,14 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
 #pragma unroll
       for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
     small_issue_pv<N, kHalf, kMB0>(o, skv, sp + pb * (N * 128)); /* dims [64 kMB0, 512) */
+    tr.mark(18); /* P V(n) issued */
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int m = 0; m < kHalf; ++m)
 #pragma unroll
       for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
     sm90_mbar_arrive(&empty[s]); /* stage s, P(n) and alpha(n) are free as far as this WG goes */
+    tr.mark(19); /* P V(n) complete */
   }
   /* WG 0's fac_s, and every P V of WG 0 done (this WG's staged half overlays the KV stages); this
    * WG's own P V all retired above */
@@ -743,6 +754,10 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
   sm90_named_bar_sync(kBarP + 2, 128);
   small_copy_out<8 * kHalf>(args, stage, t, 0, N, 8 * kMB0);
 }
+#endif
+
+#if DSA_FWD_PROBE == 3
+__device__ unsigned long long small_trace_buf[SM90_TRACE_CTAS * 4 * SM90_TRACE_EVENTS];
 #endif
 
 template <int NB, int N, bool SPLIT>
@@ -764,6 +779,12 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
   int klen = p.topk; /* slots [0, klen) may be valid; the rest never are */
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
   const int ntiles = (klen + kBlockK - 1) / kBlockK;
+  Sm90Trace tr; /* probe 3 only (sm90_common.cuh) */
+#if DSA_FWD_PROBE == 3
+  tr.begin(small_trace_buf, wg, t);
+#else
+  tr.begin(nullptr, wg, t);
+#endif
 
   if (tid == 0) {
     sm90_mbar_init(q_full, 128);
@@ -821,10 +842,12 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
       const int s = n % kStages;
       const uint32_t use = (uint32_t)(n / kStages);
       sm90_mbar_wait(&empty[s], (use & 1) ^ 1); /* first use of a stage: parity 1 returns at once */
+      tr.mark(32); /* probe 3 ids, producer: 32 stage free, 33 copies issued */
       const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
       sm90_gather_kv_rows<NB>(skv, valid + s * kBlockK, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[s]); /* fires when this thread's copies have landed */
       sm90_mbar_arrive(&full[s]);                /* releases the mask bytes written above */
+      tr.mark(33);
       sm90_gather_read_indices(irow, n + 1, g, klen, idxs); /* -1 past klen */
     }
     sm90_cp_async_wait_all();
@@ -835,10 +858,10 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     /* ================= consumers: WG0 S^T, softmax, value dims [0, 64 kMB0); WG1 the rest ===== */
     if (wg == 0) {
       sm90_setmaxnreg_inc<kSplitSRegs>();
-      split_s_consumer<NB, N>(args, smem, t, ntiles);
+      split_s_consumer<NB, N>(args, smem, t, ntiles, tr);
     } else {
       sm90_setmaxnreg_inc<kSplitPVRegs>();
-      split_pv_consumer<NB, N>(args, smem, t, ntiles);
+      split_pv_consumer<NB, N>(args, smem, t, ntiles, tr);
     }
   } else {
     /* ================= consumers: WG0 columns [0, N0), WG1 [N0, N) ================= */
@@ -902,6 +925,11 @@ dsa_status launch_nb(const dsa_context *ctx, const dsa_attn_fwd_params *p, int h
 }
 
 }  // namespace
+
+#if DSA_FWD_PROBE == 3
+/* Probe 3 (sm90_common.cuh): the last launch's timeline of this kernel, for dsa_bench. */
+extern "C" DSA_HIDDEN int dsa_fwd_trace_dump_small(const char *path) { return sm90_trace_write(small_trace_buf, path); }
+#endif
 
 extern "C" dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ctx, const dsa_attn_fwd_params *p,
                                                            int head_begin, int head_count, cudaStream_t stream) {

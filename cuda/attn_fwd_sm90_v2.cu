@@ -246,13 +246,14 @@ template <int NB, bool NEXT, bool MB>
 __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
                                          uint32_t sq,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
-                                         float row_max[2], float row_sum[2], float true_max[2]) {
+                                         float row_max[2], float row_sum[2], float true_max[2], Sm90Trace &tr) {
   typedef Smem2<NB> L;
   const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
   const uint32_t sp0 = sm90_smem_addr(smem + L::kP0), sp1 = sm90_smem_addr(smem + L::kP1);
   float *sm_max = (float *)(smem + L::kMax);
   const int r0 = 16 * warp + (lane >> 2);
   float x[32], tmax[2], m0[2], alpha[2];
+  tr.mark(0); /* probe 3 ids, WG0: 0 pair entry (S(2i) complete) */
   uint32_t pa[4][4];
   mask_tile(sacc, smem + L::kValid, scale_log2, lane, x, tmax);
 #pragma unroll
@@ -266,6 +267,7 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
     sm_max[r0 + 8] = m0[1];
   }
   hand_post<MB>(kBarM0, hand);
+  tr.mark(1); /* m0 posted */
   softmax_step(x, m0, row_max, row_sum, alpha, pa);
   if (warp_rescales(alpha)) rescale_o(o, alpha);
   /* O0 += P0 V0[0:256] */
@@ -274,12 +276,15 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   sm90_wgmma_fence();
   issue_pv_rs(o, pa, sb0);
   sm90_wgmma_commit();
+  tr.mark(2); /* RS P V issued */
   sm90_wgmma_wait<0>();
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
   sm90_mbar_arrive(&empty[0][0]); /* buffer 0 L: S(2i) and this PV done, mask read */
+  tr.mark(3); /* RS P V complete */
   /* the chain's max after WG1's tile: bring P0 (fp32) and O0 into that frame */
   hand_wait<MB>(kBarM1, hand, i);
+  tr.mark(4); /* m1 received */
   float sc[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
@@ -301,8 +306,10 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   }
   store_p(sp0, pa, warp, lane);
   hand_post<MB>(kBarS0, hand);
+  tr.mark(5); /* sP0 posted */
   if (moved) rescale_o(o, sc);
   hand_wait<MB>(kBarS1, hand, i);
+  tr.mark(6); /* sP1 received */
   /* buffer 1 L's cp.async data: WG1 waited full[1][0] before kBarS1; order it for this WG's wgmma */
   sm90_fence_proxy_async();
   /* O0 += sP1 V1[0:256] */
@@ -310,9 +317,11 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   sm90_wgmma_fence();
   issue_pv_ss(o, sp1, sb1);
   sm90_wgmma_commit();
+  tr.mark(7); /* SS P V issued */
   if constexpr (NEXT) {
     const uint32_t par = (uint32_t)(i + 1) & 1;
     wait_half(&full[0][0], par);
+    tr.mark(8); /* next 0L landed */
     FENCE_ARR(sacc, 32);
     sm90_wgmma_fence();
     issue_s<0, 4, true>(sacc, sq, sb0);
@@ -320,7 +329,9 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
     sm90_wgmma_wait<1>(); /* the SS PV retired (groups retire in order); S half L may run on */
     FENCE_ARR(o, 128);
     sm90_mbar_arrive(&empty[1][0]); /* buffer 1 L: S(2i + 1) and this PV done */
+    tr.mark(9); /* SS P V complete */
     wait_half(&full[0][1], par);
+    tr.mark(10); /* next 0R landed */
     sm90_wgmma_fence();
     issue_s<4, NB, false>(sacc, sq, sb0);
     sm90_wgmma_commit();
@@ -338,28 +349,33 @@ template <int NB, bool MB>
 __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
                                          uint32_t sq,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
-                                         float row_max[2], float row_sum[2], float true_max[2]) {
+                                         float row_max[2], float row_sum[2], float true_max[2], Sm90Trace &tr) {
   typedef Smem2<NB> L;
   const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
   const uint32_t sp0 = sm90_smem_addr(smem + L::kP0), sp1 = sm90_smem_addr(smem + L::kP1);
   float *sm_max = (float *)(smem + L::kMax);
   const int r0 = 16 * warp + (lane >> 2);
   const uint32_t par = (uint32_t)i & 1;
+  tr.mark(16); /* probe 3 ids, WG1: 16 pair entry */
   /* S(2i + 1), half R first (the producer fills buffer 1 R before L) */
   wait_half(&full[1][1], par);
+  tr.mark(17); /* 1R landed */
   FENCE_ARR(sacc, 32);
   sm90_wgmma_fence();
   issue_s<4, NB, true>(sacc, sq, sb1);
   wait_half(&full[1][0], par);
+  tr.mark(18); /* 1L landed */
   sm90_wgmma_fence();
   issue_s<0, 4, false>(sacc, sq, sb1);
   sm90_wgmma_commit();
   sm90_wgmma_wait<0>();
   FENCE_ARR(sacc, 32);
+  tr.mark(19); /* S(2i + 1) complete */
   float x[32], tmax[2], m1[2], alpha[2];
   uint32_t pa[4][4];
   mask_tile(sacc, smem + L::kValid + 64, scale_log2, lane, x, tmax);
   hand_wait<MB>(kBarM0, hand, i);
+  tr.mark(20); /* m0 received */
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     true_max[hr] = fmaxf(true_max[hr], tmax[hr]);
@@ -371,19 +387,23 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
     sm_max[r0 + 8] = m1[1];
   }
   hand_post<MB>(kBarM1, hand);
+  tr.mark(21); /* m1 posted */
   softmax_step(x, m1, row_max, row_sum, alpha, pa);
   if (warp_rescales(alpha)) rescale_o(o, alpha);
   /* P1 for WG0 first: the A registers must not be read while the RS wgmma that reads them is in flight */
   store_p(sp1, pa, warp, lane);
   /* sP1 written and fenced, buffer 1 L waited (full[1][0], above): WG0's SS PV may start */
   hand_post<MB>(kBarS1, hand);
+  tr.mark(22); /* sP1 posted */
   /* O1 += P1 V1[256:512] */
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
   sm90_wgmma_fence();
   issue_pv_rs(o, pa, sb1 + 4 * kBlkBytes);
   sm90_wgmma_commit();
+  tr.mark(23); /* RS P V issued */
   hand_wait<MB>(kBarS0, hand, i);
+  tr.mark(24); /* sP0 received */
   /* buffer 0 R's cp.async data: WG0 waited full[0][1] before kBarS0; order it for this WG's wgmma */
   sm90_fence_proxy_async();
   /* O1 += sP0 V0[256:512] */
@@ -393,12 +413,18 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
   sm90_wgmma_wait<1>();
   FENCE_PA(pa);
   sm90_mbar_arrive(&empty[1][1]); /* buffer 1 R: S(2i + 1), the RS PV, mask read */
+  tr.mark(25); /* RS P V complete */
   sm90_wgmma_wait<0>();
   FENCE_ARR(o, 128);
   sm90_mbar_arrive(&empty[0][1]); /* buffer 0 R: S(2i) (WG0, done before kBarS0) and the SS PV */
+  tr.mark(26); /* SS P V complete */
 }
 
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL || !__CUDA_ARCH__ */
+
+#if DSA_FWD_PROBE == 3
+__device__ unsigned long long v2_trace_buf[SM90_TRACE_CTAS * 4 * SM90_TRACE_EVENTS];
+#endif
 
 template <int NB, bool MB>
 __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __grid_constant__ FwdArgs2 args) {
@@ -422,6 +448,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
   const int ntiles = (klen + 63) / 64;
   const int npairs = (ntiles + 1) / 2; /* an odd count ends with an all-invalid odd tile */
+  Sm90Trace tr; /* probe 3 only (sm90_common.cuh) */
+#if DSA_FWD_PROBE == 3
+  tr.begin(v2_trace_buf, wg, t);
+#else
+  tr.begin(nullptr, wg, t);
+#endif
 
   if (tid == 0) {
     sm90_mbar_init(q_full, 128);
@@ -463,21 +495,29 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
       sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
       sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
       sm90_mbar_wait(&empty[0][0], par);
+      tr.mark(32); /* probe 3 ids, producer: 32 / 34 / 36 / 38 empty 0L / 1R / 0R / 1L free, + 1 issued */
       sm90_gather_kv_blocks<0, 4, true>(sb0, valid, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[0][0]);
       sm90_mbar_arrive(&full[0][0]);
+      tr.mark(33);
       sm90_mbar_wait(&empty[1][1], par);
+      tr.mark(34);
       sm90_gather_kv_blocks<4, NB, true>(sb1, valid + 64, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[1][1]);
       sm90_mbar_arrive(&full[1][1]);
+      tr.mark(35);
       sm90_mbar_wait(&empty[0][1], par);
+      tr.mark(36);
       sm90_gather_kv_blocks<4, NB, false>(sb0, nullptr, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[0][1]);
       sm90_mbar_arrive(&full[0][1]);
+      tr.mark(37);
       sm90_mbar_wait(&empty[1][0], par);
+      tr.mark(38);
       sm90_gather_kv_blocks<0, 4, false>(sb1, nullptr, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
       sm90_mbar_arrive(&full[1][0]);
+      tr.mark(39);
     }
     sm90_cp_async_wait_all();
   } else {
@@ -513,12 +553,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
         FENCE_ARR(sacc, 32);
       }
       for (int i = 0; i < npairs - 1; ++i)
-        wg0_pair<NB, true, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+        wg0_pair<NB, true, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max, tr);
       if (npairs > 0)
-        wg0_pair<NB, false, MB>(npairs - 1, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+        wg0_pair<NB, false, MB>(npairs - 1, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max, tr);
     } else {
       for (int i = 0; i < npairs; ++i)
-        wg1_pair<NB, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+        wg1_pair<NB, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max, tr);
     }
 
     /* ---- epilogue (as schedule 0): normalise, sink factor, bf16 out, lse, max_logits. Both WGs end
@@ -605,6 +645,11 @@ dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStr
 }
 
 }  // namespace
+
+#if DSA_FWD_PROBE == 3
+/* Probe 3 (sm90_common.cuh): the last launch's timeline of this kernel, for dsa_bench. */
+extern "C" DSA_HIDDEN int dsa_fwd_trace_dump_v2(const char *path) { return sm90_trace_write(v2_trace_buf, path); }
+#endif
 
 /* Called by dsa_launch_attn_fwd_sm90_heads (cuda/attn_fwd_sm90.cu) after its checks (cc 9.0, D 512 /
  * 576, alignment, head range, token count), with num_tokens > 0. */

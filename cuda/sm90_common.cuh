@@ -21,6 +21,61 @@
 #ifndef DSA_FWD_PROBE
 #define DSA_FWD_PROBE 0
 #endif
+/*   3  a timeline: thread 0 of every warpgroup of the grid's last SM90_TRACE_CTAS CTAs records (event id, clock64)
+ *      at the hand-offs the kernels mark with Sm90Trace::mark (ids: docs/perf.md "Probes"); the bench
+ *      writes the last launch's records per kernel file (DSA_FWD_TRACE=prefix). Outputs are correct in
+ *      this build; the marks cost the marking thread a clock read and a global store each. */
+#define SM90_TRACE_CTAS 16
+#define SM90_TRACE_EVENTS 2048
+
+/* The probe-3 recorder of one warpgroup (thread 0 of it; every other thread and every other build: a
+ * no-op that inlines away). buf: the TU's [SM90_TRACE_CTAS][4][SM90_TRACE_EVENTS] records. */
+struct Sm90Trace {
+#if DSA_FWD_PROBE == 3
+  unsigned long long *p;
+  int n;
+  __device__ __forceinline__ void begin(unsigned long long *buf, int wg, int t) {
+    /* the grid's last CTAs: the longest rows of causal shapes */
+    const int slot = (int)blockIdx.x - max((int)gridDim.x - SM90_TRACE_CTAS, 0);
+    p = t == 0 && slot >= 0 ? buf + ((size_t)slot * 4 + wg) * SM90_TRACE_EVENTS : nullptr;
+    n = 0;
+  }
+  __device__ __forceinline__ void mark(int ev) {
+    if (p && n < SM90_TRACE_EVENTS) {
+      long long c;
+      asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c)::"memory");
+      p[n++] = ((unsigned long long)ev << 48) | ((unsigned long long)c & 0xffffffffffffull);
+    }
+  }
+#else
+  __device__ __forceinline__ void begin(unsigned long long *, int, int) {}
+  __device__ __forceinline__ void mark(int) {}
+#endif
+};
+
+#if DSA_FWD_PROBE == 3
+#include <stdio.h>
+#include <stdlib.h>
+/* Host side of probe 3: writes a TU's trace buffer (the __device__ symbol) to path as raw
+ * [SM90_TRACE_CTAS][4][SM90_TRACE_EVENTS] uint64 records (0 = none); 0 on success. */
+static inline int sm90_trace_write(const void *symbol, const char *path) {
+  const size_t n = (size_t)SM90_TRACE_CTAS * 4 * SM90_TRACE_EVENTS;
+  unsigned long long *h = (unsigned long long *)calloc(n, sizeof *h);
+  if (!h) return -1;
+  int rc = cudaMemcpyFromSymbol(h, symbol, n * sizeof *h) == cudaSuccess ? 0 : -1;
+  FILE *f = rc == 0 ? fopen(path, "wb") : NULL;
+  if (f) {
+    rc = fwrite(h, sizeof *h, n, f) == n ? 0 : -1;
+    fclose(f);
+  } else {
+    rc = -1;
+  }
+  void *d = NULL; /* cleared: the next launch's CTAs may record fewer events */
+  if (cudaGetSymbolAddress(&d, symbol) != cudaSuccess || cudaMemset(d, 0, n * sizeof *h) != cudaSuccess) rc = -1;
+  free(h);
+  return rc;
+}
+#endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 
