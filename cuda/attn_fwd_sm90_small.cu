@@ -330,7 +330,7 @@ __device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *
   for (int c = 0; c < NC; ++c) psum[c] = 0.f;
 #pragma unroll
   for (int i = 0; i < NR; ++i) {
-    x[i] = exp2f(x[i] - m_use[small_slot(i)]);
+    x[i] = sm90_exp2(x[i] - m_use[small_slot(i)]);
     psum[small_slot(i)] += x[i];
   }
 #pragma unroll

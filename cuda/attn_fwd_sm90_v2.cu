@@ -172,7 +172,7 @@ __device__ __forceinline__ void softmax_step(float *x, const float m_new[2], flo
   float psum[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
-    x[i] = exp2f(x[i] - m_use[(i >> 1) & 1]);
+    x[i] = sm90_exp2(x[i] - m_use[(i >> 1) & 1]);
     psum[(i >> 1) & 1] += x[i];
   }
 #pragma unroll
