@@ -33,9 +33,9 @@ int dsa_attn_fwd_sm90_overlap = 3;
  *   r in 1..56     the 64-head kernel on heads [0, 64 floor(H / 64)) (none when H < 64) + the small-H
  *                  kernel on the r others, N = r rounded up to 8 (at most 7 zero columns): one
  *                  consumer warpgroup up to N = 32, the value-dim split at N = 40..56; two launches
- *                  on the stream (disjoint outputs). Session 7 run 4 (same run): fwd-tp-h40 1.89 vs
- *                  2.04 ms for the 64-head kernel's zero rows, -h48 2.02 vs 2.07, -h56 2.17 vs 2.14:
- *                  at N = 56 the no-zero-head kernel is 1.5% slower, and runs anyway, since issue 4
+ *                  on the stream (disjoint outputs). Session 7 run 9 (same run): fwd-tp-h40 1.89 vs
+ *                  2.01 ms for the 64-head kernel's zero rows, -h48 2.00 vs 2.04, -h56 2.16 vs 2.08:
+ *                  at N = 56 the no-zero-head kernel is 4.2% slower, and runs anyway, since issue 4
  *                  asks for no wasted heads (docs/design.md section 8 has the trade; set 48 here
  *                  for the faster zero rows at r = 49..56)
  *   r in 57..63    64-head kernel on the whole H (64 - r <= 7 zero M rows: what rounding N up to 8
