@@ -559,13 +559,14 @@ static void bench_fwd(bench *b, const shape *sh) {
     add_result(b, sh, variant, in.note, st, ms, bc_flops_fwd(in.slots, in.H), 0);
     const char *trace = getenv("DSA_FWD_TRACE");
     if (trace && (&dsa_fwd_trace_dump_v2 || &dsa_fwd_trace_dump_small)) {
-      char path[512];
+      const struct { const char *kernel; int (*dump)(const char *); } dumps[] = {
+          {"v2", &dsa_fwd_trace_dump_v2}, {"small", &dsa_fwd_trace_dump_small}};
       cudaDeviceSynchronize();
-      snprintf(path, sizeof path, "%s-%s-%d-v2.bin", trace, sh->name, k);
-      if (&dsa_fwd_trace_dump_v2 && dsa_fwd_trace_dump_v2(path) != 0) fprintf(stderr, "trace: cannot write %s\n", path);
-      snprintf(path, sizeof path, "%s-%s-%d-small.bin", trace, sh->name, k);
-      if (&dsa_fwd_trace_dump_small && dsa_fwd_trace_dump_small(path) != 0)
-        fprintf(stderr, "trace: cannot write %s\n", path);
+      for (size_t d = 0; d < sizeof dumps / sizeof dumps[0]; ++d) {
+        char path[512];
+        snprintf(path, sizeof path, "%s-%s-%d-%s.bin", trace, sh->name, k, dumps[d].kernel);
+        if (dumps[d].dump && dumps[d].dump(path) != 0) fprintf(stderr, "trace: cannot write %s\n", path);
+      }
     }
     cudaFree(out);
     cudaFree(lse);

@@ -299,7 +299,7 @@ __device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *
     x[i] = (((i >> 1) & 1) ? ok1 : ok0) ? sacc[i] * scale_log2 : -INFINITY;
     if (LAZY) {
       tmax[small_slot(i)] = fmaxf(tmax[small_slot(i)], x[i]);
-      over |= x[i] > col_max[small_slot(i)] + kSm90RescaleSlack; /* -inf frame: any finite logit */
+      over |= sm90_frame_moves(col_max[small_slot(i)], x[i]);
     }
   }
   /* !LAZY (the value-dim split at N = 64: no registers left for tmax): the frame is the running max */
@@ -336,6 +336,15 @@ __device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *
 #pragma unroll
   for (int c = 0; c < NC; ++c) col_sum[c] = col_sum[c] * alpha[c] + psum[c];
   return move;
+}
+
+/* O^T blocks [0, MB) x this thread's column factors (alpha of each column slot). */
+template <int NW, int MB>
+__device__ __forceinline__ void small_rescale_o(float (*o)[NW / 2], const float *alpha) {
+#pragma unroll
+  for (int m = 0; m < MB; ++m)
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) o[m][i] *= alpha[small_slot(i)];
 }
 
 /* P -> shared memory as [NW heads][64 keys] bf16, K-major SW128 (the B operand of P V), rows from sp.
@@ -537,12 +546,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
     sm90_named_bar_sync(kBarPW, 128);
 
-    if (moved) { /* the frame moved: O follows (WG-uniform branch) */
-#pragma unroll
-      for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-        for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
-    }
+    if (moved) small_rescale_o<NW, kDVBlocks>(o, alpha); /* the frame moved: O follows (WG-uniform branch) */
     small_issue_pv<NW, kDVBlocks, 0>(o, skv, sp);
     sm90_wgmma_wait<0>();
 #pragma unroll
@@ -660,12 +664,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
     tr.mark(5); /* P(n) posted */
     sm90_named_bar_sync(kBarP, 128); /* this WG's P V reads the rows of every warp */
 
-    if (moved) { /* the frame moved: O follows (WG 1 always applies alpha, 1 when it did not move) */
-#pragma unroll
-      for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-        for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
-    }
+    if (moved) small_rescale_o<N, kHalf>(o, alpha); /* the frame moved: O follows (WG 1 votes on alpha) */
     small_issue_pv<N, kHalf, 0>(o, skv, spn); /* dims [0, 64 kHalf), not waited for here */
     tr.mark(6); /* P V(n) issued */
   }
@@ -725,14 +724,7 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
     float alpha[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) alpha[c] = alpha_s[pb * N + small_col(c, lane)];
-    bool resc = false;
-#pragma unroll
-    for (int c = 0; c < NC; ++c) resc |= alpha[c] != 1.f;
-    if (__any_sync(0xffffffffu, resc)) /* alpha = 1 everywhere in the warp: nothing to rescale */
-#pragma unroll
-    for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-      for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
+    if (sm90_warp_any_factor<NC>(alpha)) small_rescale_o<N, kHalf>(o, alpha); /* else alpha = 1 in the warp */
     small_issue_pv<N, kHalf, kMB0>(o, skv, sp + pb * (N * 128)); /* dims [64 kMB0, 512) */
     tr.mark(18); /* P V(n) issued */
     sm90_wgmma_wait<0>();
@@ -780,11 +772,7 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
   const int ntiles = (klen + kBlockK - 1) / kBlockK;
   Sm90Trace tr; /* probe 3 only (sm90_common.cuh) */
-#if DSA_FWD_PROBE == 3
-  tr.begin(small_trace_buf, wg, t);
-#else
-  tr.begin(nullptr, wg, t);
-#endif
+  tr.begin(SM90_TRACE_BUF(small_trace_buf), wg, t);
 
   if (tid == 0) {
     sm90_mbar_init(q_full, 128);

@@ -188,15 +188,9 @@ __device__ __forceinline__ void rescale_o(float *o, const float f[2]) {
   for (int i = 0; i < 128; ++i) o[i] *= f[(i >> 1) & 1];
 }
 
-/* The lazily moved frame (kSm90RescaleSlack): the row's frame f moves to the tile's max tm only when tm
- * exceeds it by more than the slack (always from -inf to a finite tm; never on NaN). */
-__device__ __forceinline__ float lazy_frame(float f, float tm) { return tm > f + kSm90RescaleSlack ? fmaxf(f, tm) : f; }
-
-/* Whether any row of the warp has a factor other than 1 (warp-uniform: the 128-register rescale runs
- * for the whole warp or not at all; a factor of exactly 1 changes nothing, so skipping is exact). */
-__device__ __forceinline__ bool warp_rescales(const float f[2]) {
-  return __any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f);
-}
+/* The lazily moved frame (sm90_frame_moves): the row's frame f moves to the tile's max tm only when tm
+ * exceeds it by more than the slack. */
+__device__ __forceinline__ float lazy_frame(float f, float tm) { return sm90_frame_moves(f, tm) ? fmaxf(f, tm) : f; }
 
 /* P (64 heads x 64 keys, this WG's A-operand registers) -> the K-major SW128 tile at pbuf, then the
  * proxy fence (stmatrix is generic-proxy, the peer's wgmma reads it through the async proxy). */
@@ -269,7 +263,7 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   hand_post<MB>(kBarM0, hand);
   tr.mark(1); /* m0 posted */
   softmax_step(x, m0, row_max, row_sum, alpha, pa);
-  if (warp_rescales(alpha)) rescale_o(o, alpha);
+  if (sm90_warp_any_factor<2>(alpha)) rescale_o(o, alpha);
   /* O0 += P0 V0[0:256] */
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
@@ -294,7 +288,7 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
     row_sum[hr] *= sc[hr];
   }
   /* sc = 1 (WG1's tile did not move the frame): pa still holds P0 in that frame */
-  const bool moved = warp_rescales(sc);
+  const bool moved = sm90_warp_any_factor<2>(sc);
   if (moved) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
@@ -389,7 +383,7 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
   hand_post<MB>(kBarM1, hand);
   tr.mark(21); /* m1 posted */
   softmax_step(x, m1, row_max, row_sum, alpha, pa);
-  if (warp_rescales(alpha)) rescale_o(o, alpha);
+  if (sm90_warp_any_factor<2>(alpha)) rescale_o(o, alpha);
   /* P1 for WG0 first: the A registers must not be read while the RS wgmma that reads them is in flight */
   store_p(sp1, pa, warp, lane);
   /* sP1 written and fenced, buffer 1 L waited (full[1][0], above): WG0's SS PV may start */
@@ -449,11 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
   const int ntiles = (klen + 63) / 64;
   const int npairs = (ntiles + 1) / 2; /* an odd count ends with an all-invalid odd tile */
   Sm90Trace tr; /* probe 3 only (sm90_common.cuh) */
-#if DSA_FWD_PROBE == 3
-  tr.begin(v2_trace_buf, wg, t);
-#else
-  tr.begin(nullptr, wg, t);
-#endif
+  tr.begin(SM90_TRACE_BUF(v2_trace_buf), wg, t);
 
   if (tid == 0) {
     sm90_mbar_init(q_full, 128);

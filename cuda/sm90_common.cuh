@@ -14,19 +14,25 @@
 #include <math.h> /* INFINITY */
 #include <stdint.h>
 
-/* Probe builds of the forward (`make probe-bench PROBE=1|2`, docs/perf.md "Probes"), never the library:
+/* Probe builds of the forward (`make probe-bench PROBE=1|2|3`, docs/perf.md "Probes"), never the library:
  *   1  the consumer warpgroups only drain the KV ring (wait full, arrive empty): the gather's own pace;
- *   2  sm90_gather_kv_blocks issues no copies (validity bytes only): the consumers' own pace.
- * Their outputs are garbage; only their times mean something. */
+ *   2  sm90_gather_kv_blocks issues no copies (validity bytes only): the consumers' own pace;
+ *      (1 and 2: outputs are garbage, only their times mean something)
+ *   3  a timeline: thread 0 of every warpgroup of the grid's last SM90_TRACE_CTAS CTAs records (event
+ *      id, clock64) at the hand-offs the kernels mark with Sm90Trace::mark (ids in the kernels' marks);
+ *      the bench writes the last launch's records per kernel file (DSA_FWD_TRACE=prefix). Outputs are
+ *      correct; the marks cost the marking thread a clock read and a global store each. */
 #ifndef DSA_FWD_PROBE
 #define DSA_FWD_PROBE 0
 #endif
-/*   3  a timeline: thread 0 of every warpgroup of the grid's last SM90_TRACE_CTAS CTAs records (event id, clock64)
- *      at the hand-offs the kernels mark with Sm90Trace::mark (ids: docs/perf.md "Probes"); the bench
- *      writes the last launch's records per kernel file (DSA_FWD_TRACE=prefix). Outputs are correct in
- *      this build; the marks cost the marking thread a clock read and a global store each. */
 #define SM90_TRACE_CTAS 16
 #define SM90_TRACE_EVENTS 2048
+/* The recorder's buffer argument: a TU's probe-3 buffer symbol, which exists only in probe-3 builds. */
+#if DSA_FWD_PROBE == 3
+#define SM90_TRACE_BUF(sym) (sym)
+#else
+#define SM90_TRACE_BUF(sym) nullptr
+#endif
 
 /* The probe-3 recorder of one warpgroup (thread 0 of it; every other thread and every other build: a
  * no-op that inlines away). buf: the TU's [SM90_TRACE_CTAS][4][SM90_TRACE_EVENTS] records. */
@@ -406,6 +412,18 @@ __device__ __forceinline__ void sm90_mask_logits(const float *sacc, const uint8_
  * lse = (frame + log2 l) ln 2 is exact in any frame; max_logits needs the true running max, kept
  * apart. The first finite logit always moves a frame of -inf. */
 constexpr float kSm90RescaleSlack = 8.f;
+/* Whether a logit (or a tile's max) moves the frame: it exceeds it by more than the slack (always for a
+ * finite logit against a frame of -inf; never for NaN). */
+__device__ __forceinline__ bool sm90_frame_moves(float frame, float logit) { return logit > frame + kSm90RescaleSlack; }
+/* Whether any of this thread's N rescale factors, in any lane of the warp, differs from 1: the
+ * warp-uniform test before an O rescale (a factor of exactly 1 changes nothing, so skipping is exact). */
+template <int N>
+__device__ __forceinline__ bool sm90_warp_any_factor(const float *f) {
+  bool any = false;
+#pragma unroll
+  for (int i = 0; i < N; ++i) any |= f[i] != 1.f;
+  return __any_sync(0xffffffffu, any);
+}
 
 /* One token's q rows of heads [h0, h0 + 64) into the SW128 tile at sq (NB 64-column blocks of 8192 B),
  * by thread (g, j) of a 128-thread producer WG (g = t / 8, j = t % 8): 16-B chunk j of every block of
@@ -460,6 +478,8 @@ __device__ __forceinline__ void sm90_gather_kv_blocks(uint32_t skv, uint8_t *val
 #pragma unroll
     for (int b = B0; b < B1; ++b)
       sm90_cp_async16_hint(skv + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u, pol);
+#else
+    (void)src; /* probe 2: no copies */
 #endif
     if (VALID && j == 0) valid[r] = ok ? 1 : 0;
   }

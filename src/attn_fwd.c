@@ -36,15 +36,17 @@ int dsa_attn_fwd_sm90_overlap = 3;
  *                  on the stream (disjoint outputs). Session 7 run 9 (same run): fwd-tp-h40 1.89 vs
  *                  2.01 ms for the 64-head kernel's zero rows, -h48 2.00 vs 2.04, -h56 2.16 vs 2.08:
  *                  at N = 56 the no-zero-head kernel is 4.2% slower, and runs anyway, since issue 4
- *                  asks for no wasted heads (docs/design.md section 8 has the trade; set 48 here
- *                  for the faster zero rows at r = 49..56)
+ *                  asks for no wasted heads (docs/design.md section 8 has the trade; set
+ *                  DSA_FWD_SMALL_AUTO_MAX (src/internal.h) to 48 for the faster zero rows at
+ *                  r = 49..56)
  *   r in 57..63    64-head kernel on the whole H (64 - r <= 7 zero M rows: what rounding N up to 8
  *                  costs the small-H kernel too, and faster); variants 3 / 4 run the small-H one
  * Each kernel declines what it does not run with DSA_ERROR_UNSUPPORTED; the choice then falls back
  * to the 64-head kernel on the whole H, then to the portable kernel. */
 enum {
-  FWD_HEAD_BLOCK = 64,   /* heads per CTA of the 64-head kernel */
-  FWD_SMALL_AUTO_MAX = 56 /* largest remainder the automatic choice gives the small-H kernel */
+  FWD_HEAD_BLOCK = 64,                       /* heads per CTA of the 64-head kernel */
+  FWD_SMALL_AUTO_MAX = DSA_FWD_SMALL_AUTO_MAX /* largest remainder the automatic choice gives the small-H
+                                                 kernel (src/internal.h) */
 };
 
 /* Variant 4 and the automatic H in 65..127: the first `big` heads on the 64-head kernel, the rest on

@@ -131,6 +131,9 @@ DSA_HIDDEN extern int dsa_attn_fwd_variant;
  * split the columns (each computes its own S^T; the KV tile is read twice). Other values mean 1
  * (tests and benchmarks set it). */
 DSA_HIDDEN extern int dsa_attn_fwd_small_split;
+/* The automatic forward choice on cc 9.0 (src/attn_fwd.c): H mod 64 in 1..DSA_FWD_SMALL_AUTO_MAX runs
+ * on the small-H kernel, larger remainders on the 64-head kernel's zero rows (tests follow it). */
+#define DSA_FWD_SMALL_AUTO_MAX 56
 /* The L2 policy of the sm_90a forward's KV gather (schedules 3 / 4 and the small-H kernel): 0 = none,
  * 1 = evict_last always (the default), 2 = evict_last when the KV rows fit in half the L2 (tests and
  * benchmarks set it); dsa_fwd_kv_evict_last applies it to a launch. */

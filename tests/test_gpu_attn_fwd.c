@@ -126,7 +126,7 @@ static int fwd_schedules(void) {
 /* Whether this variant runs the 64-head sm_90a kernel for H heads (src/attn_fwd.c): then it is run
  * once per consumer schedule. */
 static int runs_64head(int variant, int64_t H) {
-  return variant == 2 || variant == 4 || (variant == 0 && (H >= 64 || H % 64 > 56));
+  return variant == 2 || variant == 4 || (variant == 0 && (H >= 64 || H % 64 > DSA_FWD_SMALL_AUTO_MAX));
 }
 
 static void check_scalar(const char *what, float got, float ref, int64_t t, int h, const char *variant) {
