@@ -150,7 +150,7 @@ sanitize: check-criterion
 # ---- main job and benchmarks ---------------------------------------------------------------------
 $(BUILD)/bench/%: bench/%.c $(BENCH_COMMON) bench/bench_common.h $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Ibench -o $@ $< $(BENCH_COMMON) $(LIB_A) $(LDLIBS_CUDA) $(RPATH_CUDA)
+	$(CC) $(CFLAGS) -Ibench -o $@ $< $(BENCH_COMMON) $(LIB_A) $(LDLIBS_CUDA) -ldl $(RPATH_CUDA)
 
 # Atomic-throughput probe (docs/bwd-sm90-next.md, P0): standalone CUDA program, no libdsa, sm_90a only.
 .PHONY: atomic-probe
