@@ -677,12 +677,11 @@ static void flashmla_row(bench *b, const attn_inputs *in, const uint16_t *out_re
       }
     pr->max_rel_diff = nan_count ? NAN : max_ref > 0 ? max_diff / max_ref : max_diff;
     pr->lse_max_diff = lse_mismatch ? INFINITY : lse_diff;
-    snprintf(pr->status, sizeof pr->status, "ok, heads padded %d -> %d; out max rel diff %.2e, lse max diff %.2e%s%s", H, Hp,
+    char padded[48] = "";
+    if (Hp != H) snprintf(padded, sizeof padded, ", q padded %d -> %d heads", H, Hp);
+    snprintf(pr->status, sizeof pr->status, "ok%s; out max rel diff %.2e, lse max diff %.2e%s%s", padded,
              pr->max_rel_diff, lse_diff, nan_count ? "; NaN in an output" : "",
              lse_mismatch ? "; lse finite on one side only" : "");
-    if (Hp == H) snprintf(pr->status, sizeof pr->status, "ok; out max rel diff %.2e, lse max diff %.2e%s%s",
-                          pr->max_rel_diff, lse_diff, nan_count ? "; NaN in an output" : "",
-                          lse_mismatch ? "; lse finite on one side only" : "");
     free(ho);
     free(hp);
     free(lo);
@@ -1098,6 +1097,14 @@ int main(int argc, char **argv) {
                  : shapes[selected[j]].op == OP_BWD ? (bwd_layout_count ? bwd_layout_count : 1) + 1
                                                     : 2;
 
+  if (!flashmla_arg && getenv("DSA_BENCH_FLASHMLA") && *getenv("DSA_BENCH_FLASHMLA"))
+    flashmla_arg = getenv("DSA_BENCH_FLASHMLA");
+  static flashmla_peer flashmla;
+  if (flashmla_arg) {
+    if (flashmla_load(&flashmla, flashmla_arg) != 0) return 2;
+    b.flashmla = &flashmla;
+    printf("peer: %s from %s (same run, same inputs, its own loop of reps)\n", FLASHMLA_NAME, flashmla.path);
+  }
   if (!bc_have_gpu()) {
     printf("no CUDA device: nothing to benchmark\n");
     return 0;
@@ -1134,14 +1141,6 @@ int main(int argc, char **argv) {
     printf("PROBE BUILD %d of the forward (make probe-bench): %s\n", dsa_fwd_probe_build,
            dsa_fwd_probe_build == 3 ? "timeline marks (DSA_FWD_TRACE=prefix writes them), times a little above the library's"
                                     : "its times are bounds, its outputs garbage");
-  if (!flashmla_arg && getenv("DSA_BENCH_FLASHMLA") && *getenv("DSA_BENCH_FLASHMLA"))
-    flashmla_arg = getenv("DSA_BENCH_FLASHMLA");
-  static flashmla_peer flashmla;
-  if (flashmla_arg) {
-    if (flashmla_load(&flashmla, flashmla_arg) != 0) return 2;
-    b.flashmla = &flashmla;
-    printf("peer: %s from %s (same run, same inputs, its own loop of reps)\n", FLASHMLA_NAME, flashmla.path);
-  }
   bc_timer_init(&b.timer, reps);
   printf("libdsa %s bench on %s, commit %s, %d reps (median), L2 flush %.0f MiB\n", dsa_version_string(),
          b.card, b.commit, reps, (double)b.timer.flush_bytes / (1 << 20));
