@@ -677,7 +677,14 @@ def main():
         FE = f"cuDNN FE {getattr(cudnn, '__version__', '?')}"
     except Exception as e:
         log(f"warning: import cudnn failed ({error_text(e)}): the peer rows will carry the error")
-    lib = D.Lib(a.lib)
+    # libdsa is loaded after torch on purpose: its NEEDED libcudart.so.13 / libcublas.so.13 then
+    # resolve to the copies torch already loaded (same sonames), whatever LD_LIBRARY_PATH says.
+    try:
+        lib = D.Lib(a.lib)
+    except OSError as e:
+        log(f"cannot load {a.lib}: {e}\n(build it with make build/libdsa.so; if a CUDA library is "
+            "missing, add /usr/local/cuda/lib64 to LD_LIBRARY_PATH)")
+        return 1
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 0) or (64 << 20)
     RUN.update(lib=lib, ctx=lib.context_create(0), stream=torch.cuda.current_stream().cuda_stream,
