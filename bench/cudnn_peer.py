@@ -2,7 +2,7 @@
 """cudnn_peer.py - libdsa and cuDNN Frontend (and torch.topk) in ONE process on the SAME inputs.
 
 Issue 16: a ratio is only a same-run ratio. This program loads build/libdsa.so with ctypes
-(bench/dsa_ctypes.py) and times libdsa and its peers on the same torch CUDA tensors:
+(python/libdsa/_capi.py) and times libdsa and its peers on the same torch CUDA tensors:
 
   sparse bwd    libdsa dsa_sparse_attn_bwd det0 / det1  vs  cuDNN FE SparseAttentionBackward (SM90);
                 bwd-tp-h16 also against cuDNN on q padded to 64 heads (zero heads, -inf sinks)
@@ -37,8 +37,10 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import dsa_ctypes as D  # noqa: E402
+# The ctypes binding of dsa.h lives in the Python package; loaded by path, so that the package's torch
+# ops are not imported (--self-test runs without torch).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "libdsa"))
+import _capi as D  # noqa: E402
 
 # name, op, sizes. GLM bwd / idx shapes with more keys than queries are the last context-parallel
 # rank: query row t is global position g = keys - T + t and sees keys 0..g.

@@ -1,11 +1,12 @@
-"""dsa_ctypes.py - a ctypes binding of the parts of include/dsa.h that bench/cudnn_peer.py calls.
+"""_capi.py - the ctypes binding of include/dsa.h that the torch ops (ops.py) and the peer benchmark
+(bench/cudnn_peer.py) call. It imports nothing but the standard library.
 
 The structs mirror dsa.h field by field (int64_t -> c_int64, int32_t -> c_int32, float -> c_float,
 enums -> c_int, every pointer -> c_void_p), so a field added to a struct in dsa.h must be added here
 in the same place. Pointers are plain integers: torch's tensor.data_ptr() on the GPU, numpy's
 array.ctypes.data for the dsa_ref_* CPU references.
 
-    python3 bench/dsa_ctypes.py [--lib build/libdsa.so]
+    python3 python/libdsa/_capi.py [--lib build/libdsa.so]
 
 runs the CPU self-test: the struct sizes against the ones gcc printed for dsa.h, then dsa_ref_topk,
 dsa_ref_indexer_topk (through a host plan), dsa_ref_sparse_attn_fwd and dsa_ref_sparse_attn_bwd on
@@ -19,7 +20,9 @@ I64 = C.c_int64
 I32 = C.c_int32
 
 DSA_SUCCESS = 0
+DSA_ERROR_INVALID_ARGUMENT = 1
 DSA_ERROR_UNSUPPORTED = 2
+DSA_ERROR_NO_DEVICE = 6
 DSA_DTYPE_F32 = 0
 DSA_DTYPE_BF16 = 1
 DSA_INDEXER_ENGINE_DEFAULT = 0
@@ -40,6 +43,17 @@ class PlanView(C.Structure):
                 ("reserved_", I32), ("starts", P), ("causal_lengths", P), ("query_valid", P),
                 ("valid_row_indices", P), ("segment_cu_q", P), ("segment_cu_k", P),
                 ("q_causal_offsets", P), ("key_source_indices", P)]
+
+
+class CompactParams(C.Structure):
+    _fields_ = [("rows", I64), ("k", I32), ("key_count", I64), ("indices", P), ("indices_stride", I64),
+                ("out", P), ("out_stride", I64), ("lengths", P)]
+
+
+class PadHeadsParams(C.Structure):
+    _fields_ = [("num_tokens", I64), ("num_heads", I32), ("padded_heads", I32), ("head_dim", I32),
+                ("q", P), ("q_stride_token", I64), ("q_stride_head", I64), ("q_out", P), ("sink", P),
+                ("sink_out", P)]
 
 
 class TopkParams(C.Structure):
@@ -75,12 +89,24 @@ class AttnBwdParams(C.Structure):
 
 # sizeof of each struct as gcc -Iinclude printed it for dsa.h on x86-64 (with every offset equal
 # to ctypes' own); a mismatch means dsa.h changed and the binding above must follow it.
-EXPECTED_SIZES = {PlanDesc: 64, PlanView: 128, TopkParams: 64, IndexerParams: 112,
-                  AttnFwdParams: 144, AttnBwdParams: 216}
+EXPECTED_SIZES = {PlanDesc: 64, PlanView: 128, CompactParams: 64, PadHeadsParams: 72, TopkParams: 64,
+                  IndexerParams: 112, AttnFwdParams: 144, AttnBwdParams: 216}
 
 
 class DSAError(RuntimeError):
-    pass
+    """A libdsa call failed; the text is libdsa's status and message (which names the argument)."""
+
+    def __init__(self, message, status):
+        super().__init__(message)
+        self.status = status
+
+
+class DSAInvalidArgument(DSAError, ValueError):
+    """DSA_ERROR_INVALID_ARGUMENT: also a ValueError."""
+
+
+class DSAUnsupported(DSAError):
+    """DSA_ERROR_UNSUPPORTED or DSA_ERROR_NO_DEVICE."""
 
 
 class Lib:
@@ -105,11 +131,18 @@ class Lib:
         so.dsa_indexer_topk.argtypes = [P, C.POINTER(IndexerParams), P, C.POINTER(C.c_size_t), P]
         so.dsa_sparse_attn_fwd.argtypes = [P, C.POINTER(AttnFwdParams), P]
         so.dsa_sparse_attn_bwd.argtypes = [P, C.POINTER(AttnBwdParams), P, C.POINTER(C.c_size_t), P]
+        so.dsa_compact_indices.argtypes = [P, C.POINTER(CompactParams), P]
+        so.dsa_pad_heads.argtypes = [P, C.POINTER(PadHeadsParams), P]
+        so.dsa_ref_compact_indices.argtypes = [C.POINTER(CompactParams)]
+        so.dsa_ref_pad_heads.argtypes = [C.POINTER(PadHeadsParams)]
+        so.dsa_padded_head_count.argtypes = [C.c_int]
+        so.dsa_padded_head_count.restype = C.c_int
         so.dsa_ref_topk.argtypes = [C.POINTER(TopkParams)]
         so.dsa_ref_indexer_topk.argtypes = [C.POINTER(IndexerParams)]
         so.dsa_ref_sparse_attn_fwd.argtypes = [C.POINTER(AttnFwdParams)]
         so.dsa_ref_sparse_attn_bwd.argtypes = [C.POINTER(AttnBwdParams)]
         for f in (so.dsa_context_create, so.dsa_plan_create, so.dsa_plan_upload, so.dsa_topk,
+                  so.dsa_compact_indices, so.dsa_pad_heads, so.dsa_ref_compact_indices, so.dsa_ref_pad_heads,
                   so.dsa_indexer_topk, so.dsa_sparse_attn_fwd, so.dsa_sparse_attn_bwd,
                   so.dsa_ref_topk, so.dsa_ref_indexer_topk, so.dsa_ref_sparse_attn_fwd,
                   so.dsa_ref_sparse_attn_bwd):
@@ -120,7 +153,10 @@ class Lib:
         if status != DSA_SUCCESS:
             text = self.so.dsa_status_string(status).decode()
             msg = self.so.dsa_last_error_message().decode()
-            raise DSAError(f"{what}: {text}: {msg}")
+            cls = (DSAInvalidArgument if status == DSA_ERROR_INVALID_ARGUMENT
+                   else DSAUnsupported if status in (DSA_ERROR_UNSUPPORTED, DSA_ERROR_NO_DEVICE)
+                   else DSAError)
+            raise cls(f"{what}: {text}: {msg}", status)
 
     # ---- GPU side ----
     def context_create(self, device=0):
