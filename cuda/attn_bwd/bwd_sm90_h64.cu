@@ -50,9 +50,9 @@
  * (the fp32 reductions bound this kernel: dev/atomic_probe.cu, docs/bwd-sm90-next.md); the convert
  * pass un-permutes (bwd_convert_lay1_kernel).
  * ptxas (nvcc 13, -Xptxas -v, __launch_bounds__(256, 1)), no spills, no C7511/C7515 in any of the
- * four instantiations: D = 576 226 registers (deterministic: 230), two C7519 notes each
+ * four instantiations: D = 576 225 registers (deterministic: 229), two C7519 notes each
  * (warpgroup.arrive injected around the optional P^T dO chain of block 8's dKV); D = 512 196
- * registers (deterministic: 198), no C7519 (the dO chain is unconditional there).
+ * registers (deterministic: 197), no C7519 (the dO chain is unconditional there).
  * SASS per CTA (D = 576): 136 HGMMA.64x32x16 (S, dP), 8 HGMMA.64x256x16 + 4 HGMMA.64x64x16 (dQ), 16
  * HGMMA.64x64x16 with tnspA.tnspB (dKV), STSM, LDGSTS, REDG (both warpgroups' code).
  * Deterministic mode (same main kernel, template kDet = true; all five products on wgmma):

@@ -56,8 +56,8 @@
  * N = 32): 231208 B at N = 32, 186024 B at N = 16; D = 512: 16 KB less in the stages, 2 KB / row less
  * in Q. One CTA per SM.
  * ptxas (nvcc 13, -Xptxas -v, __launch_bounds__(256, 1)), no spills, no C7510-C7520 notes: D = 576
- * N = 8 / 16 / 24 / 32: 156 / 198 / 234 / 255 registers (deterministic 150 / 196 / 236 / 255); D = 512:
- * 132 / 176 / 218 / 255 (134 / 178 / 222 / 255). PTX per tile (D = 576, N = 16): 104 m64n16k16 (36 S^T,
+ * N = 8 / 16 / 24 / 32: 142 / 184 / 233 / 255 registers (deterministic 150 / 196 / 236 / 255); D = 512:
+ * 130 / 176 / 220 / 255 (134 / 178 / 222 / 255). PTX per tile (D = 576, N = 16): 104 m64n16k16 (36 S^T,
  * 32 dP^T, 36 dQ^T with tA), 17 m64n64k16 RS (dKV), 2 stmatrix.x2.trans, 72 atom.add.v4.f32 per thread.
  * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D other than 576 / 512, H > 32,
  * q / kv / dout rows not 16-B aligned, dq rows not 4-B aligned, T above 2^31 - 1, shared memory above

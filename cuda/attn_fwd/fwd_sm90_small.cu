@@ -44,7 +44,7 @@
  *        memory (reusing the KV stages) as [head][512] bf16 rows, then 16-B coalesced stores to out.
  * N <= 32 has no setmaxnreg: with 256 threads and one CTA per SM every thread may hold 255 registers
  * already (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing).
- * ptxas (nvcc 13, -Xptxas -v): 64 / 118 / 178 / 229 registers for N = 8 / 16 / 24 / 32, no spills, no
+ * ptxas (nvcc 13, -Xptxas -v, D = 576): 64 / 116 / 172 / 221 registers for N = 8 / 16 / 24 / 32, no
  * wgmma serialisation warning; N = 40..64: 168 at entry (the __launch_bounds__(384, 1) cap), raised
  * to 256 / 192 in the consumers (producer 56), no spills. SASS per 64-key tile at N <= 32: 36
  * (D = 576) or 32 (D = 512) HGMMA.64xNx16 for S^T, 32 HGMMA.64xNx16 with gdesc.tnspA for P V, N / 8

@@ -126,7 +126,7 @@ __device__ __forceinline__ void sm90_named_bar_sync_any(int id, int count) {
 /* The 1024-B aligned start of the dynamic shared memory (SW128 atoms; the launch adds 1 KB of slack),
  * derived by pointer arithmetic on the __shared__ array itself so that nvcc keeps the shared state
  * space: the usual integer round trip ((uintptr_t)raw + 1023) & ~1023 turns every later access into
- * a generic LD / ST (session 5: the forward kernels had no ld.shared at all; ncu showed generic
+ * a generic LD / ST (with it the forward kernels had no ld.shared at all: ncu showed generic
  * loads of the mask bytes and row maxima on the softmax path). */
 __device__ __forceinline__ uint8_t *sm90_smem_align1024(uint8_t *raw) {
   return raw + ((1024u - (sm90_smem_addr(raw) & 1023u)) & 1023u);
