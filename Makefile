@@ -152,7 +152,7 @@ sanitize: check-criterion
 # ---- main job and benchmarks ---------------------------------------------------------------------
 $(BUILD)/bench/%: bench/%.c $(BENCH_COMMON) bench/bench_common.h $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Ibench -o $@ $< $(BENCH_COMMON) $(LIB_A) $(LDLIBS_CUDA) $(RPATH_CUDA)
+	$(CC) $(CFLAGS) -Ibench -o $@ $< $(BENCH_COMMON) $(LIB_A) $(LDLIBS_CUDA) -ldl $(RPATH_CUDA)
 
 # ---- dev/: standalone research programs (CUDA runtime only, never part of libdsa) ---------------
 # dev/atomic_probe.cu: fp32 reduction throughput by access pattern (docs/bwd-sm90-next.md, P0);

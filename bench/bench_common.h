@@ -66,7 +66,8 @@ typedef struct bc_timer {
 void bc_timer_init(bc_timer *t, int reps);
 void bc_timer_free(bc_timer *t);
 /* One warm-up call (its status is returned as is when not DSA_SUCCESS: nothing is timed then),
- * then per rep: L2 flush, event, op, event. *median_ms gets the median of the reps. A failure in
+ * then per rep: L2 flush, a 1 ms hold of the stream from a host callback (the call's host work is
+ * queued meanwhile, outside the events), event, op, event. *median_ms gets the median of the reps. A failure in
  * a timed rep is returned too. */
 dsa_status bc_time_op(bc_timer *t, bc_op_fn fn, void *arg, double *median_ms);
 double bc_median(double *v, int n); /* sorts v */

@@ -1,15 +1,23 @@
 /*
- * dsa_bench.c - `make bench`: every canonical shape of shared/reference/targets.md for every op,
- * timed with CUDA events after an L2 flush (median of --reps, after one warm-up call), with the
- * same-run ceilings (cuBLAS bf16 GEMM 8192^3, 1 GiB device-to-device copy) and the peers of
- * targets.md, so every number is also a ratio. Writes a table and
- * bench/results/YYYY-MM-DD-<card>.json (rewritten after every row, so a crash keeps what ran).
+ * dsa_bench.c - `make bench`: every canonical shape (docs/perf.md, "Targets and counting rules") for
+ * every op, timed with CUDA events after an L2 flush (median of --reps, after one warm-up call, the
+ * call's host work queued outside the events), with the same-run ceilings (cuBLAS bf16 GEMM 8192^3,
+ * 1 GiB device-to-device copy). Writes a table and bench/results/YYYY-MM-DD-<card>.json (rewritten
+ * after every row, so a crash keeps what ran).
  *
- *   dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--fwd-variant N]
- *             [--fwd-overlap LIST] [--bwd-dkv-layout LIST] [--list]
+ * Peers run in the same process on the same inputs, each in its own loop of reps: given
+ * --flashmla PATH (or DSA_BENCH_FLASHMLA=PATH) naming FlashMLA's libflashmla_sparse.so, every fwd
+ * row also times FlashMLA's SM90 sparse forward (loaded with dlopen; never linked into libdsa) and
+ * checks its output against libdsa's. The bwd, idx and topk peers (cuDNN FE, torch.topk) are Python:
+ * bench/cudnn_peer.py writes rows of the same schema. A row's peer_ratio (peer ms / libdsa ms, > 1:
+ * libdsa faster) is present only when peer_same_run is true.
+ *
+ *   dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--flashmla PATH] [--constructed-indices]
+ *             [--fwd-variant N] [--fwd-overlap LIST] [--bwd-dkv-layout LIST] [--list]
  *
  * An op that returns DSA_ERROR_UNSUPPORTED is reported as "not on the GPU yet", never a failure.
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,6 +121,7 @@ static const shape shapes[] = {
     {"fwd-v32-8k", OP_FWD, 4096, 128, 2048, 8192, 1, "T=4096 H=128 K=2048 s_kv=8192, random distinct indices, sink", 0},
     {"fwd-v32-32k", OP_FWD, 4096, 128, 2048, 32768, 1, "T=4096 H=128 K=2048 s_kv=32768, random distinct indices, sink", 0},
     {"fwd-v32-128k", OP_FWD, 4096, 128, 2048, 131072, 1, "T=4096 H=128 K=2048 s_kv=131072, random distinct indices, sink", 0},
+    {"fwd-v32-8k-h64", OP_FWD, 4096, 64, 2048, 8192, 1, "T=4096 H=64 K=2048 s_kv=8192, random distinct indices, sink", 0},
     {"fwd-glm-4k", OP_FWD, 4096, 64, 2048, 4096, 0, "T=4096 H=64 K=2048 s_kv=4096, causal indices, topk_length", 0},
     {"fwd-glm-cp8", OP_FWD, 4096, 64, 2048, 32768, 0, "T=4096 (last of 8 CP ranks) H=64 K=2048 s_kv=32768", 0},
     {"fwd-tp-h8", OP_FWD, 4096, 8, 2048, 32768, 0, "T=4096 (last CP rank) H=8 K=2048 s_kv=32768", 0},
@@ -122,13 +131,14 @@ static const shape shapes[] = {
     {"bwd-glm-16k", OP_BWD, 4096, 64, 2048, 16384, 0, "T=4096 (last rank) H=64 K=2048 s_kv=16384", 0},
     {"bwd-glm-32k", OP_BWD, 4096, 64, 2048, 32768, 0, "T=4096 (last rank) H=64 K=2048 s_kv=32768", 0},
     {"bwd-tp-h16", OP_BWD, 4096, 16, 2048, 32768, 0, "T=4096 (last rank) H=16 K=2048 s_kv=32768", 0},
+    {"bwd-v32-8k", OP_BWD, 4096, 128, 2048, 8192, 1, "T=4096 H=128 K=2048 s_kv=8192, random distinct indices, sink", 0},
     {"idx-glm-4k", OP_IDX, 4096, 32, 2048, 4096, 0, "one causal sequence T_q=T_k=4096, H_idx=32, engines cublas and fused", 0},
     {"idx-glm-cp8", OP_IDX, 4096, 32, 2048, 32768, 0, "T_q=4096 (last of 8 ranks) of a 32768-token sequence, H_idx=32", 0},
     {"idx-32k", OP_IDX, 32768, 32, 2048, 32768, 0, "one causal sequence of 32768 tokens, H_idx=32", 0},
     {"idx-32k-h64", OP_IDX, 32768, 64, 2048, 32768, 0, "one causal sequence of 32768 tokens, H_idx=64", 0},
     {"topk-32k", OP_TOPK, 4096, 0, 2048, 32768, 0, "4096 rows x 32768 fp32, K=2048, causal lengths and full rows", 0},
     {"topk-128k", OP_TOPK, 4096, 0, 2048, 131072, 0, "4096 rows x 131072 fp32, K=2048, causal lengths and full rows", 0},
-    /* Not in targets.md (no peer): head counts between the kernels' native blocks, and D = 512. */
+    /* Not canonical: head counts between the kernels' native blocks, and D = 512. */
     {"fwd-tp-h40", OP_FWD, 4096, 40, 2048, 32768, 0, "T=4096 (last CP rank) H=40 K=2048 s_kv=32768 (not canonical)", 0},
     {"fwd-tp-h48", OP_FWD, 4096, 48, 2048, 32768, 0, "T=4096 (last CP rank) H=48 K=2048 s_kv=32768 (not canonical)", 0},
     {"fwd-tp-h56", OP_FWD, 4096, 56, 2048, 32768, 0, "T=4096 (last CP rank) H=56 K=2048 s_kv=32768 (not canonical)", 0},
@@ -138,42 +148,39 @@ static const shape shapes[] = {
 #define NUM_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 
 /* ---------------------------------------------------------------------------------------------
- * Peers, from shared/reference/targets.md ("Peers measured here", 2026-11-29 on one H200, first
- * run where two were made; "Peers published"). peer_ms > 0: the ratio is peer_ms / ours (same
- * work); else peer_rate > 0: ours / peer_rate.
+ * FlashMLA, the forward's peer: its C entry point (flashmla_sparse.h of the peers' folder), resolved
+ * with dlopen at run time. Rules it enforces: h_q 64 or 128, d_qk 512 or 576, topk a multiple of 128,
+ * contiguous tensors, 16-byte aligned pointers; lse natural log without the sink.
  * ------------------------------------------------------------------------------------------- */
-typedef struct peer {
-  const char *shape;
-  double ms;
-  double rate; /* TFLOP/s or GB/s, in the row's unit; 0: derive from ms */
-  const char *text;
-} peer;
-static const peer peers[] = {
-    {"fwd-v32-8k", 3.53, 662, "FlashMLA SM90: 3.53 ms, 662 TFLOP/s (targets.md, measured here 2026-11-29)"},
-    {"fwd-v32-32k", 3.89, 601, "FlashMLA: 3.89 / 4.05 ms, 601 / 577 TFLOP/s (targets.md, two runs; first used)"},
-    {"fwd-v32-128k", 4.08, 572, "FlashMLA: 4.08 / 4.45 ms, 572 / 526 TFLOP/s (targets.md, two runs; first used)"},
-    {"fwd-glm-4k", 1.43, 614, "FlashMLA with topk_length: 1.43 ms, 614 TFLOP/s (targets.md)"},
-    {"fwd-glm-cp8", 2.17, 538, "FlashMLA: 2.17 ms, 538 TFLOP/s (targets.md)"},
-    {"fwd-tp-h8", 2.14, 68, "FlashMLA padded 8->64 heads: 2.14 ms, 68 useful TFLOP/s (targets.md)"},
-    {"fwd-tp-h16", 1.82, 160, "FlashMLA padded 16->64: 1.82 / 1.96 ms, 160 / 149 useful TFLOP/s (targets.md; first used)"},
-    {"fwd-tp-h32", 1.97, 296, "FlashMLA padded 32->64: 1.97 ms, 296 useful TFLOP/s (targets.md)"},
-    /* cuDNN's 7.99 ms is for every query using all 2048 slots (8.39 M slots); bwd-glm-4k has causal
-     * topk_length (6.29 M valid slots): compare rates, not times (docs/bwd-sm90-next.md) */
-    {"bwd-glm-4k", 0, 370, "cuDNN frontend DSA backward, H200, published: 370 TFLOP/s (7.99 ms with all 2048 slots valid; compared by rate)"},
-    {"bwd-glm-16k", 0, 338, "cuDNN frontend DSA backward, H200, published: 338 TFLOP/s (targets.md)"},
-    {"bwd-glm-32k", 0, 234, "cuDNN frontend DSA backward, H200, published: 234 TFLOP/s (targets.md)"},
-    {"idx-glm-4k", 3.43, 0, "PyTorch eager indexer + top-k: 3.43 ms (targets.md)"},
-    {"idx-32k", 131, 0, "PyTorch eager, chunked: 131-133 ms (targets.md; 131 used)"},
-    {"idx-32k-h64", 246, 0, "PyTorch eager, chunked: 246 ms (targets.md)"},
-    {"topk-32k", 2.03, 260, "torch.topk on full rows: 2.03 ms, 0.26 TB/s (targets.md)"},
-    {"topk-128k", 6.44, 330, "torch.topk on full rows: 6.44 ms, 0.33 TB/s (targets.md)"},
-};
-#define NUM_PEERS ((int)(sizeof peers / sizeof peers[0]))
+typedef int (*flashmla_fwd_fn)(const void *q, const void *kv, const int32_t *indices, const float *attn_sink,
+                               const int32_t *topk_length, void *out, float *max_logits, float *lse, int s_q,
+                               int s_kv, int h_q, int d_qk, int topk, float sm_scale, int num_sm,
+                               struct CUstream_st *stream);
+typedef struct flashmla_peer {
+  flashmla_fwd_fn fwd;
+  const char *(*last_error)(void);
+  char path[512];
+} flashmla_peer;
+static const char *const FLASHMLA_NAME = "FlashMLA 9241ae3 SM90 sparse fwd";
 
-static const peer *find_peer(const char *shape_name) {
-  for (int i = 0; i < NUM_PEERS; ++i)
-    if (strcmp(peers[i].shape, shape_name) == 0) return &peers[i];
-  return NULL;
+/* 0 on success; else prints why and returns -1 (the bench then runs without the peer). */
+static int flashmla_load(flashmla_peer *f, const char *path) {
+  memset(f, 0, sizeof *f);
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    fprintf(stderr, "--flashmla: cannot load %s: %s\n", path, dlerror());
+    return -1;
+  }
+  *(void **)&f->fwd = dlsym(h, "flashmla_sparse_fwd");
+  *(void **)&f->last_error = dlsym(h, "flashmla_sparse_last_error");
+  if (!f->fwd || !f->last_error) {
+    fprintf(stderr, "--flashmla: %s lacks flashmla_sparse_fwd / flashmla_sparse_last_error\n", path);
+    dlclose(h);
+    memset(f, 0, sizeof *f);
+    return -1;
+  }
+  snprintf(f->path, sizeof f->path, "%s", path);
+  return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -189,10 +196,24 @@ typedef struct result {
   int is_bytes;     /* 1: GB/s, 0: TFLOP/s */
   double rate;      /* TFLOP/s or GB/s */
   double ceiling_ratio;
-  const char *peer_text;
-  double peer_ms, peer_rate, peer_ratio;
+  /* The peer of this row, when one ran or was meant to (peer_name NULL: none in this program). */
+  const char *peer_name;
+  double peer_ms, peer_rate, peer_ratio; /* peer_ratio = peer_ms / ms, same-run peers only */
+  int peer_same_run;
+  double peer_max_rel_diff;  /* max |out_peer - out| / max |out| over the useful heads */
+  double peer_lse_max_diff;  /* max |lse_peer - lse| over the finite entries */
+  char peer_status[200];
   char status[200];
 } result;
+
+/* What a peer's run of a row gave: ms NAN (and status saying why) when it did not run. */
+typedef struct peer_result {
+  const char *name;
+  double ms;
+  int same_run;
+  double max_rel_diff, lse_max_diff;
+  char status[200];
+} peer_result;
 
 typedef struct bench {
   dsa_context *ctx;
@@ -202,6 +223,7 @@ typedef struct bench {
   int constructed_indices;
   char card[128], card_file[128], commit[64], date[16];
   const char *out_path;
+  flashmla_peer *flashmla; /* NULL: FlashMLA not given */
   result *rows;
   int num_rows, cap_rows;
 } bench;
@@ -245,14 +267,22 @@ static void write_json(const bench *b) {
     fprintf(f, ", \"copy_ceiling_gbps\": ");
     bc_json_number(f, b->ceil.copy_gbps);
     fprintf(f, ", \"peer\": ");
-    if (r->peer_text) bc_json_string(f, r->peer_text);
+    if (r->peer_name) bc_json_string(f, r->peer_name);
     else fputs("null", f);
     fprintf(f, ", \"peer_ms\": ");
     bc_json_number(f, r->peer_ms);
     fprintf(f, ", \"peer_rate\": ");
     bc_json_number(f, r->peer_rate);
+    fprintf(f, ", \"peer_same_run\": %s", r->peer_same_run ? "true" : "false");
     fprintf(f, ", \"peer_ratio\": ");
     bc_json_number(f, r->peer_ratio);
+    fprintf(f, ", \"peer_max_rel_diff\": ");
+    bc_json_number(f, r->peer_max_rel_diff);
+    fprintf(f, ", \"peer_lse_max_diff\": ");
+    bc_json_number(f, r->peer_lse_max_diff);
+    fprintf(f, ", \"peer_status\": ");
+    bc_json_string(f, r->peer_status);
+    fprintf(f, ", \"process\": \"dsa_bench\"");
     fprintf(f, ", \"note\": ");
     bc_json_string(f, r->note);
     fprintf(f, ", \"reps\": %d, \"card\": ", b->timer.reps);
@@ -269,9 +299,10 @@ static void write_json(const bench *b) {
   fclose(f);
 }
 
-/* Records a finished (or failed) measurement, prints its line, rewrites the JSON. */
+/* Records a finished (or failed) measurement and its peer's (pr NULL: the op's peer is not run by
+ * this program), prints its line, rewrites the JSON. */
 static void add_result(bench *b, const shape *sh, const char *variant, const char *note, dsa_status s,
-                       double ms, double work, int is_bytes) {
+                       double ms, double work, int is_bytes, const peer_result *pr) {
   if (b->num_rows == b->cap_rows) {
     b->cap_rows = b->cap_rows ? 2 * b->cap_rows : 64;
     b->rows = realloc(b->rows, (size_t)b->cap_rows * sizeof(result));
@@ -286,23 +317,33 @@ static void add_result(bench *b, const shape *sh, const char *variant, const cha
   r->work = work;
   r->is_bytes = is_bytes;
   r->ms = r->rate = r->ceiling_ratio = r->peer_ms = r->peer_rate = r->peer_ratio = NAN;
+  r->peer_max_rel_diff = r->peer_lse_max_diff = NAN;
   status_text(r->status, sizeof r->status, s);
-  const peer *pe = find_peer(sh->name);
-  if (pe) {
-    r->peer_text = pe->text;
-    r->peer_ms = pe->ms > 0 ? pe->ms : NAN;
-    /* A time-only peer gets the rate of the same work in that time, for the plots. */
-    r->peer_rate = pe->rate > 0 ? pe->rate : (is_bytes ? work / (pe->ms * 1e-3) / 1e9
-                                                       : work / (pe->ms * 1e-3) / 1e12);
+  if (pr) {
+    r->peer_name = pr->name;
+    snprintf(r->peer_status, sizeof r->peer_status, "%s", pr->status);
+    r->peer_max_rel_diff = pr->max_rel_diff;
+    r->peer_lse_max_diff = pr->lse_max_diff;
+    if (isfinite(pr->ms) && pr->ms > 0) {
+      r->peer_ms = pr->ms;
+      r->peer_same_run = pr->same_run;
+      r->peer_rate = is_bytes ? work / (pr->ms * 1e-3) / 1e9 : work / (pr->ms * 1e-3) / 1e12;
+    }
+  } else {
+    snprintf(r->peer_status, sizeof r->peer_status, "peer run by bench/cudnn_peer.py");
   }
   if (s == DSA_SUCCESS && isfinite(ms) && ms > 0) {
     r->ms = ms;
     r->rate = is_bytes ? work / (ms * 1e-3) / 1e9 : work / (ms * 1e-3) / 1e12;
     r->ceiling_ratio = r->rate / (is_bytes ? b->ceil.copy_gbps : b->ceil.gemm_tflops);
-    if (pe) r->peer_ratio = pe->ms > 0 ? pe->ms / ms : r->rate / pe->rate;
+    if (r->peer_same_run) r->peer_ratio = r->peer_ms / ms;
     printf("%.3f ms, %.1f %s (%.0f%% of %s)", r->ms, r->rate, is_bytes ? "GB/s" : "TFLOP/s",
            100.0 * r->ceiling_ratio, is_bytes ? "copy" : "GEMM");
-    if (pe) printf(", %.2fx peer", r->peer_ratio);
+    if (r->peer_same_run)
+      printf("; %s %.3f ms: %.2fx (same run), out rel diff %.1e", r->peer_name, r->peer_ms, r->peer_ratio,
+             r->peer_max_rel_diff);
+    else if (pr)
+      printf("; peer: %s", r->peer_status);
     printf("\n");
   } else {
     printf("%s\n", r->status);
@@ -525,8 +566,137 @@ static void fill_fwd_params(const attn_inputs *in, dsa_attn_fwd_params *p, uint1
   p->lse = lse;
 }
 
+/* FlashMLA on the inputs of a fwd row: q padded with zero heads to 64 (H < 64) or 128 (64 < H < 128)
+ * with -inf sinks for the padded heads (dsa_pad_heads), timed in its own loop of reps, and its out
+ * and lse compared with libdsa's (out_ref [T, H, 512], lse_ref [T, H], already computed). Credited
+ * with the useful heads' FLOP only (the row's work). */
+typedef struct {
+  const flashmla_peer *f;
+  const void *q, *kv;
+  const int32_t *idx, *len;
+  const float *sink;
+  void *out;
+  float *max_logits, *lse;
+  int s_q, s_kv, h_q, d_qk, topk;
+  float scale;
+  int rc;
+} fm_arg;
+static dsa_status fm_run(void *arg, cudaStream_t stream) {
+  fm_arg *a = arg;
+  a->rc = a->f->fwd(a->q, a->kv, a->idx, a->sink, a->len, a->out, a->max_logits, a->lse, a->s_q, a->s_kv,
+                    a->h_q, a->d_qk, a->topk, a->scale, 0, stream);
+  return a->rc == 0 ? DSA_SUCCESS : DSA_ERROR_CUDA;
+}
+
+static void flashmla_row(bench *b, const attn_inputs *in, const uint16_t *out_ref, const float *lse_ref,
+                         peer_result *pr) {
+  memset(pr, 0, sizeof *pr);
+  pr->name = FLASHMLA_NAME;
+  pr->ms = pr->max_rel_diff = pr->lse_max_diff = NAN;
+  if (!b->flashmla) {
+    snprintf(pr->status, sizeof pr->status, "not run (no --flashmla PATH / DSA_BENCH_FLASHMLA)");
+    return;
+  }
+  const int64_t T = in->T;
+  const int H = in->H, Hp = H == 64 || H == 128 ? H : H < 64 ? 64 : 128;
+  uint16_t *q = in->q, *q_pad = NULL;
+  const float *sink = in->sink;
+  float *sink_pad = NULL;
+  if (Hp != H) {
+    q_pad = bc_dmalloc((size_t)T * Hp * 576 * 2);
+    sink_pad = bc_dmalloc((size_t)Hp * 4);
+    dsa_pad_heads_params pp;
+    memset(&pp, 0, sizeof pp);
+    pp.num_tokens = T;
+    pp.num_heads = H;
+    pp.padded_heads = Hp;
+    pp.head_dim = 576;
+    pp.q = in->q;
+    pp.q_out = q_pad;
+    pp.sink = in->sink; /* NULL: every head's sink -inf, which is no sink */
+    pp.sink_out = sink_pad;
+    dsa_status st = dsa_pad_heads(b->ctx, &pp, b->timer.stream);
+    if (st != DSA_SUCCESS) {
+      snprintf(pr->status, sizeof pr->status, "dsa_pad_heads: %s", dsa_last_error_message());
+      cudaFree(q_pad);
+      cudaFree(sink_pad);
+      return;
+    }
+    q = q_pad;
+    sink = sink_pad;
+  }
+  fm_arg a;
+  memset(&a, 0, sizeof a);
+  a.f = b->flashmla;
+  a.q = q;
+  a.kv = in->kv;
+  a.idx = in->idx;
+  a.len = in->len;
+  a.sink = sink;
+  a.out = bc_dmalloc((size_t)T * Hp * 512 * 2);
+  a.max_logits = bc_dmalloc((size_t)T * Hp * 4);
+  a.lse = bc_dmalloc((size_t)T * Hp * 4);
+  a.s_q = (int)T;
+  a.s_kv = (int)in->s_kv;
+  a.h_q = Hp;
+  a.d_qk = in->D;
+  a.topk = in->K;
+  a.scale = in->scale;
+  double ms = NAN;
+  dsa_status st = bc_time_op(&b->timer, fm_run, &a, &ms);
+  if (st != DSA_SUCCESS) {
+    snprintf(pr->status, sizeof pr->status, "flashmla_sparse_fwd returned %d: %s", a.rc, b->flashmla->last_error());
+  } else {
+    pr->ms = ms;
+    pr->same_run = 1;
+    /* Agreement on the useful heads: out relative to its largest magnitude, lse absolute. */
+    const size_t no = (size_t)T * H * 512;
+    uint16_t *ho = bc_malloc(no * 2), *hp = bc_malloc((size_t)T * Hp * 512 * 2);
+    float *lo = bc_malloc((size_t)T * H * 4), *lp = bc_malloc((size_t)T * Hp * 4);
+    BC_CUDA(cudaMemcpy(ho, out_ref, no * 2, cudaMemcpyDeviceToHost));
+    BC_CUDA(cudaMemcpy(hp, a.out, (size_t)T * Hp * 512 * 2, cudaMemcpyDeviceToHost));
+    BC_CUDA(cudaMemcpy(lo, lse_ref, (size_t)T * H * 4, cudaMemcpyDeviceToHost));
+    BC_CUDA(cudaMemcpy(lp, a.lse, (size_t)T * Hp * 4, cudaMemcpyDeviceToHost));
+    double max_ref = 0, max_diff = 0, lse_diff = 0;
+    int64_t nan_count = 0, lse_mismatch = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        const uint16_t *x = ho + ((size_t)t * H + h) * 512, *y = hp + ((size_t)t * Hp + h) * 512;
+        for (int c = 0; c < 512; ++c) {
+          const double u = dsa_bf16_to_f32(x[c]), v = dsa_bf16_to_f32(y[c]);
+          if (isnan(u) || isnan(v)) {
+            ++nan_count;
+            continue;
+          }
+          max_ref = fmax(max_ref, fabs(u));
+          max_diff = fmax(max_diff, fabs(u - v));
+        }
+        const double l0 = lo[(size_t)t * H + h], l1 = lp[(size_t)t * Hp + h];
+        if (isfinite(l0) && isfinite(l1)) lse_diff = fmax(lse_diff, fabs(l0 - l1));
+        else if (!(l0 == l1)) ++lse_mismatch; /* +inf on empty rows on both sides */
+      }
+    pr->max_rel_diff = nan_count ? NAN : max_ref > 0 ? max_diff / max_ref : max_diff;
+    pr->lse_max_diff = lse_mismatch ? INFINITY : lse_diff;
+    char padded[48] = "";
+    if (Hp != H) snprintf(padded, sizeof padded, ", q padded %d -> %d heads", H, Hp);
+    snprintf(pr->status, sizeof pr->status, "ok%s; out max rel diff %.2e, lse max diff %.2e%s%s", padded,
+             pr->max_rel_diff, lse_diff, nan_count ? "; NaN in an output" : "",
+             lse_mismatch ? "; lse finite on one side only" : "");
+    free(ho);
+    free(hp);
+    free(lo);
+    free(lp);
+  }
+  cudaFree(a.out);
+  cudaFree(a.max_logits);
+  cudaFree(a.lse);
+  cudaFree(q_pad);
+  cudaFree(sink_pad);
+}
+
 static void bench_fwd(bench *b, const shape *sh) {
   attn_inputs in;
+  peer_result peer; /* FlashMLA, run once after the first row */
   int created = 0;
   const int rows = fwd_overlap_count ? fwd_overlap_count : 1;
   const int ov_default = fwd_overlap_count ? dsa_attn_fwd_sm90_overlap : 0;
@@ -556,7 +726,16 @@ static void bench_fwd(bench *b, const shape *sh) {
     fill_fwd_params(&in, &a.p, out, lse);
     double ms = NAN;
     dsa_status st = bc_time_op(&b->timer, fwd_run, &a, &ms);
-    add_result(b, sh, variant, in.note, st, ms, bc_flops_fwd(in.slots, in.H), 0);
+    if (k == 0) {
+      if (st == DSA_SUCCESS) flashmla_row(b, &in, out, lse, &peer);
+      else {
+        memset(&peer, 0, sizeof peer);
+        peer.name = FLASHMLA_NAME;
+        peer.ms = peer.max_rel_diff = peer.lse_max_diff = NAN;
+        snprintf(peer.status, sizeof peer.status, "not run (libdsa's forward failed)");
+      }
+    }
+    add_result(b, sh, variant, in.note, st, ms, bc_flops_fwd(in.slots, in.H), 0, &peer);
     const char *trace = getenv("DSA_FWD_TRACE");
     if (trace && (&dsa_fwd_trace_dump_v2 || &dsa_fwd_trace_dump_small)) {
       const struct { const char *kernel; int (*dump)(const char *); } dumps[] = {
@@ -661,7 +840,7 @@ static void bench_bwd(bench *b, const shape *sh) {
       if (lay >= 0) dsa_attn_bwd_dkv_layout = lay_default;
       cudaFree(a.ws);
     }
-    add_result(b, sh, variant, note, st, ms, bc_flops_bwd_d(in.slots, in.H, in.D), 0);
+    add_result(b, sh, variant, note, st, ms, bc_flops_bwd_d(in.slots, in.H, in.D), 0, NULL);
   }
   cudaFree(out);
   cudaFree(dout);
@@ -701,7 +880,7 @@ static void bench_idx(bench *b, const shape *sh) {
     if (st == DSA_SUCCESS) st = bc_time_op(&b->timer, idx_run, &s, &ms);
     idx_setup_free(&s);
     if (&dsa_indexer_fused_variant) dsa_indexer_fused_variant = 0;
-    add_result(b, sh, engines[e].name, note, st, ms, bc_flops_idx(pairs, sh->heads), 0);
+    add_result(b, sh, engines[e].name, note, st, ms, bc_flops_idx(pairs, sh->heads), 0, NULL);
   }
   cudaFree(d_idx);
   cudaFree(d_len);
@@ -759,7 +938,7 @@ static void bench_topk(bench *b, const shape *sh) {
     add_result(b, sh, variant,
                v == 0 ? "random fp32 scores; row r has length columns - rows + r + 1; bytes = rows*columns*4"
                       : "random fp32 scores, every column valid (as torch.topk was measured)",
-               st, ms, bc_bytes_topk((double)rows, (double)cols), 1);
+               st, ms, bc_bytes_topk((double)rows, (double)cols), 1, NULL);
   }
   cudaFree(scores);
   cudaFree(d_idx);
@@ -771,11 +950,13 @@ static void bench_topk(bench *b, const shape *sh) {
  * ------------------------------------------------------------------------------------------- */
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--constructed-indices] [--fwd-variant N]\n"
-          "                 [--fwd-overlap LIST] [--bwd-dkv-layout LIST] [--list]\n"
+          "usage: dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--flashmla PATH] [--constructed-indices]\n"
+          "                 [--fwd-variant N] [--fwd-overlap LIST] [--bwd-dkv-layout LIST] [--list]\n"
           "  --shapes   canonical shape names (see --list), comma separated; default: all\n"
           "  --reps     timed repetitions per row, median reported (default 20)\n"
           "  --out      JSON output (default bench/results/YYYY-MM-DD-<card>.json)\n"
+          "  --flashmla PATH  libflashmla_sparse.so: every fwd row also runs FlashMLA on the same inputs\n"
+          "                   (same run; also from DSA_BENCH_FLASHMLA=PATH)\n"
           "  --constructed-indices  GLM rows use host-constructed causal indices, not the indexer's\n"
           "  --fwd-variant N  force the forward kernel: 1 portable, 2 sm_90a 64-head, 3 sm_90a small-H, 4 split\n"
           "                   (variant gets ,portable / ,sm90 / ,small / ,split)\n"
@@ -793,26 +974,27 @@ static void list_shapes(void) {
 }
 
 static void print_table(const bench *b) {
-  printf("\n%-14s %-13s %-12s %10s %10s %-7s %8s %8s  %s\n", "shape", "op", "variant", "ms", "rate",
-         "unit", "ceiling", "x peer", "status");
+  printf("\n%-14s %-13s %-12s %10s %10s %-7s %8s %9s %8s  %s\n", "shape", "op", "variant", "ms", "rate",
+         "unit", "ceiling", "peer ms", "x peer", "status");
   for (int i = 0; i < b->num_rows; ++i) {
     const result *r = &b->rows[i];
-    char ms[32] = "-", rate[32] = "-", ceil[32] = "-", pr[32] = "-";
+    char ms[32] = "-", rate[32] = "-", ceil[32] = "-", pr[32] = "-", pms[32] = "-";
+    if (isfinite(r->peer_ms)) snprintf(pms, sizeof pms, "%.3f", r->peer_ms);
     if (isfinite(r->ms)) snprintf(ms, sizeof ms, "%.3f", r->ms);
     if (isfinite(r->rate)) snprintf(rate, sizeof rate, "%.1f", r->rate);
     if (isfinite(r->ceiling_ratio)) snprintf(ceil, sizeof ceil, "%.0f%%", 100 * r->ceiling_ratio);
     if (isfinite(r->peer_ratio)) snprintf(pr, sizeof pr, "%.2fx", r->peer_ratio);
-    printf("%-14s %-13s %-12s %10s %10s %-7s %8s %8s  %.60s\n", r->shape, r->op, r->variant, ms, rate,
-           r->is_bytes ? "GB/s" : "TFLOP/s", ceil, pr, r->status);
+    printf("%-14s %-13s %-12s %10s %10s %-7s %8s %9s %8s  %.60s\n", r->shape, r->op, r->variant, ms, rate,
+           r->is_bytes ? "GB/s" : "TFLOP/s", ceil, pms, pr, r->status);
   }
   printf("ceilings (same run): cuBLAS bf16 GEMM 8192^3 %.1f TFLOP/s, D2D copy %.1f GB/s; card %s, commit %s\n",
          b->ceil.gemm_tflops, b->ceil.copy_gbps, b->card, b->commit);
-  printf("ceiling = rate / same-run ceiling; x peer = speed relative to the peer of targets.md (>1: faster)\n");
+  printf("ceiling = rate / same-run ceiling; x peer = peer ms / libdsa ms, same process and inputs (>1: libdsa faster)\n");
 }
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* progress survives a crash when the output is a file */
-  const char *shape_arg = NULL, *out_arg = NULL;
+  const char *shape_arg = NULL, *out_arg = NULL, *flashmla_arg = NULL;
   int reps = 20, fwd_overlap_set = 0, bwd_layout_set = 0;
   bench b;
   memset(&b, 0, sizeof b);
@@ -830,6 +1012,8 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
       out_arg = argv[++i];
+    } else if (!strcmp(argv[i], "--flashmla") && i + 1 < argc) {
+      flashmla_arg = argv[++i];
     } else if (!strcmp(argv[i], "--constructed-indices")) {
       b.constructed_indices = 1;
     } else if (!strcmp(argv[i], "--fwd-variant") && i + 1 < argc) {
@@ -913,6 +1097,14 @@ int main(int argc, char **argv) {
                  : shapes[selected[j]].op == OP_BWD ? (bwd_layout_count ? bwd_layout_count : 1) + 1
                                                     : 2;
 
+  if (!flashmla_arg && getenv("DSA_BENCH_FLASHMLA") && *getenv("DSA_BENCH_FLASHMLA"))
+    flashmla_arg = getenv("DSA_BENCH_FLASHMLA");
+  static flashmla_peer flashmla;
+  if (flashmla_arg) {
+    if (flashmla_load(&flashmla, flashmla_arg) != 0) return 2;
+    b.flashmla = &flashmla;
+    printf("peer: %s from %s (same run, same inputs, its own loop of reps)\n", FLASHMLA_NAME, flashmla.path);
+  }
   if (!bc_have_gpu()) {
     printf("no CUDA device: nothing to benchmark\n");
     return 0;

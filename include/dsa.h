@@ -308,6 +308,109 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
                                        dsa_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
+ * Indexer training (docs/indexer-training.md has the math and the edge cases): the slot target
+ * the attention gives each selected key, the indexer's scores at the same slots, the KL loss that
+ * teaches the indexer to follow the attention and its gradient, and the indexer backward.
+ * Slot j of row t is valid iff (lengths == NULL || j < clamp(lengths[t], 0, K)) and
+ * 0 <= indices[t, j] < the key count; invalid slots read nothing and get 0 in every [T, K] output.
+ * These ops exist as CPU references (dsa_ref_*, below) so far; their GPU kernels follow.
+ * ------------------------------------------------------------------------------------------- */
+/* a[t, j] = sum_h P[t, h, j], P = exp(scale * q[t, h] . kv[s_j] - L'[t, h]) the probabilities the
+ * forward used (L' = logaddexp(lse, sink[h]) with a sink; rows with lse = +inf give 0). fp32. */
+typedef struct dsa_slot_target_params {
+  int64_t num_tokens;        /* T */
+  int32_t num_heads;         /* H, 1..DSA_MAX_HEADS (the heads this rank holds: ranks sum a) */
+  int32_t head_dim;          /* D: 576 (or 512) */
+  int64_t num_kv;            /* T_kv */
+  int32_t topk;              /* K, 1..DSA_MAX_TOPK */
+  float softmax_scale;       /* finite, > 0 */
+  const uint16_t *q;         /* [T, H, D] bf16; strides (0: H*D and D) */
+  int64_t q_stride_token, q_stride_head;
+  const uint16_t *kv;        /* [T_kv, D] bf16; row stride (0: D) */
+  int64_t kv_stride;
+  const int32_t *indices;    /* [T, K]; row stride (0: K) */
+  int64_t indices_stride;
+  const int32_t *topk_length; /* [T] optional */
+  const float *sink;         /* [H] optional; +-inf allowed */
+  const float *lse;          /* [T, H] fp32 from the forward, natural log, sink excluded; contiguous */
+  float *target;             /* [T, K] fp32 out; row stride target_stride (0: K) */
+  int64_t target_stride;
+} dsa_slot_target_params;
+
+/* z[t, j] = sum_h w[t, h] * ReLU(q_idx[t, h] . k_idx[s_j]) at the slots (the score the indexer ranked). */
+typedef struct dsa_indexer_slot_scores_params {
+  int64_t num_tokens;        /* T */
+  int64_t num_keys;          /* T_k: rows of index_k */
+  int32_t num_heads;         /* H_idx, 1..64 */
+  int32_t topk;              /* K, 1..DSA_MAX_TOPK */
+  const uint16_t *index_q;   /* [T, H_idx, 128] bf16; strides (0: H_idx*128 and 128) */
+  int64_t q_stride_token, q_stride_head;
+  const uint16_t *index_k;   /* [T_k, 128] bf16; row stride (0: 128) */
+  int64_t k_stride;
+  const void *weights;       /* [T, H_idx] fp32 or bf16 (weights_dtype); row stride (0: H_idx) */
+  dsa_dtype weights_dtype;
+  int64_t weights_stride;
+  const int32_t *indices;    /* [T, K] global rows of index_k; row stride (0: K) */
+  int64_t indices_stride;
+  const int32_t *lengths;    /* [T] optional */
+  float *scores;             /* [T, K] fp32 out; row stride scores_stride (0: K) */
+  int64_t scores_stride;
+} dsa_indexer_slot_scores_params;
+
+/* Per row with a counted target (a valid slot and sum_j a > 0): tgt = a / sum_j a,
+ * p = softmax_j(z) over the valid slots; loss = coeff / N * sum_t sum_j tgt (log tgt - log p)
+ * (tgt log tgt = 0 where tgt = 0), N = the number of counted rows (loss 0 when N = 0);
+ * grad[t, j] = grad_loss * coeff / N * (p - tgt), 0 on rows not counted and at invalid slots. */
+typedef struct dsa_indexer_loss_params {
+  int64_t num_tokens;        /* T */
+  int32_t topk;              /* K, 1..DSA_MAX_TOPK */
+  int64_t num_keys;          /* slot valid iff 0 <= indices[t, j] < num_keys (and j < lengths[t]) */
+  const int32_t *indices;    /* [T, K]; row stride (0: K) */
+  int64_t indices_stride;
+  const int32_t *lengths;    /* [T] optional */
+  const float *target;       /* [T, K] fp32 a >= 0 (unnormalised); row stride (0: K) */
+  int64_t target_stride;
+  const float *scores;       /* [T, K] fp32 z; row stride (0: K) */
+  int64_t scores_stride;
+  float coeff;               /* finite */
+  const float *grad_loss;    /* [1] optional incoming gradient of the loss (NULL: 1) */
+  float *loss;               /* [1] fp32 out */
+  float *grad;               /* [T, K] fp32 out, optional; row stride grad_stride (0: K) */
+  int64_t grad_stride;
+} dsa_indexer_loss_params;
+
+/* The indexer backward for a score gradient g [T, K] (fp32 accumulation; duplicates are separate slots):
+ *   d_weights[t, h] = sum_j g * ReLU(q_idx[t, h] . k_idx[s_j])
+ *   d_index_q[t, h] = sum_j g * w[t, h] * [q_idx[t, h] . k_idx[s_j] > 0] * k_idx[s_j]
+ *   d_index_k[s]    = sum over (t, j) with s_j = s of g * sum_h w[t, h] * [q_idx[t, h] . k_idx[s] > 0] * q_idx[t, h]
+ * Every row of d_index_q, d_weights and d_index_k is written (0 where nothing contributes). */
+typedef struct dsa_indexer_bwd_params {
+  int64_t num_tokens;        /* T */
+  int64_t num_keys;          /* T_k */
+  int32_t num_heads;         /* H_idx, 1..64 */
+  int32_t topk;              /* K, 1..DSA_MAX_TOPK */
+  int32_t deterministic;     /* 0 or 1: d_index_k bitwise identical run to run */
+  const uint16_t *index_q;   /* [T, H_idx, 128] bf16; strides (0: H_idx*128 and 128) */
+  int64_t q_stride_token, q_stride_head;
+  const uint16_t *index_k;   /* [T_k, 128] bf16; row stride (0: 128) */
+  int64_t k_stride;
+  const void *weights;       /* [T, H_idx] fp32 or bf16 (weights_dtype); row stride (0: H_idx) */
+  dsa_dtype weights_dtype;
+  int64_t weights_stride;
+  const int32_t *indices;    /* [T, K]; row stride (0: K) */
+  int64_t indices_stride;
+  const int32_t *lengths;    /* [T] optional */
+  const float *grad;         /* [T, K] fp32 g; row stride (0: K) */
+  int64_t grad_stride;
+  uint16_t *d_index_q;       /* [T, H_idx, 128] bf16 out; strides (0: H_idx*128 and 128) */
+  int64_t dq_stride_token, dq_stride_head;
+  float *d_weights;          /* [T, H_idx] fp32 out; row stride (0: H_idx) */
+  int64_t dw_stride;
+  uint16_t *d_index_k;       /* [T_k, 128] bf16 out; row stride (0: 128) */
+  int64_t dk_stride;
+} dsa_indexer_bwd_params;
+
+/* ---------------------------------------------------------------------------------------------
  * CPU reference (the oracle): host pointers, double accumulation, exact round-to-nearest-even
  * bf16 conversions. Same params structs as the GPU ops; the context, stream and workspace are not
  * used. Slow by design; every GPU kernel is tested against these.
@@ -325,6 +428,10 @@ DSA_API dsa_status dsa_ref_indexer_scores(const dsa_indexer_params *p, int64_t r
 DSA_API dsa_status dsa_ref_indexer_topk(const dsa_indexer_params *p);
 DSA_API dsa_status dsa_ref_sparse_attn_fwd(const dsa_attn_fwd_params *p);
 DSA_API dsa_status dsa_ref_sparse_attn_bwd(const dsa_attn_bwd_params *p);
+DSA_API dsa_status dsa_ref_attn_slot_target(const dsa_slot_target_params *p);
+DSA_API dsa_status dsa_ref_indexer_slot_scores(const dsa_indexer_slot_scores_params *p);
+DSA_API dsa_status dsa_ref_indexer_loss(const dsa_indexer_loss_params *p);
+DSA_API dsa_status dsa_ref_indexer_bwd(const dsa_indexer_bwd_params *p);
 
 #ifdef __cplusplus
 } /* extern "C" */

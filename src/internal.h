@@ -89,6 +89,16 @@ DSA_HIDDEN dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const cha
                                          dsa_attn_fwd_params *resolved);
 DSA_HIDDEN dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
                                          dsa_attn_bwd_params *resolved);
+/* Indexer training (src/validate.c, the end). */
+DSA_HIDDEN dsa_status dsa_check_slot_target(const dsa_slot_target_params *p, const char *fn,
+                                            dsa_slot_target_params *resolved);
+DSA_HIDDEN dsa_status dsa_check_indexer_slot_scores(const dsa_indexer_slot_scores_params *p,
+                                                    const char *fn,
+                                                    dsa_indexer_slot_scores_params *resolved);
+DSA_HIDDEN dsa_status dsa_check_indexer_loss(const dsa_indexer_loss_params *p, const char *fn,
+                                             dsa_indexer_loss_params *resolved);
+DSA_HIDDEN dsa_status dsa_check_indexer_bwd(const dsa_indexer_bwd_params *p, const char *fn,
+                                            dsa_indexer_bwd_params *resolved);
 /* Section 5 check of a plan view an op is handed (src/plan.c): scalars and pointer presence, never
  * dereferenced. num_queries / total_key_tokens < 0 skip the comparison with the op's sizes. */
 DSA_HIDDEN dsa_status dsa_check_plan_view(const dsa_plan_view *v, int64_t num_queries,

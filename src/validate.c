@@ -299,3 +299,155 @@ dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
   *r = c;
   return DSA_SUCCESS;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * indexer training (docs/indexer-training.md)
+ * ------------------------------------------------------------------------------------------- */
+/* An fp32 [T, K] slot tensor: stride resolved (0: K), extent checked, pointer 4-aligned when
+ * required (optional: NULL accepted). */
+static dsa_status check_slot_tensor(const char *fn, const char *name, const char *stride_name,
+                                    const void *ptr, int64_t T, int64_t K, int64_t *stride,
+                                    int optional) {
+  DSA_TRY(resolve_row_stride(fn, stride_name, stride, K, K));
+  DSA_TRY(check_extent(fn, name, T, *stride, 1, 0, K, 4));
+  if (T > 0) {
+    if (optional) DSA_TRY(check_opt_ptr(fn, name, ptr, 4));
+    else DSA_TRY(check_ptr(fn, name, ptr, 4));
+  }
+  return DSA_SUCCESS;
+}
+
+dsa_status dsa_check_slot_target(const dsa_slot_target_params *p, const char *fn,
+                                 dsa_slot_target_params *r) {
+  if (p == NULL) return fail(fn, "p is NULL");
+  dsa_slot_target_params c = *p;
+  DSA_TRY(check_attn_common(fn, c.num_tokens, c.num_heads, c.head_dim, c.num_kv, c.topk,
+                            c.softmax_scale, &c.q_stride_token, &c.q_stride_head, &c.kv_stride,
+                            &c.indices_stride));
+  DSA_TRY(check_slot_tensor(fn, "target", "target_stride", c.target, c.num_tokens, c.topk,
+                            &c.target_stride, 0));
+  if (c.num_tokens > 0) {
+    DSA_TRY(check_ptr(fn, "q", c.q, 16));
+    if (c.num_kv > 0) DSA_TRY(check_ptr(fn, "kv", c.kv, 16));
+    DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
+    DSA_TRY(check_opt_ptr(fn, "topk_length", c.topk_length, 4));
+    DSA_TRY(check_opt_ptr(fn, "sink", c.sink, 4));
+    DSA_TRY(check_ptr(fn, "lse", c.lse, 4));
+  }
+  *r = c;
+  return DSA_SUCCESS;
+}
+
+/* What the indexer's slot scores and its backward share: sizes, index_q / index_k / weights /
+ * indices strides and pointers. */
+static dsa_status check_indexer_slots(const char *fn, int64_t T, int64_t Tk, int32_t H, int32_t K,
+                                      const void *q, int64_t *q_st, int64_t *q_sh, const void *k,
+                                      int64_t *k_stride, const void *w, dsa_dtype w_dtype,
+                                      int64_t *w_stride, const int32_t *idx, int64_t *idx_stride,
+                                      const int32_t *lengths) {
+  const int64_t D = DSA_INDEX_HEAD_DIM;
+  DSA_TRY(check_range(fn, "num_tokens", T, 0, DSA_MAX_ROWS));
+  DSA_TRY(check_range(fn, "num_keys", Tk, 0, DSA_MAX_KEYS));
+  DSA_TRY(check_range(fn, "num_heads", H, 1, 64));
+  DSA_TRY(check_range(fn, "topk", K, 1, DSA_MAX_TOPK));
+  if (w_dtype != DSA_DTYPE_F32 && w_dtype != DSA_DTYPE_BF16)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: weights_dtype = %d is not F32 or BF16", fn,
+                    (int)w_dtype);
+  const int64_t wsize = w_dtype == DSA_DTYPE_F32 ? 4 : 2;
+  DSA_TRY(resolve_3d_strides(fn, "q_stride_token", "q_stride_head", T, H, D, q_st, q_sh));
+  DSA_TRY(check_vec_stride(fn, "q_stride_token", *q_st));
+  DSA_TRY(check_vec_stride(fn, "q_stride_head", *q_sh));
+  DSA_TRY(resolve_row_stride(fn, "k_stride", k_stride, D, D));
+  DSA_TRY(check_vec_stride(fn, "k_stride", *k_stride));
+  DSA_TRY(resolve_row_stride(fn, "weights_stride", w_stride, H, H));
+  DSA_TRY(resolve_row_stride(fn, "indices_stride", idx_stride, K, K));
+  DSA_TRY(check_extent(fn, "index_q", T, *q_st, H, *q_sh, D, 2));
+  DSA_TRY(check_extent(fn, "index_k", Tk, *k_stride, 1, 0, D, 2));
+  DSA_TRY(check_extent(fn, "weights", T, *w_stride, 1, 0, H, wsize));
+  DSA_TRY(check_extent(fn, "indices", T, *idx_stride, 1, 0, K, 4));
+  if (T > 0) {
+    DSA_TRY(check_ptr(fn, "index_q", q, 16));
+    if (Tk > 0) DSA_TRY(check_ptr(fn, "index_k", k, 16));
+    DSA_TRY(check_ptr(fn, "weights", w, (size_t)wsize));
+    DSA_TRY(check_ptr(fn, "indices", idx, 4));
+    DSA_TRY(check_opt_ptr(fn, "lengths", lengths, 4));
+  }
+  return DSA_SUCCESS;
+}
+
+dsa_status dsa_check_indexer_slot_scores(const dsa_indexer_slot_scores_params *p, const char *fn,
+                                         dsa_indexer_slot_scores_params *r) {
+  if (p == NULL) return fail(fn, "p is NULL");
+  dsa_indexer_slot_scores_params c = *p;
+  DSA_TRY(check_indexer_slots(fn, c.num_tokens, c.num_keys, c.num_heads, c.topk, c.index_q,
+                              &c.q_stride_token, &c.q_stride_head, c.index_k, &c.k_stride,
+                              c.weights, c.weights_dtype, &c.weights_stride, c.indices,
+                              &c.indices_stride, c.lengths));
+  DSA_TRY(check_slot_tensor(fn, "scores", "scores_stride", c.scores, c.num_tokens, c.topk,
+                            &c.scores_stride, 0));
+  *r = c;
+  return DSA_SUCCESS;
+}
+
+dsa_status dsa_check_indexer_loss(const dsa_indexer_loss_params *p, const char *fn,
+                                  dsa_indexer_loss_params *r) {
+  if (p == NULL) return fail(fn, "p is NULL");
+  dsa_indexer_loss_params c = *p;
+  DSA_TRY(check_range(fn, "num_tokens", c.num_tokens, 0, DSA_MAX_ROWS));
+  DSA_TRY(check_range(fn, "topk", c.topk, 1, DSA_MAX_TOPK));
+  DSA_TRY(check_range(fn, "num_keys", c.num_keys, 0, DSA_MAX_KEYS));
+  if (!isfinite(c.coeff))
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: coeff = %g is not finite", fn, (double)c.coeff);
+  DSA_TRY(resolve_row_stride(fn, "indices_stride", &c.indices_stride, c.topk, c.topk));
+  DSA_TRY(check_extent(fn, "indices", c.num_tokens, c.indices_stride, 1, 0, c.topk, 4));
+  DSA_TRY(check_slot_tensor(fn, "target", "target_stride", c.target, c.num_tokens, c.topk,
+                            &c.target_stride, 0));
+  DSA_TRY(check_slot_tensor(fn, "scores", "scores_stride", c.scores, c.num_tokens, c.topk,
+                            &c.scores_stride, 0));
+  DSA_TRY(check_slot_tensor(fn, "grad", "grad_stride", c.grad, c.num_tokens, c.topk,
+                            &c.grad_stride, 1));
+  /* the loss is written for any T (0 when no row counts) */
+  DSA_TRY(check_ptr(fn, "loss", c.loss, 4));
+  DSA_TRY(check_opt_ptr(fn, "grad_loss", c.grad_loss, 4));
+  if (c.num_tokens > 0) {
+    DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
+    DSA_TRY(check_opt_ptr(fn, "lengths", c.lengths, 4));
+  }
+  *r = c;
+  return DSA_SUCCESS;
+}
+
+dsa_status dsa_check_indexer_bwd(const dsa_indexer_bwd_params *p, const char *fn,
+                                 dsa_indexer_bwd_params *r) {
+  if (p == NULL) return fail(fn, "p is NULL");
+  dsa_indexer_bwd_params c = *p;
+  const int64_t D = DSA_INDEX_HEAD_DIM;
+  DSA_TRY(check_indexer_slots(fn, c.num_tokens, c.num_keys, c.num_heads, c.topk, c.index_q,
+                              &c.q_stride_token, &c.q_stride_head, c.index_k, &c.k_stride,
+                              c.weights, c.weights_dtype, &c.weights_stride, c.indices,
+                              &c.indices_stride, c.lengths));
+  if (c.deterministic != 0 && c.deterministic != 1)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: deterministic = %d is not 0 or 1", fn,
+                    (int)c.deterministic);
+  DSA_TRY(check_slot_tensor(fn, "grad", "grad_stride", c.grad, c.num_tokens, c.topk,
+                            &c.grad_stride, 0));
+  DSA_TRY(resolve_3d_strides(fn, "dq_stride_token", "dq_stride_head", c.num_tokens, c.num_heads, D,
+                             &c.dq_stride_token, &c.dq_stride_head));
+  DSA_TRY(check_vec_stride(fn, "dq_stride_token", c.dq_stride_token));
+  DSA_TRY(check_vec_stride(fn, "dq_stride_head", c.dq_stride_head));
+  DSA_TRY(check_extent(fn, "d_index_q", c.num_tokens, c.dq_stride_token, c.num_heads,
+                       c.dq_stride_head, D, 2));
+  DSA_TRY(resolve_row_stride(fn, "dw_stride", &c.dw_stride, c.num_heads, c.num_heads));
+  DSA_TRY(check_extent(fn, "d_weights", c.num_tokens, c.dw_stride, 1, 0, c.num_heads, 4));
+  DSA_TRY(resolve_row_stride(fn, "dk_stride", &c.dk_stride, D, D));
+  DSA_TRY(check_vec_stride(fn, "dk_stride", c.dk_stride));
+  DSA_TRY(check_extent(fn, "d_index_k", c.num_keys, c.dk_stride, 1, 0, D, 2));
+  if (c.num_tokens > 0) {
+    DSA_TRY(check_ptr(fn, "d_index_q", c.d_index_q, 16));
+    DSA_TRY(check_ptr(fn, "d_weights", c.d_weights, 4));
+  }
+  /* d_index_k is written (zeros) even when there are no tokens */
+  if (c.num_keys > 0) DSA_TRY(check_ptr(fn, "d_index_k", c.d_index_k, 16));
+  *r = c;
+  return DSA_SUCCESS;
+}

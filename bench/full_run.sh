@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# bench/full_run.sh - one complete run of every canonical shape with its peers, in one device
+# command, into bench/results/<date>-<card>-full.json (the -full suffix marks a complete run).
+#
+#   bash bench/full_run.sh OUTDIR [STEPS]      STEPS: comma list of build,bench,peer,merge (default all)
+#
+# FLASHMLA_SO (default .device/libflashmla_sparse.so) names FlashMLA's library. A device command
+# runs at most 10 minutes: split the steps over two commands if the whole run does not fit.
+#
+# Runs, in this order and on one GPU:
+#   1. build/bench/dsa_bench over every shape, with FlashMLA timed beside each fwd row in the same
+#      process;
+#   2. bench/cudnn_peer.py over the bwd, idx and topk shapes: libdsa (through build/libdsa.so) and
+#      cuDNN FE / torch.topk in one process on the same tensors;
+#   3. bench/merge_results.py: both files into OUTDIR/<date>-<card>-full.json.
+# Step 2 needs cuDNN FE on PYTHONPATH: run this script through the peers' staging command
+# (docs/perf.md, "How to run"). Each step's log goes to OUTDIR; a failed step does not stop the next.
+set -uo pipefail
+out=${1:?usage: bench/full_run.sh OUTDIR [STEPS]}
+steps=",${2:-build,bench,peer,merge},"
+fm=${FLASHMLA_SO:-.device/libflashmla_sparse.so}
+mkdir -p "$out"
+date_=$(date +%Y-%m-%d)
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
+card=${card:-unknown}
+export DSA_COMMIT=${DSA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+t0=$(date +%s)
+if [[ $steps == *,build,* ]]; then
+  make -j"$(nproc)" all build/bench/dsa_bench >"$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
+  echo "build: $(( $(date +%s) - t0 )) s"
+fi
+if [[ $steps == *,bench,* ]]; then
+  ./build/bench/dsa_bench --flashmla "$fm" --out "$out/dsa_bench.json" >"$out/dsa_bench.log" 2>&1
+  echo "dsa_bench: rc $? at $(( $(date +%s) - t0 )) s"
+fi
+if [[ $steps == *,peer,* ]]; then
+  python3 bench/cudnn_peer.py --lib build/libdsa.so --out "$out/cudnn_peer.json" >"$out/cudnn_peer.log" 2>&1
+  echo "cudnn_peer: rc $? at $(( $(date +%s) - t0 )) s"
+fi
+if [[ $steps == *,merge,* ]]; then
+  python3 bench/merge_results.py --sort "$out/dsa_bench.json" "$out/cudnn_peer.json" \
+    -o "$out/$date_-$card-full.json"
+fi
