@@ -20,14 +20,16 @@ VERSION := $(shell sed -n 's/^\#define DSA_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-
 CFLAGS    ?= -O2 -g
 CFLAGS    += -std=c99 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -Iinclude -Isrc -I$(CUDA_HOME)/include -fvisibility=hidden
 NVCCFLAGS ?= -O3 -lineinfo
-NVCCFLAGS += -std=c++17 $(ARCH) -Iinclude -Isrc -DCUB_WRAPPED_NAMESPACE=dsa_cub \
+NVCCFLAGS += -std=c++17 $(ARCH) -Iinclude -Isrc -Icuda -DCUB_WRAPPED_NAMESPACE=dsa_cub \
              -Xcompiler -fvisibility=hidden -Xcompiler -Wall --expt-relaxed-constexpr
 LDLIBS_CUDA := -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++ -lm
 RPATH_CUDA  := -Wl,-rpath,$(CUDA_HOME)/lib64
 
 SRC_C  := $(sort $(wildcard src/*.c))
-SRC_CU := $(sort $(wildcard cuda/*.cu))
-HDRS   := $(wildcard include/*.h src/*.h cuda/*.cuh)
+# cuda/<family>/*.cu: one folder per op family (attn_fwd, attn_bwd, topk, indexer, layout) and
+# cuda/common/ for the headers they share; includes are relative to cuda/ (-Icuda).
+SRC_CU := $(sort $(wildcard cuda/*/*.cu))
+HDRS   := $(wildcard include/*.h src/*.h cuda/*/*.cuh)
 
 OBJ_STATIC := $(SRC_C:%.c=$(BUILD)/static/%.o) $(SRC_CU:%.cu=$(BUILD)/static/%.o)
 OBJ_SHARED := $(SRC_C:%.c=$(BUILD)/shared/%.o) $(SRC_CU:%.cu=$(BUILD)/shared/%.o)
@@ -152,39 +154,15 @@ $(BUILD)/bench/%: bench/%.c $(BENCH_COMMON) bench/bench_common.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Ibench -o $@ $< $(BENCH_COMMON) $(LIB_A) $(LDLIBS_CUDA) -ldl $(RPATH_CUDA)
 
-# Atomic-throughput probe (docs/bwd-sm90-next.md, P0): standalone CUDA program, no libdsa, sm_90a only.
-.PHONY: atomic-probe
-atomic-probe: $(BUILD)/bench/atomic_probe
-$(BUILD)/bench/atomic_probe: bench/atomic_probe.cu
-	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -o $@ $<
-
-# Named-barrier probe (docs/reliability.md): racecheck on schedule 3's arrive / sync hand-off alone.
-.PHONY: barrier-probe
-barrier-probe: $(BUILD)/bench/barrier_probe
-$(BUILD)/bench/barrier_probe: bench/barrier_probe.cu
+# ---- dev/: standalone research programs (CUDA runtime only, never part of libdsa) ---------------
+# dev/atomic_probe.cu: fp32 reduction throughput by access pattern (docs/bwd-sm90-next.md, P0);
+# dev/barrier_probe.cu: racecheck on a named-barrier arrive / sync hand-off (docs/reliability.md 3c).
+DEV_BIN := $(BUILD)/dev/atomic_probe $(BUILD)/dev/barrier_probe
+.PHONY: dev
+dev: $(DEV_BIN)
+$(BUILD)/dev/%: dev/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -o $@ $<
-
-# Forward probe builds (docs/perf.md "Probes", cuda/sm90_common.cuh DSA_FWD_PROBE): the bench linked with the
-# sm_90a forward kernels rebuilt so that their consumers only drain the KV ring (PROBE=1) or their
-# producers copy nothing (PROBE=2): times only; or that record a timeline of their hand-offs (PROBE=3,
-# correct outputs; DSA_FWD_TRACE=prefix makes the bench write it, bench/trace_report.py reads it).
-# The library itself is never built this way.
-PROBE ?= 1
-PROBE_DIR := $(BUILD)/probe$(PROBE)
-PROBE_CU := cuda/attn_fwd_sm90_small.cu cuda/attn_fwd_sm90_v2.cu
-PROBE_OBJ := $(PROBE_CU:cuda/%.cu=$(PROBE_DIR)/%.o)
-.PHONY: probe-bench
-probe-bench: $(PROBE_DIR)/dsa_bench
-$(PROBE_DIR)/%.o: cuda/%.cu $(HDRS)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -DDSA_FWD_PROBE=$(PROBE) -c $< -o $@
-$(PROBE_DIR)/libdsa.a: $(LIB_A) $(PROBE_OBJ)
-	cp $(LIB_A) $@
-	$(AR) r $@ $(PROBE_OBJ)
-$(PROBE_DIR)/dsa_bench: bench/dsa_bench.c $(BENCH_COMMON) bench/bench_common.h $(PROBE_DIR)/libdsa.a
-	$(CC) $(CFLAGS) -Ibench -o $@ $< $(BENCH_COMMON) $(PROBE_DIR)/libdsa.a $(LDLIBS_CUDA) $(RPATH_CUDA)
 
 run: $(BUILD)/bench/dsa_layer
 	$(BUILD)/bench/dsa_layer $(RUN_ARGS)
@@ -205,6 +183,7 @@ $(BUILD)/dsa.pc: Makefile
 install: all $(BUILD)/dsa.pc
 	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR)
 	install -m 644 include/dsa.h $(DESTDIR)$(INCLUDEDIR)/dsa.h
+	install -m 644 include/dsa_tune.h $(DESTDIR)$(INCLUDEDIR)/dsa_tune.h
 	install -m 644 $(LIB_A) $(DESTDIR)$(LIBDIR)/libdsa.a
 	install -m 755 $(LIB_SO) $(DESTDIR)$(LIBDIR)/libdsa.so.$(VERSION)
 	ln -sf libdsa.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libdsa.so.$(firstword $(subst ., ,$(VERSION)))
@@ -225,7 +204,7 @@ check-install:
 	$(CHECK_PREFIX)/example
 
 uninstall:
-	rm -f $(DESTDIR)$(INCLUDEDIR)/dsa.h $(DESTDIR)$(LIBDIR)/libdsa.a $(DESTDIR)$(LIBDIR)/libdsa.so* $(DESTDIR)$(PKGCONFIGDIR)/dsa.pc
+	rm -f $(DESTDIR)$(INCLUDEDIR)/dsa.h $(DESTDIR)$(INCLUDEDIR)/dsa_tune.h $(DESTDIR)$(LIBDIR)/libdsa.a $(DESTDIR)$(LIBDIR)/libdsa.so* $(DESTDIR)$(PKGCONFIGDIR)/dsa.pc
 
 clean:
 	rm -rf $(BUILD)

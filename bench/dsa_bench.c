@@ -13,7 +13,10 @@
  * libdsa faster) is present only when peer_same_run is true.
  *
  *   dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--flashmla PATH] [--constructed-indices]
- *             [--fwd-variant N] [--fwd-overlap LIST] [--bwd-dkv-layout LIST] [--list]
+ *             [--fwd-variant N] [--fwd-handoff LIST] [--list]
+ *
+ * Kernel choices for A/B runs go through the public tuning interface (include/dsa_tune.h) on the
+ * bench's context: --fwd-variant, --fwd-handoff and the environment knobs below.
  *
  * An op that returns DSA_ERROR_UNSUPPORTED is reported as "not on the GPU yet", never a failure.
  */
@@ -23,16 +26,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bench_common.h"
+#include "dsa_tune.h"
 
-/* The library's forward kernel switch (src/internal.h: 0 automatic, 1 portable, 2 sm_90a). Hidden
- * in the shared library but resolvable in this static link; weak so the bench links without it. */
-extern int dsa_attn_fwd_variant __attribute__((weak));
+/* DSA_OPTION_FWD_KERNEL from --fwd-variant N (0 automatic, 1 portable, 2 sm_90a 64-head, 3 sm_90a
+ * small-H, 4 split); fwd rows then get ,portable / ,sm90 / ,small / ,split. */
 static int fwd_variant_forced; /* 0: automatic */
-/* The 64-head sm_90a forward's consumer schedule (src/internal.h dsa_attn_fwd_sm90_overlap: 0 serial,
- * 1 overlapped, 2 S hoisted, 3 tile split), from --fwd-overlap LIST or DSA_FWD_OVERLAP=LIST ("0,1,2,3"): every fwd row
- * runs once per listed schedule and its variant gets ",ov<N>"; neither given: the library default. */
-extern int dsa_attn_fwd_sm90_overlap __attribute__((weak));
-static int fwd_overlap_list[8], fwd_overlap_count; /* count 0: library default, no suffix */
+/* DSA_OPTION_FWD_SM90_HANDOFF from --fwd-handoff LIST or DSA_FWD_HANDOFF=LIST ("0,1": 0 named
+ * barriers, 1 mbarriers): every fwd row runs once per listed hand-off and its variant gets ",ho<N>";
+ * neither given: the library default, no suffix. */
+static int fwd_handoff_list[4], fwd_handoff_count; /* count 0: library default, no suffix */
 /* Parses a list of single digits 0..max_digit, "0,1,2", into list (at most cap entries), count set;
  * 0 on success, -1 on a malformed or empty list. */
 static int parse_digit_list(const char *s, int max_digit, int *list, int cap, int *count) {
@@ -45,58 +47,37 @@ static int parse_digit_list(const char *s, int max_digit, int *list, int cap, in
   }
   return *count > 0 ? 0 : -1;
 }
-static int parse_overlap_list(const char *s) { return parse_digit_list(s, 4, fwd_overlap_list, 8, &fwd_overlap_count); }
-/* The top-k kernel switch (src/internal.h dsa_topk_variant), from DSA_TOPK_VARIANT (unset: automatic);
- * top-k rows then get ",v<N>" in their variant. */
-extern int dsa_topk_variant __attribute__((weak));
-/* The fused indexer's kernel (src/internal.h dsa_indexer_fused_variant: 1 mma.sync, 2 sm_90a wgmma);
- * the "fused" row runs the automatic choice, "fused,mma" and "fused,wgmma" force each. */
-extern int dsa_indexer_fused_variant __attribute__((weak));
-static int topk_variant_forced = -1; /* <= 0: automatic */
-/* Top-k variant 4's next-row prefetch (src/internal.h dsa_topk_v4_whole_prefetch), from
- * DSA_TOPK_V4_PREFETCH=0/1 (unset: the library's); top-k rows then get ",pf<N>". */
-extern int dsa_topk_v4_whole_prefetch __attribute__((weak));
-static int topk_prefetch_forced = -1;
-/* The sm_90a backward's fp32 dKV accumulator layout (src/internal.h dsa_attn_bwd_dkv_layout: 0 real
- * column order, 1 permuted for 64-B v4 atomics, 2 the same written in 128-B row segments), from
- * --bwd-dkv-layout LIST or DSA_BWD_DKV_LAYOUT=LIST ("0,1,2"): every bwd det0 row runs once per listed
- * layout, variant ",lay<N>" (det1 always uses layout 0 and runs once); neither given: the library
- * default, no suffix. */
-extern int dsa_attn_bwd_dkv_layout __attribute__((weak));
-static int bwd_layout_list[4], bwd_layout_count; /* count 0: library default */
-/* The backward kernel switch (src/internal.h dsa_attn_bwd_variant: 1 portable, 2 sm_90a 64-head, 3 sm_90a
- * small-H), from DSA_BWD_VARIANT (unset: automatic); bwd rows then get ",bv<N>" in their variant. */
-extern int dsa_attn_bwd_variant __attribute__((weak));
-static int bwd_variant_forced = -1; /* <= 0: automatic */
-/* The small-H forward's two-consumer shape for N = 40..64 (src/internal.h dsa_attn_fwd_small_split: 1
- * value-dim split, 0 column split), from DSA_FWD_SMALL_SPLIT=0/1 (unset: the library's); fwd rows then
- * get ",ss<N>". */
-extern int dsa_attn_fwd_small_split __attribute__((weak));
-static int fwd_small_split_forced = -1;
-/* Defined only by a probe build of the forward (`make probe-bench`, cuda/sm90_common.cuh): its forward
- * rows are bounds, not results, and carry ",probe<N>". */
-extern const int dsa_fwd_probe_build __attribute__((weak));
-/* Probe 3 builds (cuda/sm90_common.cuh): each forward kernel's timeline of its last launch. With
- * DSA_FWD_TRACE=prefix set, every fwd row writes prefix-<shape>-<row>-v2.bin / -small.bin. */
-extern int dsa_fwd_trace_dump_v2(const char *path) __attribute__((weak));
-extern int dsa_fwd_trace_dump_small(const char *path) __attribute__((weak));
-/* The forward KV gather's L2 policy (src/internal.h dsa_attn_fwd_kv_l2_hint: 0 none, 1 evict_last,
- * 2 evict_last when the KV fits half the L2), from DSA_FWD_KV_L2_HINT (unset: the library's); fwd rows
- * then get ",l2h<N>". */
-extern int dsa_attn_fwd_kv_l2_hint __attribute__((weak));
-static int fwd_l2_hint_forced = -1;
-/* A library knob from the environment (the switches above): when `name` is set and the library has
- * the knob (weak symbol: knob != NULL), set it (to 0 / 1 when `boolean`), print it and return the
- * value; otherwise -1 (the library's default stands). */
-static int env_knob(const char *name, int *knob, int boolean, const char *what) {
+static int parse_handoff_list(const char *s) {
+  return parse_digit_list(s, DSA_FWD_HANDOFF_MBARRIER, fwd_handoff_list, 4, &fwd_handoff_count);
+}
+/* Options from the environment (unset: the library's default), each adding to the rows' variant:
+ * DSA_BWD_VARIANT -> DSA_OPTION_BWD_KERNEL (1 portable, 2 sm_90a 64-head, 3 sm_90a small-H; ",bv<N>"),
+ * DSA_FWD_KV_L2_HINT -> DSA_OPTION_FWD_KV_L2_HINT (0 none, 1 evict_last, 2 if it fits; ",l2h<N>"),
+ * DSA_FWD_SMALL_AUTO_MAX -> DSA_OPTION_FWD_SMALL_AUTO_MAX (0..63; ",sam<N>"),
+ * DSA_TOPK_KERNEL -> DSA_OPTION_TOPK_KERNEL (1 radix, 2 filter; ",radix" / ",filter"). The idx rows
+ * "fused,mma" / "fused,wgmma" set DSA_OPTION_INDEXER_FUSED_KERNEL themselves. */
+static int bwd_variant_forced = -1, fwd_l2_hint_forced = -1, fwd_small_max_forced = -1, topk_kernel_forced = -1;
+/* Sets option `opt` on ctx from the environment variable `name` when it is set: prints it and
+ * returns the value, -1 when unset; exits on a value the library rejects. */
+static int env_option(dsa_context *ctx, const char *name, dsa_option opt, const char *what) {
   const char *s = getenv(name);
-  if (!s || !knob) return -1;
-  const int v = boolean ? atoi(s) != 0 : atoi(s);
-  *knob = v;
+  if (!s || !*s) return -1;
+  const int v = atoi(s);
+  const dsa_status st = dsa_context_set_option(ctx, opt, v);
+  if (st != DSA_SUCCESS) {
+    fprintf(stderr, "%s=%s: %s\n", name, s, dsa_last_error_message());
+    exit(2);
+  }
   printf("%s %d (%s)\n", what, v, name);
   return v;
 }
-static int parse_layout_list(const char *s) { return parse_digit_list(s, 2, bwd_layout_list, 4, &bwd_layout_count); }
+/* dsa_context_set_option where the value was checked already (the bench's own lists). */
+static void set_option(dsa_context *ctx, dsa_option opt, int64_t value) {
+  if (dsa_context_set_option(ctx, opt, value) != DSA_SUCCESS) {
+    fprintf(stderr, "dsa_context_set_option: %s\n", dsa_last_error_message());
+    exit(2);
+  }
+}
 
 /* ---------------------------------------------------------------------------------------------
  * Canonical shapes (names are stable: results are compared over time by name).
@@ -698,21 +679,20 @@ static void bench_fwd(bench *b, const shape *sh) {
   attn_inputs in;
   peer_result peer; /* FlashMLA, run once after the first row */
   int created = 0;
-  const int rows = fwd_overlap_count ? fwd_overlap_count : 1;
-  const int ov_default = fwd_overlap_count ? dsa_attn_fwd_sm90_overlap : 0;
+  const int rows = fwd_handoff_count ? fwd_handoff_count : 1;
+  int64_t ho_default = 0;
+  (void)dsa_context_get_option(b->ctx, DSA_OPTION_FWD_SM90_HANDOFF, &ho_default);
   for (int k = 0; k < rows; ++k) {
     char variant[48];
     snprintf(variant, sizeof variant, "%s%s", sh->v32 ? "sink" : "topk_length",
              fwd_variant_forced == 1 ? ",portable" : fwd_variant_forced == 2 ? ",sm90" : fwd_variant_forced == 3 ? ",small" : fwd_variant_forced == 4 ? ",split" : "");
-    if (fwd_small_split_forced >= 0)
-      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ss%d", fwd_small_split_forced);
-    if (&dsa_fwd_probe_build)
-      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",probe%d", dsa_fwd_probe_build);
+    if (fwd_small_max_forced >= 0)
+      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",sam%d", fwd_small_max_forced);
     if (fwd_l2_hint_forced >= 0)
       snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",l2h%d", fwd_l2_hint_forced);
-    if (fwd_overlap_count) {
-      dsa_attn_fwd_sm90_overlap = fwd_overlap_list[k];
-      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ov%d", fwd_overlap_list[k]);
+    if (fwd_handoff_count) {
+      set_option(b->ctx, DSA_OPTION_FWD_SM90_HANDOFF, fwd_handoff_list[k]);
+      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",ho%d", fwd_handoff_list[k]);
     }
     progress(sh, variant);
     if (!created) {
@@ -736,21 +716,10 @@ static void bench_fwd(bench *b, const shape *sh) {
       }
     }
     add_result(b, sh, variant, in.note, st, ms, bc_flops_fwd(in.slots, in.H), 0, &peer);
-    const char *trace = getenv("DSA_FWD_TRACE");
-    if (trace && (&dsa_fwd_trace_dump_v2 || &dsa_fwd_trace_dump_small)) {
-      const struct { const char *kernel; int (*dump)(const char *); } dumps[] = {
-          {"v2", &dsa_fwd_trace_dump_v2}, {"small", &dsa_fwd_trace_dump_small}};
-      cudaDeviceSynchronize();
-      for (size_t d = 0; d < sizeof dumps / sizeof dumps[0]; ++d) {
-        char path[512];
-        snprintf(path, sizeof path, "%s-%s-%d-%s.bin", trace, sh->name, k, dumps[d].kernel);
-        if (dumps[d].dump && dumps[d].dump(path) != 0) fprintf(stderr, "trace: cannot write %s\n", path);
-      }
-    }
     cudaFree(out);
     cudaFree(lse);
   }
-  if (fwd_overlap_count) dsa_attn_fwd_sm90_overlap = ov_default;
+  if (fwd_handoff_count) set_option(b->ctx, DSA_OPTION_FWD_SM90_HANDOFF, ho_default);
   attn_inputs_free(&in);
 }
 
@@ -801,12 +770,9 @@ static void bench_bwd(bench *b, const shape *sh) {
   }
   printf("done\n");
 
-  const int nlay = bwd_layout_count ? bwd_layout_count : 1;
-  for (int job = 0; job < nlay + 1; ++job) {
-    const int det = job == nlay; /* det0 once per listed layout, then det1 */
-    const int lay = (!det && bwd_layout_count) ? bwd_layout_list[job] : -1; /* -1: library default */
+  for (int det = 0; det < 2; ++det) {
     char variant[32];
-    snprintf(variant, sizeof variant, "%s%s", det ? "det1" : "det0", lay == 1 ? ",lay1" : lay == 2 ? ",lay2" : lay == 0 ? ",lay0" : "");
+    snprintf(variant, sizeof variant, "%s", det ? "det1" : "det0");
     if (bwd_variant_forced > 0) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",bv%d", bwd_variant_forced);
     progress(sh, variant);
     bwd_arg a;
@@ -834,10 +800,7 @@ static void bench_bwd(bench *b, const shape *sh) {
     dsa_status st = dsa_sparse_attn_bwd(b->ctx, p, NULL, &a.ws_bytes, b->timer.stream);
     if (st == DSA_SUCCESS) {
       a.ws = bc_dmalloc(a.ws_bytes);
-      const int lay_default = lay >= 0 ? dsa_attn_bwd_dkv_layout : 0;
-      if (lay >= 0) dsa_attn_bwd_dkv_layout = lay;
       st = bc_time_op(&b->timer, bwd_run, &a, &ms);
-      if (lay >= 0) dsa_attn_bwd_dkv_layout = lay_default;
       cudaFree(a.ws);
     }
     add_result(b, sh, variant, note, st, ms, bc_flops_bwd_d(in.slots, in.H, in.D), 0, NULL);
@@ -862,14 +825,13 @@ static void bench_idx(bench *b, const shape *sh) {
   static const struct {
     dsa_indexer_engine e;
     const char *name;
-    int fused_variant; /* dsa_indexer_fused_variant while the row runs; 0 = automatic */
+    int fused_variant; /* DSA_OPTION_INDEXER_FUSED_KERNEL while the row runs; 0 = automatic */
   } engines[] = {{DSA_INDEXER_ENGINE_CUBLAS, "cublas", 0},
                  {DSA_INDEXER_ENGINE_FUSED, "fused", 0},
                  {DSA_INDEXER_ENGINE_FUSED, "fused,mma", 1},
                  {DSA_INDEXER_ENGINE_FUSED, "fused,wgmma", 2}};
   for (int e = 0; e < (int)(sizeof engines / sizeof engines[0]); ++e) {
-    if (engines[e].fused_variant && !&dsa_indexer_fused_variant) continue;
-    if (&dsa_indexer_fused_variant) dsa_indexer_fused_variant = engines[e].fused_variant;
+    set_option(b->ctx, DSA_OPTION_INDEXER_FUSED_KERNEL, engines[e].fused_variant);
     progress(sh, engines[e].name);
     idx_setup s;
     double ms = NAN;
@@ -879,7 +841,7 @@ static void bench_idx(bench *b, const shape *sh) {
              (double)s.ws_bytes / (1 << 20));
     if (st == DSA_SUCCESS) st = bc_time_op(&b->timer, idx_run, &s, &ms);
     idx_setup_free(&s);
-    if (&dsa_indexer_fused_variant) dsa_indexer_fused_variant = 0;
+    set_option(b->ctx, DSA_OPTION_INDEXER_FUSED_KERNEL, DSA_INDEXER_FUSED_AUTO);
     add_result(b, sh, engines[e].name, note, st, ms, bc_flops_idx(pairs, sh->heads), 0, NULL);
   }
   cudaFree(d_idx);
@@ -915,9 +877,9 @@ static void bench_topk(bench *b, const shape *sh) {
   for (int v = 0; v < 2; ++v) {
     char variant[32];
     snprintf(variant, sizeof variant, "%s", v == 0 ? "causal" : "full");
-    if (topk_variant_forced > 0) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",v%d", topk_variant_forced);
-    if (topk_prefetch_forced >= 0)
-      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",pf%d", topk_prefetch_forced);
+    if (topk_kernel_forced > 0)
+      snprintf(variant + strlen(variant), sizeof variant - strlen(variant), "%s",
+               topk_kernel_forced == DSA_TOPK_KERNEL_RADIX ? ",radix" : ",filter");
     progress(sh, variant);
     topk_arg a;
     memset(&a, 0, sizeof a);
@@ -951,7 +913,7 @@ static void bench_topk(bench *b, const shape *sh) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: dsa_bench [--shapes a,b,c] [--reps N] [--out FILE] [--flashmla PATH] [--constructed-indices]\n"
-          "                 [--fwd-variant N] [--fwd-overlap LIST] [--bwd-dkv-layout LIST] [--list]\n"
+          "                 [--fwd-variant N] [--fwd-handoff LIST] [--list]\n"
           "  --shapes   canonical shape names (see --list), comma separated; default: all\n"
           "  --reps     timed repetitions per row, median reported (default 20)\n"
           "  --out      JSON output (default bench/results/YYYY-MM-DD-<card>.json)\n"
@@ -960,13 +922,12 @@ static void usage(FILE *f) {
           "  --constructed-indices  GLM rows use host-constructed causal indices, not the indexer's\n"
           "  --fwd-variant N  force the forward kernel: 1 portable, 2 sm_90a 64-head, 3 sm_90a small-H, 4 split\n"
           "                   (variant gets ,portable / ,sm90 / ,small / ,split)\n"
-          "  --fwd-overlap LIST  the 64-head sm_90a forward's consumer schedules to run, e.g. 0,3,4 (0 serial,\n"
-          "                   1 overlapped, 2 S hoisted, 3 tile split, 4 = 3 with mbarriers): one row per schedule, variant gets\n"
-          "                   ,ov<N>; also from DSA_FWD_OVERLAP=LIST (the option wins); default: the library's (3)\n"
-          "  --bwd-dkv-layout LIST  the sm_90a backward's fp32 dKV layouts to run in det0, e.g. 0,1 (0 real order,\n"
-          "                   1 permuted, 64-B v4 atomics, 2 the same in 128-B segments): one det0 row per layout,\n"
-          "                   variant gets ,lay<N>; also from\n"
-          "                   DSA_BWD_DKV_LAYOUT=LIST (the option wins); default: the library's (2)\n");
+          "  --fwd-handoff LIST  the 64-head sm_90a forward's hand-offs between its consumer warpgroups, e.g.\n"
+          "                   0,1 (0 named barriers, 1 mbarriers, the racecheck twin): one row per hand-off,\n"
+          "                   variant gets ,ho<N>; also from DSA_FWD_HANDOFF=LIST (the option wins);\n"
+          "                   default: the library's (0)\n"
+          "  environment: DSA_BWD_VARIANT, DSA_FWD_KV_L2_HINT, DSA_FWD_SMALL_AUTO_MAX, DSA_TOPK_KERNEL set the\n"
+          "                   matching option of include/dsa_tune.h (see the top of bench/dsa_bench.c)\n");
 }
 
 static void list_shapes(void) {
@@ -995,7 +956,7 @@ static void print_table(const bench *b) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* progress survives a crash when the output is a file */
   const char *shape_arg = NULL, *out_arg = NULL, *flashmla_arg = NULL;
-  int reps = 20, fwd_overlap_set = 0, bwd_layout_set = 0;
+  int reps = 20, fwd_handoff_set = 0;
   bench b;
   memset(&b, 0, sizeof b);
   for (int i = 1; i < argc; ++i) {
@@ -1022,22 +983,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "--fwd-variant must be 0 (automatic), 1 (portable), 2 (sm_90a 64-head), 3 (sm_90a small-H) or 4 (sm_90a split)\n");
         return 2;
       }
-      if (fwd_variant_forced && !&dsa_attn_fwd_variant) {
-        fprintf(stderr, "--fwd-variant: this libdsa has no forward variant switch\n");
+    } else if (!strcmp(argv[i], "--fwd-handoff") && i + 1 < argc) {
+      if (parse_handoff_list(argv[++i]) != 0) {
+        fprintf(stderr, "--fwd-handoff takes a comma-separated list of 0, 1 (e.g. 0,1)\n");
         return 2;
       }
-    } else if (!strcmp(argv[i], "--fwd-overlap") && i + 1 < argc) {
-      if (parse_overlap_list(argv[++i]) != 0) {
-        fprintf(stderr, "--fwd-overlap takes a comma-separated list of 0, 1, 2, 3, 4 (e.g. 0,3)\n");
-        return 2;
-      }
-      fwd_overlap_set = 1;
-    } else if (!strcmp(argv[i], "--bwd-dkv-layout") && i + 1 < argc) {
-      if (parse_layout_list(argv[++i]) != 0) {
-        fprintf(stderr, "--bwd-dkv-layout takes a comma-separated list of 0, 1, 2 (e.g. 1,2)\n");
-        return 2;
-      }
-      bwd_layout_set = 1;
+      fwd_handoff_set = 1;
     } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
       return 0;
@@ -1047,25 +998,11 @@ int main(int argc, char **argv) {
     }
   }
 
-  if (!fwd_overlap_set && getenv("DSA_FWD_OVERLAP") && *getenv("DSA_FWD_OVERLAP")) {
-    if (parse_overlap_list(getenv("DSA_FWD_OVERLAP")) != 0) {
-      fprintf(stderr, "DSA_FWD_OVERLAP takes a comma-separated list of 0, 1, 2, 3, 4 (e.g. 0,3)\n");
+  if (!fwd_handoff_set && getenv("DSA_FWD_HANDOFF") && *getenv("DSA_FWD_HANDOFF")) {
+    if (parse_handoff_list(getenv("DSA_FWD_HANDOFF")) != 0) {
+      fprintf(stderr, "DSA_FWD_HANDOFF takes a comma-separated list of 0, 1 (e.g. 0,1)\n");
       return 2;
     }
-  }
-  if (!bwd_layout_set && getenv("DSA_BWD_DKV_LAYOUT") && *getenv("DSA_BWD_DKV_LAYOUT")) {
-    if (parse_layout_list(getenv("DSA_BWD_DKV_LAYOUT")) != 0) {
-      fprintf(stderr, "DSA_BWD_DKV_LAYOUT takes a comma-separated list of 0, 1, 2 (e.g. 1,2)\n");
-      return 2;
-    }
-  }
-  if (bwd_layout_count && !&dsa_attn_bwd_dkv_layout) {
-    fprintf(stderr, "--bwd-dkv-layout / DSA_BWD_DKV_LAYOUT: this libdsa has no dKV layout switch\n");
-    return 2;
-  }
-  if (fwd_overlap_count && !&dsa_attn_fwd_sm90_overlap) {
-    fprintf(stderr, "--fwd-overlap / DSA_FWD_OVERLAP: this libdsa has no forward overlap switch\n");
-    return 2;
   }
 
   /* Selection, checked before anything touches the GPU. */
@@ -1093,9 +1030,7 @@ int main(int argc, char **argv) {
   }
   job_count = 0;
   for (int j = 0; j < num_sel; ++j)
-    job_count += shapes[selected[j]].op == OP_FWD   ? (fwd_overlap_count ? fwd_overlap_count : 1)
-                 : shapes[selected[j]].op == OP_BWD ? (bwd_layout_count ? bwd_layout_count : 1) + 1
-                                                    : 2;
+    job_count += shapes[selected[j]].op == OP_FWD ? (fwd_handoff_count ? fwd_handoff_count : 1) : 2;
 
   if (!flashmla_arg && getenv("DSA_BENCH_FLASHMLA") && *getenv("DSA_BENCH_FLASHMLA"))
     flashmla_arg = getenv("DSA_BENCH_FLASHMLA");
@@ -1128,19 +1063,13 @@ int main(int argc, char **argv) {
   }
   b.out_path = out_path;
 
-  if (fwd_variant_forced) dsa_attn_fwd_variant = fwd_variant_forced;
-  bwd_variant_forced = env_knob("DSA_BWD_VARIANT", &dsa_attn_bwd_variant, 0, "backward kernel variant");
-  fwd_small_split_forced =
-      env_knob("DSA_FWD_SMALL_SPLIT", &dsa_attn_fwd_small_split, 1, "small-H forward, N = 40..64: value-dim split 1 / column split 0:");
+  if (fwd_variant_forced) set_option(b.ctx, DSA_OPTION_FWD_KERNEL, fwd_variant_forced);
+  bwd_variant_forced = env_option(b.ctx, "DSA_BWD_VARIANT", DSA_OPTION_BWD_KERNEL, "backward kernel");
   fwd_l2_hint_forced =
-      env_knob("DSA_FWD_KV_L2_HINT", &dsa_attn_fwd_kv_l2_hint, 0, "forward KV gather L2 policy (0 none, 1 evict_last, 2 auto)");
-  topk_variant_forced = env_knob("DSA_TOPK_VARIANT", &dsa_topk_variant, 0, "top-k kernel variant");
-  topk_prefetch_forced = env_knob("DSA_TOPK_V4_PREFETCH", &dsa_topk_v4_whole_prefetch, 1,
-                                  "top-k variant 4 next-row prefetch: whole rows 1 / samples only 0:");
-  if (&dsa_fwd_probe_build)
-    printf("PROBE BUILD %d of the forward (make probe-bench): %s\n", dsa_fwd_probe_build,
-           dsa_fwd_probe_build == 3 ? "timeline marks (DSA_FWD_TRACE=prefix writes them), times a little above the library's"
-                                    : "its times are bounds, its outputs garbage");
+      env_option(b.ctx, "DSA_FWD_KV_L2_HINT", DSA_OPTION_FWD_KV_L2_HINT, "forward KV gather L2 policy (0 none, 1 evict_last, 2 if it fits)");
+  fwd_small_max_forced = env_option(b.ctx, "DSA_FWD_SMALL_AUTO_MAX", DSA_OPTION_FWD_SMALL_AUTO_MAX,
+                                    "automatic forward: largest H mod 64 on the small-H kernel");
+  topk_kernel_forced = env_option(b.ctx, "DSA_TOPK_KERNEL", DSA_OPTION_TOPK_KERNEL, "top-k kernel (1 radix, 2 filter)");
   bc_timer_init(&b.timer, reps);
   printf("libdsa %s bench on %s, commit %s, %d reps (median), L2 flush %.0f MiB\n", dsa_version_string(),
          b.card, b.commit, reps, (double)b.timer.flush_bytes / (1 << 20));

@@ -22,6 +22,7 @@ DSA_API dsa_status dsa_context_create(dsa_context **ctx, int device) {
   c = (dsa_context *)calloc(1, sizeof *c);
   if (c == NULL) return dsa_fail(DSA_ERROR_OUT_OF_HOST_MEMORY, "dsa_context_create: calloc failed");
   c->device = device;
+  dsa_context_options_init(c); /* include/dsa_tune.h defaults */
   e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->cc_major, cudaDevAttrComputeCapabilityMajor, device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->cc_minor, cudaDevAttrComputeCapabilityMinor, device);

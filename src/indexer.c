@@ -11,21 +11,24 @@
  * Per chunk: for each GEMM sub-chunk of queries and key tile, cublasGemmEx (bf16 in, fp32 out,
  * CUBLAS_COMPUTE_32F) writes logits[(q, h), s] = q[q, h, :] . k[s, :], the reduction kernel folds
  * the heads (weights, ReLU) into the chunk's fp32 scores [chunk, window], then the radix top-k
- * (cuda/topk.cu) selects each row's keys from its own columns (offset starts[t] - window start)
+ * (cuda/topk/) selects each row's keys from its own columns (offset starts[t] - window start)
  * and writes global key indices and lengths.
  *
- * Workspace (fixed budget, independent of T_q): scores <= 128 MiB, logits <= 64 MiB, plus a packed
+ * Workspace (fixed budget, independent of T_q; DSA_OPTION_INDEXER_SCORES_BUDGET / _LOGITS_BUDGET /
+ * _KEY_TILE, defaults below): scores <= 128 MiB, logits <= 64 MiB, plus a packed
  * copy of q for layouts cuBLAS cannot read directly, plus 256 bytes of alignment slack (any
  * workspace alignment is accepted). The budget is exceeded only when a single query's visible
  * window is so long that one scores row (window * 4 bytes) or one query's logits for one key tile
  * (H_idx * 32768 * 4 bytes = 8 MiB at H_idx = 64) does not fit.
  *
- * Fused engine (DSA_INDEXER_ENGINE_FUSED, cuda/indexer.cu idx_fused): per chunk one kernel writes
+ * Fused engine (DSA_INDEXER_ENGINE_FUSED): per chunk one kernel writes
  * the head-summed scores [chunk, window] straight from tensor-core accumulators (no logits, no
  * q packing; workspace = the scores buffer only), then the same top-k. Needs sm_80+.
- * dsa_indexer_fused_variant (src/internal.h) picks its kernel: 1 = idx_fused (mma.sync), 2 = the sm_90a
- * wgmma kernel (cuda/indexer_sm90.cu; declined before anything is written off cc 9.0), 0 = automatic:
- * the wgmma kernel on cc 9.0 for H_idx > 16 (IDX_AUTO_WGMMA = 1, the default), idx_fused elsewhere.
+ * DSA_OPTION_INDEXER_FUSED_KERNEL picks its kernel: DSA_INDEXER_FUSED_MMA_SYNC = idx_fused
+ * (cuda/indexer/idx_fused_mma.cu), DSA_INDEXER_FUSED_WGMMA = the sm_90a wgmma kernel
+ * (cuda/indexer/idx_fused_wgmma.cu; declined before anything is written off cc 9.0),
+ * DSA_INDEXER_FUSED_AUTO = the wgmma kernel on cc 9.0 for H_idx > 16, idx_fused elsewhere (the wgmma
+ * kernel pads heads to 32; docs/perf.md has the measurements).
  * DSA_INDEXER_ENGINE_DEFAULT runs the fused engine on sm_80+ (H200: same results as cuBLAS on the
  * tests' exact inputs, and faster on every bench shape), cuBLAS on older devices.
  *
@@ -37,21 +40,11 @@
 #include <cublas_v2.h>
 #include "internal.h"
 
-/* The budgets (bytes) and the GEMM key tile; tests shrink them to exercise the chunking. */
-int64_t dsa_indexer_scores_budget = (int64_t)128 << 20; /* fp32 scores [chunk, window] */
-int64_t dsa_indexer_logits_budget = (int64_t)64 << 20;  /* fp32 logits [sub-chunk * H_idx, key tile] */
-int64_t dsa_indexer_key_tile = 32768;                   /* keys per GEMM: bounds one query's logits */
-int dsa_indexer_fused_variant = 0; /* 0 automatic, 1 mma.sync, 2 wgmma (src/internal.h) */
-/* Automatic fused kernel: 1 = the wgmma kernel where it runs (cc 9.0), 0 = idx_fused everywhere. */
-/* Measured on an H200 at 7f5821f (docs/perf.md): idx-32k 24.6 -> 11.9 ms, idx-32k-h64 42.1 -> 18.8,
- * idx-glm-cp8 5.6 -> 2.6, idx-glm-4k 0.41 -> 0.27 with the wgmma kernel (every gpu_indexer case
- * passes on it). H_idx <= 16 stays on mma.sync: the wgmma kernel pads heads to 32 (unmeasured there). */
-#ifndef IDX_AUTO_WGMMA
-#define IDX_AUTO_WGMMA 1
-#endif
-#define IDX_SCORES_BUDGET dsa_indexer_scores_budget
-#define IDX_LOGITS_BUDGET dsa_indexer_logits_budget
-#define IDX_KEY_TILE dsa_indexer_key_tile
+/* The budgets (bytes) and the GEMM key tile of a call (its context's options; defaults 128 MiB of fp32
+ * scores [chunk, window], 64 MiB of fp32 logits [sub-chunk * H_idx, key tile], 32768 keys per GEMM). */
+typedef struct {
+  int64_t scores, logits, key_tile;
+} idx_budget;
 #define IDX_MAX_CHUNK ((int64_t)65535)         /* rows of a chunk (grid.y of the reduction) */
 #define IDX_ALIGN ((int64_t)256)
 
@@ -77,7 +70,7 @@ static int64_t window_cap(const idx_layout *l, int64_t tk, int64_t c) {
   return min64(tk, l->msk - 1 + c);
 }
 
-static void plan_layout(const dsa_indexer_params *p, int fused, idx_layout *l) {
+static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget *bud, idx_layout *l) {
   const dsa_plan_view *v = p->plan;
   const int64_t tq = v->num_queries, tk = v->total_key_tokens, qs = v->query_start;
   const int64_t H = p->num_heads, K = p->topk;
@@ -94,8 +87,8 @@ static void plan_layout(const dsa_indexer_params *p, int fused, idx_layout *l) {
   if (n_score <= 0) return;
   /* largest chunk whose scores fit the budget (at least one row) */
   c = min64(n_score, IDX_MAX_CHUNK);
-  while (c > 1 && c * window_cap(l, tk, c) * 4 > IDX_SCORES_BUDGET) {
-    int64_t fit = IDX_SCORES_BUDGET / 4 / window_cap(l, tk, c);
+  while (c > 1 && c * window_cap(l, tk, c) * 4 > bud->scores) {
+    int64_t fit = bud->scores / 4 / window_cap(l, tk, c);
     c = max64(1, min64(c - 1, fit));
   }
   l->cq = c;
@@ -107,12 +100,12 @@ static void plan_layout(const dsa_indexer_params *p, int fused, idx_layout *l) {
   }
   /* largest GEMM sub-chunk whose logits over its own (narrower) window fit the budget */
   c = l->cq;
-  while (c > 1 && c * H * round_up(min64(IDX_KEY_TILE, window_cap(l, tk, c)), 4) * 4 > IDX_LOGITS_BUDGET) {
-    int64_t fit = IDX_LOGITS_BUDGET / (4 * H * round_up(min64(IDX_KEY_TILE, window_cap(l, tk, c)), 4));
+  while (c > 1 && c * H * round_up(min64(bud->key_tile, window_cap(l, tk, c)), 4) * 4 > bud->logits) {
+    int64_t fit = bud->logits / (4 * H * round_up(min64(bud->key_tile, window_cap(l, tk, c)), 4));
     c = max64(1, min64(c - 1, fit));
   }
   l->cg = c;
-  l->key_tile = min64(IDX_KEY_TILE, window_cap(l, tk, c));
+  l->key_tile = min64(bud->key_tile, window_cap(l, tk, c));
   l->logits_ld = round_up(l->key_tile, 4);
   if (H == 1) {
     l->q_ld = p->q_stride_token;
@@ -247,6 +240,7 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
   const char *fn = "dsa_indexer_topk";
   dsa_indexer_params r;
   idx_layout l;
+  idx_budget bud;
   int fused;
   DSA_TRY(dsa_check_indexer(p, fn, &r));
   DSA_REQUIRE(workspace_bytes != NULL, "%s: workspace_bytes is NULL", fn);
@@ -261,16 +255,20 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
                     fn, ctx->cc_major, ctx->cc_minor);
   /* fused = 2: the sm_90a wgmma kernel (forced: declined here, before the size query and before
    * anything is written; automatic: only where its check passes, the check's message dropped) */
-  if (fused && dsa_indexer_fused_variant == 2) {
+  const int64_t fk = ctx->options[DSA_OPTION_INDEXER_FUSED_KERNEL];
+  if (fused && fk == DSA_INDEXER_FUSED_WGMMA) {
     DSA_TRY(dsa_indexer_fused_sm90_check(ctx));
     fused = 2;
-  } else if (fused && dsa_indexer_fused_variant == 0 && IDX_AUTO_WGMMA && r.num_heads > 16) {
+  } else if (fused && fk == DSA_INDEXER_FUSED_AUTO && r.num_heads > 16) {
     dsa_saved_message saved;
     dsa_message_save(&saved);
     if (dsa_indexer_fused_sm90_check(ctx) == DSA_SUCCESS) fused = 2;
     else dsa_message_restore(&saved);
   }
-  plan_layout(&r, fused, &l);
+  bud.scores = ctx->options[DSA_OPTION_INDEXER_SCORES_BUDGET];
+  bud.logits = ctx->options[DSA_OPTION_INDEXER_LOGITS_BUDGET];
+  bud.key_tile = ctx->options[DSA_OPTION_INDEXER_KEY_TILE];
+  plan_layout(&r, fused, &bud, &l);
   if (workspace == NULL) {
     *workspace_bytes = (size_t)l.total;
     return DSA_SUCCESS;

@@ -1,5 +1,5 @@
 /* topk.c - public entry point dsa_topk: checks, the two-phase workspace contract, one launch of the
- * radix-select kernel (cuda/topk.cu). The kernel needs no scratch, so the workspace size is the
+ * top-k (dsa_launch_topk, cuda/topk/topk.cu). The kernels need no scratch, so the workspace size is the
  * contract's minimum of 1 byte; a workspace of any alignment (a 1-byte offset included) is
  * accepted because it is never touched. */
 #include "internal.h"

@@ -15,6 +15,7 @@
 #include <criterion/criterion.h>
 #include <cuda_runtime_api.h>
 #include "dsa.h"
+#include "dsa_tune.h"
 
 /* ---- random numbers: splitmix64, seeded from DSA_TEST_SEED or the clock, printed ---- */
 typedef struct { uint64_t s; } tc_rng;
@@ -88,7 +89,6 @@ static inline int tc_have_gpu(void) {
 #define TC_REQUIRE_GPU()                                        \
   do {                                                          \
     if (!tc_have_gpu()) cr_skip_test("no CUDA device: GPU suite skipped"); \
-    tc_racecheck_twins();                                       \
   } while (0)
 
 /* DSA_TEST_SANITIZE=1 (set by `make sanitize`): the GPU suites run under compute-sanitizer,
@@ -129,23 +129,25 @@ static inline int tc_sanitize_skips_cublas(void) {
   return s != NULL && (strcmp(s, "initcheck") == 0 || strcmp(s, "racecheck") == 0);
 }
 
-/* Under racecheck: racecheck does not follow the ordering of a named barrier's barrier.arrive ->
- * barrier.sync (bench/barrier_probe.cu: on the H200 it reports RAW / WAR hazards on an arrive / sync
- * hand-off that the hardware ran 8.65 M times without one wrong read, and even on accesses that a
- * later barrier.sync of both sides separates; the same hand-off on mbarriers or plain barrier.sync is
- * clean). The forward's schedule 3 hands its row max and P tiles between WGs that way, so under
- * racecheck the library default becomes schedule 4, the same kernel with mbarrier hand-offs (same
- * data flow, checkable), and the forward suite skips schedule 3 (docs/reliability.md section 3c). */
-extern int dsa_attn_fwd_sm90_overlap; /* src/internal.h; linked statically */
-static inline void tc_racecheck_twins(void) {
-  if (tc_racecheck() && dsa_attn_fwd_sm90_overlap == 3) dsa_attn_fwd_sm90_overlap = 4;
+/* The GPU suites' context (device 0). Under racecheck: racecheck does not follow the ordering of a
+ * named barrier's barrier.arrive -> barrier.sync (dev/barrier_probe.cu: on the H200 it reports RAW /
+ * WAR hazards on an arrive / sync hand-off that the hardware ran 8.65 M times without one wrong read,
+ * and even on accesses that a later barrier.sync of both sides separates; the same hand-off on
+ * mbarriers or plain barrier.sync is clean). The 64-head forward hands its row max and P tiles
+ * between WGs that way, so under racecheck the context runs its twin with mbarrier hand-offs
+ * (DSA_OPTION_FWD_SM90_HANDOFF = DSA_FWD_HANDOFF_MBARRIER: same data flow, checkable), and the
+ * forward suite skips the named-barrier one (docs/reliability.md section 3c). */
+static inline dsa_status tc_context_create(dsa_context **ctx) {
+  dsa_status s = dsa_context_create(ctx, 0);
+  if (s == DSA_SUCCESS && tc_racecheck())
+    s = dsa_context_set_option(*ctx, DSA_OPTION_FWD_SM90_HANDOFF, DSA_FWD_HANDOFF_MBARRIER);
+  return s;
 }
 
 /* DSA_TEST_EXPERIMENTAL=1 also runs the kernel paths that are written but not yet verified on a GPU
- * (today: none; the forward's schedules 3 / 4, top-k variant 4 and the backward's dKV layout 1 went
- * through it and were folded in after their first H200 runs on 2026-11-29). Off by default,
- * so that `make test` on a GPU machine never runs unverified device code (a hang there would hang the
- * suite); the next GPU session runs them with it set, then folds the verified ones into the default. */
+ * (today: none). Off by default, so that `make test` on a GPU machine never runs unverified device
+ * code (a hang there would hang the suite); a GPU session runs them with it set, then folds the
+ * verified ones into the default. */
 static inline int tc_experimental(void) {
   const char *s = getenv("DSA_TEST_EXPERIMENTAL");
   return s != NULL && s[0] != '\0' && strcmp(s, "0") != 0;
@@ -171,6 +173,8 @@ static inline int tc_experimental(void) {
     cr_assert(tc_e_ == cudaSuccess, "%s failed: %s", #call, cudaGetErrorString(tc_e_)); \
   } while (0)
 
+/* Sets an option of a test's context (include/dsa_tune.h); a rejected value fails the test. */
+#define TC_SET_OPTION(ctx, opt, value) TC_OK(dsa_context_set_option((ctx), (opt), (int64_t)(value)))
 #define TC_OK(call)                                                                        \
   do {                                                                                     \
     dsa_status tc_s_ = (call);                                                             \

@@ -534,7 +534,7 @@ typedef struct {
 
 static gc_env gc_open(void) {
   gc_env e;
-  TC_OK(dsa_context_create(&e.ctx, 0));
+  TC_OK(tc_context_create(&e.ctx)); /* under racecheck: the forward's checkable twin (test_common.h) */
   TC_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
   return e;
 }

@@ -9,17 +9,18 @@
  * Outputs are poisoned over their whole allocation, gaps of strided layouts included: every element
  * must be written and every gap must stay untouched. The workspace is handed over 1 byte off a
  * 256-byte boundary (the op aligns up inside).
- * Each mode runs three times: on the portable kernels (dsa_attn_bwd_variant 1), on the 64-head sm_90a
- * kernel (variant 2) and on the small-H sm_90a kernel (variant 3, H <= 32 only; a configuration an
+ * Each mode runs three times (DSA_OPTION_BWD_KERNEL, include/dsa_tune.h; messages name the kernel by
+ * its value): on the portable kernels (1), on the 64-head sm_90a kernel (2) and on the small-H sm_90a
+ * kernel (3, H <= 32 only; a configuration an
  * sm_90a kernel declines with DSA_ERROR_UNSUPPORTED is logged and skipped, and DSA_TEST_REQUIRE_SM90=1
- * turns "declined D = 576 or D = 512" (variant 3: with H <= 32) into a failure: every case here has
+ * turns "declined D = 576 or D = 512" (kernel 3: with H <= 32) into a failure: every case here has
  * the 16-byte aligned rows those kernels need, so on an H200 they must run them all). Every suite runs
  * at both head dims (D = 576, and D = 512: no rope part, all dims are value dims). The sm_90a deterministic mode
  * works in chunks of tokens; its fp32 sums add every kv row's contributions in ascending (token,
  * slot, head block) order whatever the chunk size, so with chunk_sweep its reruns with 1, 2 and 5
- * tokens per chunk (dsa_attn_bwd_det_chunk_tokens) must be bitwise identical to the one-chunk run.
- * The non-deterministic mode of both sm_90a kernels also runs with the permuted fp32 dKV accumulator
- * (dsa_attn_bwd_dkv_layout = 1, src/internal.h), checked the same way (reference, poison, gaps). */
+ * tokens per chunk (DSA_OPTION_BWD_DET_CHUNK_TOKENS) must be bitwise identical to the one-chunk run.
+ * The non-deterministic mode of the sm_90a kernels (fp32 atomics into their permuted dKV
+ * accumulators, src/internal.h) is also held against the same kernel's deterministic mode. */
 #include <limits.h>
 #include "test_common.h"
 #include "internal.h"
@@ -195,7 +196,7 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
 
   /* ---- device ---- */
   dsa_context *ctx = NULL;
-  TC_OK(dsa_context_create(&ctx, 0));
+  TC_OK(tc_context_create(&ctx));
   cudaStream_t stream;
   TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   uint16_t *d_q = dev_copy(q, nq * 2), *d_kv = dev_copy(kv, nkv * 2);
@@ -223,17 +224,14 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   uint16_t *dq_host = malloc(ndq * 2), *dkv_host = malloc(ndkv * 2);
   uint16_t *dq_c = malloc(nz(T * H * D) * 2);
   uint16_t *dkv_c = malloc(nz(Tkv * D) * 2);
-  gpu_result res[10] = {{0}}; /* run 0 of each pass */
+  gpu_result res[6] = {{0}}; /* run 0 of each pass */
   cr_assert(dq_host && dkv_host && dq_c && dkv_c);
 
-  /* passes 0, 1, 2: non-deterministic on variant 1 (portable), 2 (64-head sm_90a), 3 (small-H
-   * sm_90a, H <= 32 only), with dKV layout 0; passes 3, 4, 5: the same, deterministic; passes 6, 7:
-   * non-deterministic on variants 2, 3 with the permuted fp32 dKV accumulator (dsa_attn_bwd_dkv_layout
-   * = 1); passes 8, 9: the same with layout 2 (128-B row segments; the small-H kernel runs 2 as 1) */
+  /* passes 0, 1, 2: non-deterministic on kernel 1 (DSA_BWD_KERNEL_PORTABLE), 2 (SM90_H64), 3
+   * (SM90_SMALL, H <= 32 only); passes 3, 4, 5: the same, deterministic */
   static const int sweep[4] = {0, 1, 2, 5};
-  for (int pass = 0; pass < 10; ++pass) {
-    const int lay = pass >= 8 ? 2 : pass >= 6 ? 1 : 0;
-    const int mode = pass >= 3 && !lay, variant = lay ? 2 + (pass & 1) : 1 + pass % 3;
+  for (int pass = 0; pass < 6; ++pass) {
+    const int mode = pass >= 3, variant = 1 + pass % 3;
     if (variant == 3 && H > 32) continue; /* the small-H kernel runs H <= 32 */
     const int sweep_pass = mode && variant != 1 && c->chunk_sweep; /* sm_90a deterministic chunks */
     p.deterministic = mode;
@@ -250,14 +248,11 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
       TC_CUDA(cudaMemcpy(d_dkv, poison16, ndkv * 2, cudaMemcpyHostToDevice));
       TC_CUDA(cudaMemcpy(d_dsink, poison32, sizeof poison32, cudaMemcpyHostToDevice));
       size_t b = ws_bytes;
-      dsa_attn_bwd_variant = variant;
-      dsa_attn_bwd_det_chunk_tokens = sweep_pass ? (tc_sanitize() ? 2 * run : sweep[run]) : 0;
-      const int lay_default = dsa_attn_bwd_dkv_layout;
-      dsa_attn_bwd_dkv_layout = lay;
+      TC_SET_OPTION(ctx, DSA_OPTION_BWD_KERNEL, variant);
+      TC_SET_OPTION(ctx, DSA_OPTION_BWD_DET_CHUNK_TOKENS, sweep_pass ? (tc_sanitize() ? 2 * run : sweep[run]) : 0);
       const dsa_status st = dsa_sparse_attn_bwd(ctx, &p, ws + 1, &b, stream);
-      dsa_attn_bwd_variant = 0;
-      dsa_attn_bwd_det_chunk_tokens = 0;
-      dsa_attn_bwd_dkv_layout = lay_default;
+      TC_SET_OPTION(ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_AUTO);
+      TC_SET_OPTION(ctx, DSA_OPTION_BWD_DET_CHUNK_TOKENS, 0);
       if (variant != 1 && st == DSA_ERROR_UNSUPPORTED) {
         if ((D == 576 || D == 512) && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
           cr_assert_fail("%s: the sm_90a kernel (variant %d) declined D=%d H=%d (it must run it): %s", name,
@@ -281,11 +276,10 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
       if (run == 0) {
         const double e_dq = tc_rel_err_bf16(dq_c, dq_ref, (size_t)(T * H * D));
         const double e_dkv = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
-        cr_log_info("%s mode %d variant %d layout %d: dq rel err %.3g, dkv rel err %.3g", name, mode, variant,
-                    lay, e_dq, e_dkv);
-        cr_assert(e_dq <= 1e-2, "%s mode %d variant %d layout %d: dq rel err %g", name, mode, variant, lay, e_dq);
-        cr_assert(e_dkv <= 1e-2, "%s mode %d variant %d layout %d: dkv rel err %g", name, mode, variant, lay,
-                  e_dkv);
+        cr_log_info("%s mode %d variant %d: dq rel err %.3g, dkv rel err %.3g", name, mode, variant, e_dq,
+                    e_dkv);
+        cr_assert(e_dq <= 1e-2, "%s mode %d variant %d: dq rel err %g", name, mode, variant, e_dq);
+        cr_assert(e_dkv <= 1e-2, "%s mode %d variant %d: dkv rel err %g", name, mode, variant, e_dkv);
         if (!c->no_dsink) {
           for (int h = 0; h < H; ++h) {
             if (dsink_ref[h] == 0.f)
@@ -327,18 +321,7 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
     cr_assert(e_modes <= 1e-2, "%s: dkv of the two modes (variant %d) differ by %g", name, v + 1,
               e_modes);
   }
-  /* layouts 1 and 2 (passes 6, 7 and 8, 9: variants 2, 3) against the same variant's deterministic run */
-  for (int pl = 6; pl < 10; ++pl) {
-    const int v = 1 + (pl & 1); /* res index of the variant's deterministic pass: v + 3 */
-    if (res[pl].dkv == NULL || res[v + 3].dkv == NULL) continue; /* skipped or declined */
-    gather3(dkv_c, res[pl].dkv, Tkv, dkv_st, 1, 0, D);
-    gather3(dkv_ref, res[v + 3].dkv, Tkv, dkv_st, 1, 0, D);
-    const double e_modes = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
-    cr_assert(e_modes <= 1e-2, "%s: dkv of layout %d and the deterministic mode (variant %d) differ by %g", name,
-              pl >= 8 ? 2 : 1, v + 1, e_modes);
-  }
-
-  for (int m = 0; m < 10; ++m) {
+  for (int m = 0; m < 6; ++m) {
     free(res[m].dq);
     free(res[m].dkv);
   }
@@ -515,7 +498,7 @@ Test(gpu_attn_bwd, workspace_contract) {
   tc_rng rng = tc_seed("gpu_attn_bwd/workspace");
   const int64_t T = 7, H = 3, D = 576, Tkv = 20, K = 10, V = DSA_VALUE_DIM;
   dsa_context *ctx = NULL;
-  TC_OK(dsa_context_create(&ctx, 0));
+  TC_OK(tc_context_create(&ctx));
   uint16_t *hq = malloc((size_t)(T * H * D) * 2), *hkv = malloc((size_t)(Tkv * D) * 2);
   uint16_t *hg = malloc((size_t)(T * H * V) * 2);
   int32_t hidx[T * K];

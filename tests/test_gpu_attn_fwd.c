@@ -1,9 +1,10 @@
 /* test_gpu_attn_fwd.c - GPU suite gpu_attn_fwd: dsa_sparse_attn_fwd against the CPU reference
- * dsa_ref_sparse_attn_fwd on fresh random inputs, for every kernel choice (dsa_attn_fwd_variant
- * 1 = the portable kernel, 2 = the 64-head sm_90a kernel on the whole H, 3 = the sm_90a small-H
- * kernel (H <= 64), 4 = the split (64-head kernel on heads [0, 64), small-H kernel on the rest; run
- * only where it differs from 2 and 3: 64 < H < 128), then 0 = the automatic choice; a configuration
- * an sm_90a kernel declines is logged and skipped for that variant only).
+ * dsa_ref_sparse_attn_fwd on fresh random inputs, for every kernel choice (DSA_OPTION_FWD_KERNEL,
+ * include/dsa_tune.h: PORTABLE, SM90_H64 = the 64-head sm_90a kernel on the whole H, SM90_SMALL =
+ * the sm_90a small-H kernel (H <= 64), SM90_SPLIT = the 64-head kernel on heads [0, 64), the small-H
+ * kernel on the rest (run only where it differs from the two before: 64 < H < 128), then AUTO; a
+ * configuration an sm_90a kernel declines is logged and skipped for that choice only). Messages
+ * name the choice by its value (1 portable .. 4 split, 0 automatic).
  *
  * Every run starts from poisoned outputs (NaN bf16 / NaN fp32) over the whole out allocation, gaps
  * of strided layouts included: every (t, h) must be written, every gap must stay untouched. out is
@@ -11,19 +12,16 @@
  * and -inf matched exactly. Large batches compare a random sample of rows: rows are independent,
  * so the reference runs on a gathered sub-batch of just those rows (it is slow by design).
  * DSA_TEST_REQUIRE_SM90=1 turns "the sm_90a kernel declined H = 64 or 128, D = 576, dense layouts"
- * from a warning into a failure, and so "the small-H kernel (variant 3) or the split (variant 4)
- * declined a configuration it must run".
- * Every run of the 64-head sm_90a kernel (variant 2, variant 4, and variant 0 where the automatic choice
- * takes it) is repeated for each consumer schedule dsa_attn_fwd_sm90_overlap = 0, 1, 2, 3, 4 (serial,
- * overlapped, S hoisted, cuda/attn_fwd_sm90.cu; tile split between the WGs, the default, and the same
- * with mbarrier hand-offs, cuda/attn_fwd_sm90_v2.cu), each checked in full; schedules 1 and 2 do the
- * same arithmetic in the same order as 0, so a result that is not bitwise identical to schedule 0's is
- * logged as a warning (a race that stays inside the tolerance would show there first). Schedules 3 and
- * 4 sum in another order (and round WG0's P in two frames): they are checked against the reference.
- * Under racecheck schedule 3 is skipped and 4 runs in its place (tests/test_common.h).
- * heads_33_to_127 runs its cases under both two-consumer shapes of the small-H kernel
- * (dsa_attn_fwd_small_split 1 = value-dim split, 0 = column split); DSA_TEST_FWD_HEADS=h limits it
- * to H = h (one sanitizer process per head count). */
+ * from a warning into a failure, and so "the small-H kernel or the split declined a configuration it
+ * must run".
+ * Every run of the 64-head sm_90a kernel (SM90_H64, SM90_SPLIT, and AUTO where the automatic choice
+ * takes it) is repeated for each hand-off of its consumer warpgroups (DSA_OPTION_FWD_SM90_HANDOFF:
+ * 0 named barriers, the default; 1 mbarriers, the twin racecheck follows), each checked in full; the
+ * twin does the same arithmetic in the same order, so a result that is not bitwise identical to the
+ * default's is logged as a warning (a race that stays inside the tolerance would show there first).
+ * Under racecheck the named-barrier hand-off is skipped (tests/test_common.h). DSA_TEST_FWD_ONLY=k
+ * runs hand-off k alone. DSA_TEST_FWD_HEADS=h limits heads_33_to_127 to H = h (one sanitizer process
+ * per head count). */
 #include <limits.h>
 #include "test_common.h"
 #include <criterion/parameterized.h>
@@ -51,6 +49,7 @@ typedef struct attn_case {
   int rerun;           /* run each variant twice, results must be bitwise identical */
   int use_stream;      /* a non-blocking stream instead of the legacy default stream */
   int no_max_logits;   /* pass max_logits = NULL */
+  int small_max;       /* > 0: DSA_OPTION_FWD_SMALL_AUTO_MAX = small_max - 1 on the context */
 } attn_case;
 
 static const char *len_name[] = {"NULL", "0", "K", "random"};
@@ -103,30 +102,23 @@ static int required_split_sm90(const attn_case *c) {
   return c->H > 64 && (c->D == 576 || c->D == 512) && c->kv_stride % 8 == 0;
 }
 
-/* The order run_case goes through the variants; 0 (automatic) last. */
-static const int variants[] = {1, 2, 3, 4, 0};
-enum { NUM_OVERLAP = 5 }; /* dsa_attn_fwd_sm90_overlap 0, 1, 2, 3, 4 */
-/* Schedules whose results should be bitwise identical to schedule 0's (same arithmetic, same order). */
-static int same_order_as_0(int ov) { return ov == 1 || ov == 2; }
+/* The order run_case goes through the kernel choices (DSA_OPTION_FWD_KERNEL); automatic last. */
+static const int variants[] = {DSA_FWD_KERNEL_PORTABLE, DSA_FWD_KERNEL_SM90_H64, DSA_FWD_KERNEL_SM90_SMALL,
+                               DSA_FWD_KERNEL_SM90_SPLIT, DSA_FWD_KERNEL_AUTO};
+enum { NUM_HANDOFF = 2 }; /* DSA_OPTION_FWD_SM90_HANDOFF 0 (named barriers), 1 (mbarriers) */
 
-/* DSA_TEST_FWD_ONLY=k runs schedule k alone (on the 64-head kernel's launches; the automatic variant
- * 0 runs the library default either way): lets a sanitizer run spend its time on one schedule. */
+/* DSA_TEST_FWD_ONLY=k runs hand-off k alone (on the 64-head kernel's launches): lets a sanitizer run
+ * spend its time on one. */
 static int fwd_only(void) {
   const char *s = getenv("DSA_TEST_FWD_ONLY");
   return s ? atoi(s) : -1;
 }
-/* DSA_TEST_FWD_SCHEDULES=n runs only schedules 0..n-1 (1..5; default all 5). */
-static int fwd_schedules(void) {
-  const char *s = getenv("DSA_TEST_FWD_SCHEDULES");
-  if (fwd_only() >= 0) return NUM_OVERLAP;
-  const int n = s ? atoi(s) : NUM_OVERLAP;
-  return n < 1 ? 1 : n > NUM_OVERLAP ? NUM_OVERLAP : n;
-}
 
-/* Whether this variant runs the 64-head sm_90a kernel for H heads (src/attn_fwd.c): then it is run
- * once per consumer schedule. */
-static int runs_64head(int variant, int64_t H) {
-  return variant == 2 || variant == 4 || (variant == 0 && (H >= 64 || H % 64 > DSA_FWD_SMALL_AUTO_MAX));
+/* Whether this kernel choice runs the 64-head sm_90a kernel for H heads (src/attn_fwd.c; small_max =
+ * the context's DSA_OPTION_FWD_SMALL_AUTO_MAX): then it is run once per hand-off. */
+static int runs_64head(int variant, int64_t H, int64_t small_max) {
+  return variant == DSA_FWD_KERNEL_SM90_H64 || variant == DSA_FWD_KERNEL_SM90_SPLIT ||
+         (variant == DSA_FWD_KERNEL_AUTO && (H >= 64 || H % 64 > small_max));
 }
 
 static void check_scalar(const char *what, float got, float ref, int64_t t, int h, const char *variant) {
@@ -235,7 +227,11 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
 
   /* ---- device ---- */
   dsa_context *ctx = NULL;
-  TC_OK(dsa_context_create(&ctx, 0));
+  TC_OK(tc_context_create(&ctx));
+  if (c->small_max > 0) TC_SET_OPTION(ctx, DSA_OPTION_FWD_SMALL_AUTO_MAX, c->small_max - 1);
+  int64_t small_max = 0, handoff_default = 0;
+  TC_OK(dsa_context_get_option(ctx, DSA_OPTION_FWD_SMALL_AUTO_MAX, &small_max));
+  TC_OK(dsa_context_get_option(ctx, DSA_OPTION_FWD_SM90_HANDOFF, &handoff_default));
   cudaStream_t stream = 0;
   if (c->use_stream) TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   uint16_t *d_q, *d_kv, *d_out;
@@ -271,7 +267,7 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
   float *lse = malloc((size_t)(T * H) * 4), *mx = malloc((size_t)(T * H) * 4);
   float *lse_first = malloc((size_t)(T * H) * 4), *mx_first = malloc((size_t)(T * H) * 4);
   float *nan_f = malloc((size_t)(T * H) * 4);
-  uint16_t *out_ov0 = malloc(nout * 2); /* schedule 0's results of the current variant */
+  uint16_t *out_ov0 = malloc(nout * 2); /* hand-off 0's results of the current kernel choice */
   float *lse_ov0 = malloc((size_t)(T * H) * 4), *mx_ov0 = malloc((size_t)(T * H) * 4);
   cr_assert(mask && out && poison && out_first && lse && mx && lse_first && mx_first && nan_f);
   cr_assert(out_ov0 && lse_ov0 && mx_ov0);
@@ -282,15 +278,15 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
 
   for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; ++vi) {
     const int variant = variants[vi];
-    if (variant == 4 && (H <= 64 || H % 64 == 0)) continue; /* the same launches as 2 or 3 */
-    const int num_ov = runs_64head(variant, H) ? fwd_schedules() : 1;
+    if (variant == DSA_FWD_KERNEL_SM90_SPLIT && (H <= 64 || H % 64 == 0)) continue; /* the same launches as 2 or 3 */
+    const int num_ov = runs_64head(variant, H, small_max) ? NUM_HANDOFF : 1;
     int declined = 0;
     for (int ov = 0; ov < num_ov && !declined; ++ov) {
       if (num_ov > 1 && fwd_only() >= 0 && ov != fwd_only()) continue;
-      if (ov == 3 && tc_racecheck()) continue; /* schedule 4 is its racecheck twin (test_common.h) */
-      char vn[32]; /* the variant in messages: "2" or "2/overlap 1" */
+      if (num_ov > 1 && ov == DSA_FWD_HANDOFF_NAMED_BARRIER && tc_racecheck()) continue; /* test_common.h */
+      char vn[32]; /* the kernel choice in messages: "2" or "2/handoff 1" */
       if (num_ov > 1)
-        snprintf(vn, sizeof vn, "%d/overlap %d", variant, ov);
+        snprintf(vn, sizeof vn, "%d/handoff %d", variant, ov);
       else
         snprintf(vn, sizeof vn, "%d", variant);
       for (int run = 0; run < (c->rerun && !tc_sanitize() ? 2 : 1); ++run) {
@@ -298,24 +294,23 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
         TC_CUDA(cudaMemcpy(d_lse, nan_f, (size_t)(T * H) * 4, cudaMemcpyHostToDevice));
         TC_CUDA(cudaMemcpy(d_max, nan_f, (size_t)(T * H) * 4, cudaMemcpyHostToDevice));
         TC_CUDA(cudaDeviceSynchronize()); /* pageable copies vs a non-blocking stream */
-        const int ov_default = dsa_attn_fwd_sm90_overlap;
-        dsa_attn_fwd_variant = variant;
-        dsa_attn_fwd_sm90_overlap = ov;
+        TC_SET_OPTION(ctx, DSA_OPTION_FWD_KERNEL, variant);
+        TC_SET_OPTION(ctx, DSA_OPTION_FWD_SM90_HANDOFF, num_ov > 1 ? ov : handoff_default);
         const dsa_status st = dsa_sparse_attn_fwd(ctx, &p, stream);
-        dsa_attn_fwd_variant = 0;
-        dsa_attn_fwd_sm90_overlap = ov_default;
-        if ((variant == 3 || variant == 4) && st == DSA_ERROR_UNSUPPORTED) { /* 3: H <= 64 only */
-          if ((variant == 3 ? required_small_sm90(c) : required_split_sm90(c)) &&
+        TC_SET_OPTION(ctx, DSA_OPTION_FWD_KERNEL, DSA_FWD_KERNEL_AUTO);
+        TC_SET_OPTION(ctx, DSA_OPTION_FWD_SM90_HANDOFF, handoff_default);
+        if ((variant == DSA_FWD_KERNEL_SM90_SMALL || variant == DSA_FWD_KERNEL_SM90_SPLIT) && st == DSA_ERROR_UNSUPPORTED) { /* 3: H <= 64 only */
+          if ((variant == DSA_FWD_KERNEL_SM90_SMALL ? required_small_sm90(c) : required_split_sm90(c)) &&
               getenv("DSA_TEST_REQUIRE_SM90") != NULL)
             cr_assert_fail("%s: variant %d (sm_90a %s) declined H=%lld, D=%lld (it must run it): %s",
-                           name, variant, variant == 3 ? "small-H kernel" : "split", (long long)H,
+                           name, variant, variant == DSA_FWD_KERNEL_SM90_SMALL ? "small-H kernel" : "split", (long long)H,
                            (long long)D, dsa_last_error_message());
           cr_log_info("%s: variant %d (sm_90a %s) declined this configuration: %s", name, variant,
-                      variant == 3 ? "small-H kernel" : "split", dsa_last_error_message());
+                      variant == DSA_FWD_KERNEL_SM90_SMALL ? "small-H kernel" : "split", dsa_last_error_message());
           declined = 1;
           break;
         }
-        if (variant == 2 && st == DSA_ERROR_UNSUPPORTED) {
+        if (variant == DSA_FWD_KERNEL_SM90_H64 && st == DSA_ERROR_UNSUPPORTED) {
           if (required_sm90(c) && getenv("DSA_TEST_REQUIRE_SM90") != NULL)
             cr_assert_fail("%s: the sm_90a kernel declined H=%lld, D=576, dense (it must run it): %s",
                            name, (long long)H, dsa_last_error_message());
@@ -389,10 +384,10 @@ static void run_case(const attn_case *c, tc_rng *rng, const char *name) {
           memcpy(out_ov0, out, nout * 2);
           memcpy(lse_ov0, lse, (size_t)(T * H) * 4);
           memcpy(mx_ov0, mx, (size_t)(T * H) * 4);
-        } else if (num_ov > 1 && same_order_as_0(ov) &&
+        } else if (num_ov > 1 && !tc_racecheck() && (fwd_only() < 0) &&
                    (memcmp(out, out_ov0, nout * 2) != 0 || memcmp(lse, lse_ov0, (size_t)(T * H) * 4) != 0 ||
                     (!c->no_max_logits && memcmp(mx, mx_ov0, (size_t)(T * H) * 4) != 0))) {
-          cr_log_warn("%s: variant %s: results pass but are not bitwise identical to overlap 0's",
+          cr_log_warn("%s: variant %s: results pass but are not bitwise identical to hand-off 0's",
                       name, vn);
         }
       }
@@ -538,49 +533,62 @@ ParameterizedTest(int *heads, gpu_attn_fwd, heads_33_to_127) {
   /* DSA_TEST_FWD_HEADS=h runs this test for H = h alone (a sanitizer run per head count) */
   const char *only = getenv("DSA_TEST_FWD_HEADS");
   if (only && atoi(only) != H) cr_skip_test("H=%d: DSA_TEST_FWD_HEADS=%s", H, only);
-  /* the small-H kernel's two shapes for N = 40..64 (dsa_attn_fwd_small_split): value-dim split, then
-   * column split; each of the three cases below under both */
-  const int split_default = dsa_attn_fwd_small_split;
-  for (int split = 1; split >= 0; --split) {
-    dsa_attn_fwd_small_split = split;
-    char name[96];
-    /* a: random topk_length, per-head sink mix (+inf, -inf, finite), token-padded q, head-major out */
-    attn_case c = base_case(37, H, 100);
+  char name[96];
+  /* a: random topk_length, per-head sink mix (+inf, -inf, finite), token-padded q, head-major out */
+  attn_case c = base_case(37, H, 100);
+  c.len = LEN_RANDOM;
+  c.sink = SINK_MIX;
+  c.p_invalid = 0.1;
+  c.p_empty = 0.1;
+  c.q_layout = LAYOUT_TOKEN_PAD;
+  c.out_layout = LAYOUT_HEAD_MAJOR;
+  c.sample = (int)c.T;
+  c.rerun = 1;
+  snprintf(name, sizeof name, "H=%d K=100 strided q/out, sink mix, rerun", H);
+  run_case(&c, &rng, name);
+  /* b: 5 KV tiles (both stages reused), head-major q, kv stride 640, padded index rows, sink +inf or
+   * -inf for every head, D = 512 for odd H */
+  c = base_case(45, H, 257);
+  c.D = H % 2 ? 512 : 576;
+  c.len = LEN_FULL;
+  c.sink = H % 3 ? SINK_NEG_INF : SINK_POS_INF;
+  c.p_invalid = 0.2;
+  c.q_layout = LAYOUT_HEAD_MAJOR;
+  c.out_layout = LAYOUT_TOKEN_PAD;
+  c.kv_stride = 640;
+  c.idx_pad = 3;
+  c.sample = (int)c.T;
+  snprintf(name, sizeof name, "H=%d D=%d K=257 kv stride 640, sink %s", H, c.D, sink_name[c.sink]);
+  run_case(&c, &rng, name);
+  /* c: no topk_length, finite sinks, dense layouts, no max_logits, many duplicates, 11 KV tiles */
+  c = base_case(37, H, 700);
+  c.sink = SINK_FINITE;
+  c.p_invalid = 0.05;
+  c.p_dup = 0.3;
+  c.no_max_logits = 1;
+  c.sample = (int)c.T;
+  snprintf(name, sizeof name, "H=%d K=700 dense, max_logits NULL", H);
+  run_case(&c, &rng, name);
+}
+
+/* ---- DSA_OPTION_FWD_SMALL_AUTO_MAX moves the automatic choice between the small-H kernel and the
+ * 64-head kernel's zero rows: H = 56 and 120 with 48 (the 64-head kernel on the whole H), H = 40 with
+ * 0 (no remainder goes to the small-H kernel), H = 60 with 63 (every remainder does) ---- */
+Test(gpu_attn_fwd, small_auto_max_option) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_attn_fwd/small_auto_max_option");
+  const int cases[][2] = {{56, 48}, {120, 48}, {40, 0}, {60, 63}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    char name[64];
+    attn_case c = base_case(19, cases[i][0], 300);
     c.len = LEN_RANDOM;
-    c.sink = SINK_MIX;
-    c.p_invalid = 0.1;
-    c.p_empty = 0.1;
-    c.q_layout = LAYOUT_TOKEN_PAD;
-    c.out_layout = LAYOUT_HEAD_MAJOR;
-    c.sample = (int)c.T;
-    c.rerun = 1;
-    snprintf(name, sizeof name, "H=%d K=100 strided q/out, sink mix, rerun, split %d", H, split);
-    run_case(&c, &rng, name);
-    /* b: 5 KV tiles (both stages reused), head-major q, kv stride 640, padded index rows, sink +inf or
-     * -inf for every head, D = 512 for odd H */
-    c = base_case(45, H, 257);
-    c.D = H % 2 ? 512 : 576;
-    c.len = LEN_FULL;
-    c.sink = H % 3 ? SINK_NEG_INF : SINK_POS_INF;
-    c.p_invalid = 0.2;
-    c.q_layout = LAYOUT_HEAD_MAJOR;
-    c.out_layout = LAYOUT_TOKEN_PAD;
-    c.kv_stride = 640;
-    c.idx_pad = 3;
-    c.sample = (int)c.T;
-    snprintf(name, sizeof name, "H=%d D=%d K=257 kv stride 640, sink %s, split %d", H, c.D, sink_name[c.sink], split);
-    run_case(&c, &rng, name);
-    /* c: no topk_length, finite sinks, dense layouts, no max_logits, many duplicates, 11 KV tiles */
-    c = base_case(37, H, 700);
     c.sink = SINK_FINITE;
-    c.p_invalid = 0.05;
-    c.p_dup = 0.3;
-    c.no_max_logits = 1;
+    c.p_invalid = 0.1;
     c.sample = (int)c.T;
-    snprintf(name, sizeof name, "H=%d K=700 dense, max_logits NULL, split %d", H, split);
+    c.small_max = cases[i][1] + 1;
+    snprintf(name, sizeof name, "H=%d small_auto_max=%d", cases[i][0], cases[i][1]);
     run_case(&c, &rng, name);
   }
-  dsa_attn_fwd_small_split = split_default;
 }
 
 /* ---- strided q (token stride > H*D, head-major), kv row stride 640, strided out ---- */
@@ -670,7 +678,7 @@ Test(gpu_attn_fwd, bad_inputs_write_nothing) {
   TC_REQUIRE_GPU();
   enum { T = 4, H = 8, K = 16, TKV = 32 };
   dsa_context *ctx = NULL;
-  TC_OK(dsa_context_create(&ctx, 0));
+  TC_OK(tc_context_create(&ctx));
   uint16_t *d_q, *d_kv, *d_out;
   int32_t *d_idx;
   float *d_lse;
@@ -719,11 +727,11 @@ Test(gpu_attn_fwd, bad_inputs_write_nothing) {
   /* zero tokens: success, no launch, any pointer may be NULL */
   dsa_attn_fwd_params z = {.num_tokens = 0, .num_heads = H, .head_dim = 576, .num_kv = 0,
                            .topk = K, .softmax_scale = 1.0f};
-  for (int v = 0; v <= 4; ++v) {
-    dsa_attn_fwd_variant = v;
+  for (int v = DSA_FWD_KERNEL_AUTO; v <= DSA_FWD_KERNEL_SM90_SPLIT; ++v) {
+    TC_SET_OPTION(ctx, DSA_OPTION_FWD_KERNEL, v);
     TC_OK(dsa_sparse_attn_fwd(ctx, &z, 0));
   }
-  dsa_attn_fwd_variant = 0;
+  TC_SET_OPTION(ctx, DSA_OPTION_FWD_KERNEL, DSA_FWD_KERNEL_AUTO);
   cudaFree(d_q); cudaFree(d_kv); cudaFree(d_idx); cudaFree(d_out); cudaFree(d_lse);
   dsa_context_destroy(ctx);
 }
@@ -732,7 +740,7 @@ Test(gpu_attn_fwd, bad_inputs_write_nothing) {
 Test(gpu_attn_fwd, automatic_dispatch) {
   TC_REQUIRE_GPU();
   tc_rng rng = tc_seed("gpu_attn_fwd/automatic_dispatch");
-  /* run_case forces the variants; here variant 0 must give reference results too */
+  /* run_case forces the kernels; here the automatic choice must give reference results too */
   enum { T = 5, H = 12, K = 77, TKV = 500 };
   uint16_t *q = malloc(T * H * 576 * 2), *kv = malloc(TKV * 576 * 2);
   int32_t idx[T * K];
@@ -747,7 +755,7 @@ Test(gpu_attn_fwd, automatic_dispatch) {
                            .out = out_ref, .lse = lse_ref};
   TC_OK(dsa_ref_sparse_attn_fwd(&p));
   dsa_context *ctx = NULL;
-  TC_OK(dsa_context_create(&ctx, 0));
+  TC_OK(tc_context_create(&ctx));
   uint16_t *d_q, *d_kv, *d_out;
   int32_t *d_idx;
   float *d_lse;
@@ -767,7 +775,6 @@ Test(gpu_attn_fwd, automatic_dispatch) {
   p.out = d_out;
   p.lse = d_lse;
   (void)dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s", "an earlier failure");
-  dsa_attn_fwd_variant = 0;
   TC_OK(dsa_sparse_attn_fwd(ctx, &p, 0));
   cr_assert_str_eq(dsa_last_error_message(), "an earlier failure",
                    "a successful call changed the last message to \"%s\"", dsa_last_error_message());

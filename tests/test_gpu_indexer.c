@@ -4,19 +4,18 @@
  * product, product and head sum is exact in fp32 and equals the fp64 reference; the many exact 0
  * after ReLU (and negative weights) make ties that the deterministic rule decides.
  *
- * Both engines run every case, the fused one with each of its kernels (dsa_indexer_fused_variant 1 =
- * mma.sync, 2 = the sm_90a wgmma kernel, which declines off cc 9.0: logged and skipped, a failure
+ * Both engines run every case, the fused one with each of its kernels (DSA_OPTION_INDEXER_FUSED_KERNEL
+ * 1 = mma.sync, 2 = the sm_90a wgmma kernel, which declines off cc 9.0: logged and skipped, a failure
  * with DSA_TEST_REQUIRE_SM90=1). Layouts: semantics section 4 worked examples A-D, one causal sequence, several documents (one of
  * length 1), padded storage, a context-parallel query range, a padding mask, T_q > 65535 (short
  * documents). H_idx in {1, 12, 20, 32, 40, 64}, K in {1, 7, 64, 100, 2048}, fp32 and bf16 weights, q layouts
- * cuBLAS reads directly and ones that are packed first, the default budgets and shrunken ones (many
- * chunks, key tiles, one-query GEMMs). The reference is slow, so rows that need scoring are sampled;
+ * cuBLAS reads directly and ones that are packed first, the default budgets and shrunken ones
+ * (DSA_OPTION_INDEXER_*_BUDGET / _KEY_TILE: many chunks, key tiles, one-query GEMMs). The reference is slow, so rows that need scoring are sampled;
  * rows that select all their keys are all checked. Also: bitwise reruns, a row alone (a one-query
  * plan) equals the row inside the batch, the workspace contract (stable, >= 1, bounded at idx-32k
  * sizes, a 1-byte offset workspace is accepted), bad arguments (status, nothing written), CUDA graph
  * capture of both engines. */
 #include "test_common.h"
-#include "internal.h" /* dsa_indexer_*_budget: shrunk to force chunking */
 
 typedef struct {
   dsa_context *ctx;
@@ -25,7 +24,7 @@ typedef struct {
 
 static ix_env ix_open(void) {
   ix_env e;
-  TC_OK(dsa_context_create(&e.ctx, 0));
+  TC_OK(tc_context_create(&e.ctx));
   TC_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
   return e;
 }
@@ -170,8 +169,8 @@ static dsa_indexer_params params_of(const ix_case *c, const ix_data *x, int dev)
   return p;
 }
 
-/* The fused kernels (dsa_indexer_fused_variant): 1 mma.sync, 2 sm_90a wgmma. */
-enum { FV_MMA = 1, FV_WGMMA = 2 };
+/* The fused kernels (DSA_OPTION_INDEXER_FUSED_KERNEL): 1 mma.sync, 2 sm_90a wgmma. */
+enum { FV_MMA = DSA_INDEXER_FUSED_MMA_SYNC, FV_WGMMA = DSA_INDEXER_FUSED_WGMMA };
 
 /* A status of a forced wgmma run: 1 when it declined (not cc 9.0), which is logged, or a failure
  * under DSA_TEST_REQUIRE_SM90=1; 0 to go on. */
@@ -204,10 +203,10 @@ static int gpu_run(ix_env *e, const ix_case *c, const ix_data *x, dsa_indexer_en
   TC_CUDA(cudaDeviceSynchronize());
   p.indices = di;
   p.lengths = dl;
-  dsa_indexer_fused_variant = variant;
+  TC_SET_OPTION(e->ctx, DSA_OPTION_INDEXER_FUSED_KERNEL, variant);
   st = dsa_indexer_topk(e->ctx, &p, NULL, &need, e->stream);
   if (variant == FV_WGMMA && engine != DSA_INDEXER_ENGINE_CUBLAS && wgmma_declined(st, c->what)) {
-    dsa_indexer_fused_variant = 0;
+    TC_SET_OPTION(e->ctx, DSA_OPTION_INDEXER_FUSED_KERNEL, DSA_INDEXER_FUSED_AUTO);
     cudaFree(di);
     cudaFree(dl);
     *idx_out = *len_out = NULL;
@@ -218,7 +217,7 @@ static int gpu_run(ix_env *e, const ix_case *c, const ix_data *x, dsa_indexer_en
   cr_assert(need >= 1 && need == need2, "workspace size %zu then %zu", need, need2);
   TC_CUDA(cudaMalloc((void **)&ws, need + ws_offset));
   TC_OK(dsa_indexer_topk(e->ctx, &p, ws + ws_offset, &need, e->stream));
-  dsa_indexer_fused_variant = 0;
+  TC_SET_OPTION(e->ctx, DSA_OPTION_INDEXER_FUSED_KERNEL, DSA_INDEXER_FUSED_AUTO);
   TC_CUDA(cudaStreamSynchronize(e->stream));
   *idx_out = (int32_t *)malloc(in * 4);
   *len_out = (int32_t *)malloc((size_t)x->Tq * 4);
@@ -312,12 +311,13 @@ static void run_case(ix_env *e, tc_rng *r, const ix_case *c) {
   data_free(&x);
 }
 
-static void set_budgets(int64_t scores, int64_t logits, int64_t tile) {
-  dsa_indexer_scores_budget = scores;
-  dsa_indexer_logits_budget = logits;
-  dsa_indexer_key_tile = tile;
+static void set_budgets(ix_env *e, int64_t scores, int64_t logits, int64_t tile) {
+  TC_SET_OPTION(e->ctx, DSA_OPTION_INDEXER_SCORES_BUDGET, scores);
+  TC_SET_OPTION(e->ctx, DSA_OPTION_INDEXER_LOGITS_BUDGET, logits);
+  TC_SET_OPTION(e->ctx, DSA_OPTION_INDEXER_KEY_TILE, tile);
 }
-static void default_budgets(void) { set_budgets((int64_t)128 << 20, (int64_t)64 << 20, 32768); }
+/* the defaults of include/dsa_tune.h */
+static void default_budgets(ix_env *e) { set_budgets(e, (int64_t)128 << 20, (int64_t)64 << 20, 32768); }
 
 /* ---- section 4 worked examples A-D, every row ---- */
 Test(gpu_indexer, worked_examples) {
@@ -353,7 +353,7 @@ Test(gpu_indexer, single_sequence_all_k) {
     run_case(&e, &r, &c);
   }
   /* many chunks, key tiles and one-query GEMMs */
-  set_budgets(300 << 10, 200 << 10, 700);
+  set_budgets(&e, 300 << 10, 200 << 10, 700);
   {
     ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 32, 100, DSA_DTYPE_F32, QL_PADDED, 12, "small budgets"};
     run_case(&e, &r, &c);
@@ -377,12 +377,12 @@ Test(gpu_indexer, single_sequence_all_k) {
     c.what = "H 40";
     run_case(&e, &r, &c);
   }
-  set_budgets(1 << 20, 1 << 20, 1000);
+  set_budgets(&e, 1 << 20, 1 << 20, 1000);
   {
     ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 1, 7, DSA_DTYPE_BF16, QL_TOKEN_GAP, 12, "H 1, small budgets"};
     run_case(&e, &r, &c);
   }
-  default_budgets();
+  default_budgets(&e);
   ix_close(&e);
 }
 
@@ -414,11 +414,11 @@ Test(gpu_indexer, documents_padding_cp_mask) {
     c.what = "padded storage, CP range";
     c.wdt = DSA_DTYPE_BF16;
     run_case(&e, &r, &c);
-    set_budgets(256 << 10, 128 << 10, 300);
+    set_budgets(&e, 256 << 10, 128 << 10, 300);
     c.what = "padded storage, CP range, small budgets";
     c.K = 7;
     run_case(&e, &r, &c);
-    default_budgets();
+    default_budgets(&e);
   }
   {
     /* CP range on one long sequence: the first local query already sees more than K keys */
@@ -687,9 +687,9 @@ Test(gpu_indexer, graph_capture) {
     TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &need, e.stream));
     TC_CUDA(cudaMalloc((void **)&ws, need));
     TC_CUDA(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeGlobal));
-    dsa_indexer_fused_variant = en;
+    TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_FUSED_KERNEL, en);
     TC_OK(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream));
-    dsa_indexer_fused_variant = 0;
+    TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_FUSED_KERNEL, DSA_INDEXER_FUSED_AUTO);
     TC_CUDA(cudaStreamEndCapture(e.stream, &g));
     TC_CUDA(cudaGraphInstantiate(&ge, g, 0));
     TC_CUDA(cudaGraphLaunch(ge, e.stream));

@@ -13,7 +13,6 @@
  * Needs about 18 GB of device memory at most (backward with a large q) and as much host memory
  * only for lazily touched buffers. */
 #include "test_common.h"
-#include "internal.h" /* variant switches */
 
 #define LG_D 576
 #define LG_V 512
@@ -29,7 +28,7 @@ static lg_env lg_open(void) {
   lg_env e;
   TC_REQUIRE_GPU();
   if (tc_sanitize()) cr_skip_test("gpu_large is skipped under DSA_TEST_SANITIZE (multi-GB tensors)");
-  TC_OK(dsa_context_create(&e.ctx, 0));
+  TC_OK(tc_context_create(&e.ctx));
   TC_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamDefault));
   return e;
 }
@@ -110,9 +109,9 @@ static void lg_fwd_run(lg_env *e, lg_fwd *f, const int *vars, const int64_t *tok
     TC_CUDA(cudaMemset(f->dout, 0xFF, (size_t)(f->T * f->H * LG_V) * 2));
     TC_CUDA(cudaMemset(f->dlse, 0xFF, (size_t)(f->T * f->H) * 4));
     TC_CUDA(cudaDeviceSynchronize());
-    dsa_attn_fwd_variant = *v;
+    TC_SET_OPTION(e->ctx, DSA_OPTION_FWD_KERNEL, *v);
     dsa_status st = dsa_sparse_attn_fwd(e->ctx, &p, e->stream);
-    dsa_attn_fwd_variant = 0;
+    TC_SET_OPTION(e->ctx, DSA_OPTION_FWD_KERNEL, DSA_FWD_KERNEL_AUTO);
     if (st == DSA_ERROR_UNSUPPORTED) {
       cr_log_info("%s: declined (%s)", w, dsa_last_error_message());
       continue;
@@ -338,15 +337,13 @@ static int lg_bwd_gpu(lg_env *e, const lg_bwd *b, int variant, int det, const ch
   TC_CUDA(cudaMemset(b->dkv, 0xFF, (size_t)(b->Tkv * LG_D) * 2));
   TC_CUDA(cudaMemset(b->dsink, 0xFF, (size_t)b->H * 4));
   TC_CUDA(cudaDeviceSynchronize());
-  dsa_attn_bwd_variant = variant;
+  TC_SET_OPTION(e->ctx, DSA_OPTION_BWD_KERNEL, variant);
   dsa_status st = dsa_sparse_attn_bwd(e->ctx, &p, NULL, &need, e->stream);
-  dsa_attn_bwd_variant = 0;
   cr_assert(st == DSA_SUCCESS, "%s: size query: %s", what, dsa_last_error_message());
   void *ws = NULL;
   TC_MALLOC_OR_SKIP(ws, need);
-  dsa_attn_bwd_variant = variant;
   st = dsa_sparse_attn_bwd(e->ctx, &p, ws, &need, e->stream);
-  dsa_attn_bwd_variant = 0;
+  TC_SET_OPTION(e->ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_AUTO);
   if (st == DSA_ERROR_UNSUPPORTED) {
     cr_log_info("%s: declined (%s)", what, dsa_last_error_message());
     cudaFree(ws);
@@ -673,11 +670,11 @@ Test(gpu_large, topk_2pow20_rows) {
   p.scores = ds;
   p.lengths = dl;
   p.indices = di;
-  for (int v = 1; v <= 4; ++v) { /* every top-k kernel */
+  for (int v = DSA_TOPK_KERNEL_RADIX; v <= DSA_TOPK_KERNEL_FILTER; ++v) { /* every top-k kernel */
     TC_CUDA(cudaMemset(di, 0x5A, (size_t)(rows * K) * 4));
-    dsa_topk_variant = v;
+    TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_KERNEL, v);
     lg_topk_gpu(&e, &p);
-    dsa_topk_variant = 0;
+    TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_KERNEL, DSA_TOPK_KERNEL_AUTO);
     TC_CUDA(cudaMemcpy(got, di, (size_t)(rows * K) * 4, cudaMemcpyDeviceToHost));
     for (int64_t i = 0; i < rows; ++i) {
       const int32_t n = len[i] < K ? len[i] : K;

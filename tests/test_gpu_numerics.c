@@ -19,8 +19,6 @@
  *    +inf dout make those outputs non-finite; lse = +inf is an empty row (dq = 0).
  */
 #include "test_common.h"
-#include "internal.h" /* dsa_attn_fwd_variant, dsa_attn_bwd_variant, dsa_topk_variant,
-                        * dsa_indexer_fused_variant */
 
 #define NM_BF_NAN ((uint16_t)0x7FC0)
 #define NM_BF_PINF ((uint16_t)0x7F80)
@@ -36,7 +34,7 @@ typedef struct {
 
 static nm_env nm_open(void) {
   nm_env e;
-  TC_OK(dsa_context_create(&e.ctx, 0));
+  TC_OK(tc_context_create(&e.ctx));
   TC_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamDefault));
   return e;
 }
@@ -167,7 +165,7 @@ Test(gpu_numerics, indexer_nan_inf_both_engines) {
     w0f[i] = (float)(tc_below(&r, 17) - 8) / 8.0f;
     w0b[i] = dsa_f32_to_bf16(w0f[i]);
   }
-  /* the cuBLAS engine and each fused kernel (dsa_indexer_fused_variant 1 mma.sync, 2 sm_90a wgmma,
+  /* the cuBLAS engine and each fused kernel (DSA_OPTION_INDEXER_FUSED_KERNEL 1 mma.sync, 2 sm_90a wgmma,
    * which declines off cc 9.0) */
   static const dsa_indexer_engine engines[3] = {DSA_INDEXER_ENGINE_CUBLAS, DSA_INDEXER_ENGINE_FUSED,
                                                 DSA_INDEXER_ENGINE_FUSED};
@@ -214,10 +212,10 @@ Test(gpu_numerics, indexer_nan_inf_both_engines) {
         if (p.engine == DSA_INDEXER_ENGINE_CUBLAS && tc_sanitize_skips_cublas()) continue; /* test_common.h */
         TC_CUDA(cudaMemset(di, 0x5A, (size_t)IX_TK * IX_K * 4));
         TC_CUDA(cudaMemset(dl, 0x5A, IX_TK * 4));
-        dsa_indexer_fused_variant = fvariant[en];
+        TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_FUSED_KERNEL, fvariant[en]);
         dsa_status st = dsa_indexer_topk(e.ctx, &p, NULL, &need, e.stream);
         if (st == DSA_ERROR_UNSUPPORTED && en == 2) {
-          dsa_indexer_fused_variant = 0;
+          TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_FUSED_KERNEL, DSA_INDEXER_FUSED_AUTO);
           if (c == IX_BASE) cr_log_info("%s: declined (%s)", what, dsa_last_error_message());
           continue;
         }
@@ -225,7 +223,7 @@ Test(gpu_numerics, indexer_nan_inf_both_engines) {
         void *ws = nm_up(NULL, need);
         TC_OK(dsa_indexer_topk(e.ctx, &p, ws, &need, e.stream));
         TC_CUDA(cudaStreamSynchronize(e.stream));
-        dsa_indexer_fused_variant = 0;
+        TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_FUSED_KERNEL, DSA_INDEXER_FUSED_AUTO);
         cudaFree(ws);
         TC_CUDA(cudaMemcpy(got, di, (size_t)IX_TK * IX_K * 4, cudaMemcpyDeviceToHost));
         TC_CUDA(cudaMemcpy(glen, dl, IX_TK * 4, cudaMemcpyDeviceToHost));
@@ -294,15 +292,15 @@ Test(gpu_numerics, topk_nan_payloads) {
   p.scores = ds;
   p.lengths = dl;
   p.indices = di;
-  for (int v = 0; v <= 4; ++v) { /* every top-k kernel (0: the automatic choice) */
+  for (int v = DSA_TOPK_KERNEL_AUTO; v <= DSA_TOPK_KERNEL_FILTER; ++v) { /* every top-k kernel */
     size_t need = 0;
     TC_CUDA(cudaMemset(di, 0x5A, (size_t)(rows * K) * 4));
-    dsa_topk_variant = v;
+    TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_KERNEL, v);
     TC_OK(dsa_topk(e.ctx, &p, NULL, &need, e.stream));
     void *ws = nm_up(NULL, need);
     TC_OK(dsa_topk(e.ctx, &p, ws, &need, e.stream));
     TC_CUDA(cudaStreamSynchronize(e.stream));
-    dsa_topk_variant = 0;
+    TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_KERNEL, DSA_TOPK_KERNEL_AUTO);
     cudaFree(ws);
     TC_CUDA(cudaMemcpy(got, di, (size_t)(rows * K) * 4, cudaMemcpyDeviceToHost));
     for (int64_t i = 0; i < rows * K; ++i)
@@ -437,9 +435,9 @@ static dsa_status f_gpu(nm_env *e, const at_in *a, int variant, f_res *o) {
   TC_CUDA(cudaMemset(p.out, 0x5A, on * 2));
   TC_CUDA(cudaMemset(p.lse, NM_POISON_F32_BYTE, ln * 4));
   TC_CUDA(cudaMemset(p.max_logits, NM_POISON_F32_BYTE, ln * 4));
-  dsa_attn_fwd_variant = variant;
+  TC_SET_OPTION(e->ctx, DSA_OPTION_FWD_KERNEL, variant);
   dsa_status st = dsa_sparse_attn_fwd(e->ctx, &p, e->stream);
-  dsa_attn_fwd_variant = 0;
+  TC_SET_OPTION(e->ctx, DSA_OPTION_FWD_KERNEL, DSA_FWD_KERNEL_AUTO);
   if (st == DSA_SUCCESS) {
     TC_CUDA(cudaStreamSynchronize(e->stream));
     TC_CUDA(cudaMemcpy(o->out, p.out, on * 2, cudaMemcpyDeviceToHost));
@@ -657,13 +655,13 @@ static dsa_status b_gpu(nm_env *e, const b_in *b, int variant, int det, b_res *o
   TC_CUDA(cudaMemset(p.dsink, NM_POISON_F32_BYTE, (size_t)H * 4));
   size_t need = 0;
   void *ws = NULL;
-  dsa_attn_bwd_variant = variant;
+  TC_SET_OPTION(e->ctx, DSA_OPTION_BWD_KERNEL, variant);
   dsa_status st = dsa_sparse_attn_bwd(e->ctx, &p, NULL, &need, e->stream);
   if (st == DSA_SUCCESS) {
     ws = nm_up(NULL, need);
     st = dsa_sparse_attn_bwd(e->ctx, &p, ws, &need, e->stream);
   }
-  dsa_attn_bwd_variant = 0;
+  TC_SET_OPTION(e->ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_AUTO);
   if (st == DSA_SUCCESS) {
     TC_CUDA(cudaStreamSynchronize(e->stream));
     TC_CUDA(cudaMemcpy(o->dq, p.dq, qn * 2, cudaMemcpyDeviceToHost));

@@ -5,14 +5,14 @@
  * limit; more than 65535 rows; strided scores and indices (gaps stay untouched); bitwise reruns;
  * a row alone equals the same row inside a batch; the workspace contract; bad arguments; CUDA graph
  * capture; the indexer's launch interface (per-row column offsets, out_lengths). Every comparison
- * runs each kernel variant (dsa_topk_variant 1, 2, 3, 4; 2 and 3 apply to rows of <= 32768 columns and
- * fall back to 1 beyond; 4, the sampled-threshold filter, takes any row and has its own exact fallback,
- * whose paths sampled_filter_paths drives). */
+ * runs each kernel (DSA_OPTION_TOPK_KERNEL, include/dsa_tune.h: 1 = the radix kernel, 2 = the
+ * sampled-threshold filter, which takes any row and has its own exact fallback, whose paths
+ * sampled_filter_paths drives); messages name the kernel by that value. */
 #include "test_common.h"
-#include "internal.h" /* dsa_topk_compact_long_rows, dsa_topk_variant: every path is tested */
+#include "internal.h" /* dsa_launch_topk: the indexer's launch interface */
 
-static const int tk_variants[] = {1, 2, 3, 4};
-#define TK_NVARIANTS 4
+static const int tk_variants[] = {DSA_TOPK_KERNEL_RADIX, DSA_TOPK_KERNEL_FILTER};
+#define TK_NVARIANTS 2
 
 typedef struct {
   dsa_context *ctx;
@@ -21,7 +21,7 @@ typedef struct {
 
 static tk_env tk_open(void) {
   tk_env e;
-  TC_OK(dsa_context_create(&e.ctx, 0));
+  TC_OK(tc_context_create(&e.ctx));
   TC_CUDA(cudaStreamCreateWithFlags(&e.stream, cudaStreamNonBlocking));
   return e;
 }
@@ -108,9 +108,9 @@ static void check_topk(tk_env *e, const dsa_topk_params *p, const char *what) {
   h.indices = want;
   TC_OK(dsa_ref_topk(&h));
   for (int vi = 0; vi < TK_NVARIANTS; ++vi) {
-    dsa_topk_variant = tk_variants[vi];
+    TC_SET_OPTION(e->ctx, DSA_OPTION_TOPK_KERNEL, tk_variants[vi]);
     gpu_topk(e, p, got); /* poisons the device output first */
-    dsa_topk_variant = 0;
+    TC_SET_OPTION(e->ctx, DSA_OPTION_TOPK_KERNEL, DSA_TOPK_KERNEL_AUTO);
     for (int64_t r = 0; r < p->rows; ++r)
       for (int64_t j = 0; j < ist; ++j) {
         int64_t i = r * ist + j;
@@ -174,7 +174,8 @@ Test(gpu_topk, k_values_modes_and_lengths) {
   tk_close(&e);
 }
 
-/* The register-resident variants' limit (32768 columns: every slot of every thread) and around it. */
+/* Rows at and around 32768 columns, the bench's topk-32k (cached by the radix kernel, sampled by the
+ * filter kernel), with every K. */
 Test(gpu_topk, rows_at_32k) {
   TC_REQUIRE_GPU();
   tk_env e = tk_open();
@@ -185,7 +186,7 @@ Test(gpu_topk, rows_at_32k) {
     run_case(&e, &r, 9, 32768, ks[ki], FILL_TIES, 1, 0, 0, "32768 columns, ties");
     run_case(&e, &r, 7, 32768, ks[ki], FILL_CONST, 0, 0, 0, "32768 columns, constant");
     run_case(&e, &r, 7, 32767, ks[ki], FILL_MIXED, 1, 1, 3, "32767 columns, unaligned rows");
-    run_case(&e, &r, 5, 32769, ks[ki], FILL_MIXED, 1, 0, 0, "32769 columns (variants 2, 3 fall back)");
+    run_case(&e, &r, 5, 32769, ks[ki], FILL_MIXED, 1, 0, 0, "32769 columns");
   }
   run_case(&e, &r, 9, 16385, 2048, FILL_TIES, 1, 0, 0, "16385 columns");
   run_case(&e, &r, 9, 4097, 2048, FILL_RANDOM, 1, 0, 0, "4097 columns");
@@ -280,7 +281,7 @@ Test(gpu_topk, long_rows_uncached_and_2pow20) {
   for (int compact = 1; compact >= 0; --compact) {
     /* compact 1: two reads with the candidates in shared memory where they fit (else five reads);
      * 0: always five reads */
-    dsa_topk_compact_long_rows = compact;
+    TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_COMPACT_LONG_ROWS, compact);
     run_case(&e, &r, 1, (int64_t)1 << 20, 2048, FILL_RANDOM, 0, 0, 0, "2^20 columns, random");
     run_case(&e, &r, 1, (int64_t)1 << 20, 100, FILL_TIES, 0, 0, 0, "2^20 columns, ties");
     run_case(&e, &r, 6, 70001, 2048, FILL_MIXED, 1, 0, 0, "rows above the cache limit");
@@ -289,7 +290,7 @@ Test(gpu_topk, long_rows_uncached_and_2pow20) {
     run_case(&e, &r, 6, 131072, 2048, FILL_RANDOM, 1, 0, 0, "128k columns, random");
     run_case(&e, &r, 6, 32768, 2048, FILL_RANDOM, 1, 0, 0, "32k columns (cached)");
   }
-  dsa_topk_compact_long_rows = 1;
+  TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_COMPACT_LONG_ROWS, 1);
   tk_close(&e);
 }
 
@@ -325,7 +326,7 @@ Test(gpu_topk, deterministic_and_batch_independent) {
   p.scores = s;
   p.lengths = len;
   for (int vi = 0; vi < TK_NVARIANTS; ++vi) {
-    dsa_topk_variant = tk_variants[vi];
+    TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_KERNEL, tk_variants[vi]);
     gpu_topk(&e, &p, a);
     gpu_topk(&e, &p, b);
     cr_assert(memcmp(a, b, (size_t)(rows * k) * 4) == 0, "variant %d: two runs differ", tk_variants[vi]);
@@ -339,7 +340,7 @@ Test(gpu_topk, deterministic_and_batch_independent) {
                 tk_variants[vi], (long long)i);
     }
   }
-  dsa_topk_variant = 0;
+  TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_KERNEL, DSA_TOPK_KERNEL_AUTO);
   free(s);
   free(len);
   free(a);
@@ -450,7 +451,7 @@ Test(gpu_topk, graph_capture) {
   TC_OK(dsa_topk(e.ctx, &p, NULL, &wsb, e.stream));
   TC_CUDA(cudaMalloc((void **)&ws, wsb));
   for (int pass = 0; pass < 2 * TK_NVARIANTS; ++pass) { /* 32K columns (cached, opt-in smem) then 60001 */
-    dsa_topk_variant = tk_variants[pass >> 1];
+    TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_KERNEL, tk_variants[pass >> 1]);
     p.columns = (pass & 1) == 0 ? 32768 : cols;
     TC_CUDA(cudaMemset(di, 0x5A, (size_t)(rows * k) * 4));
     TC_CUDA(cudaDeviceSynchronize());
@@ -464,7 +465,7 @@ Test(gpu_topk, graph_capture) {
     TC_CUDA(cudaStreamBeginCapture(e.stream, cudaStreamCaptureModeGlobal));
     TC_OK(dsa_topk(e.ctx, &p, ws, &wsb, e.stream));
     TC_CUDA(cudaStreamEndCapture(e.stream, &g));
-    dsa_topk_variant = 0; /* the graph keeps the captured kernel */
+    TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_KERNEL, DSA_TOPK_KERNEL_AUTO); /* the graph keeps the captured kernel */
     TC_CUDA(cudaGraphInstantiate(&ge, g, 0));
     TC_CUDA(cudaGraphLaunch(ge, e.stream));
     TC_CUDA(cudaStreamSynchronize(e.stream));
@@ -546,9 +547,9 @@ Test(gpu_topk, indexer_launch_interface) {
         a.indices = di;
         a.indices_stride = k;
         a.out_lengths = dol;
-        dsa_topk_variant = tk_variants[vi];
+        TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_KERNEL, tk_variants[vi]);
         TC_OK(dsa_launch_topk(e.ctx, &a, e.stream));
-        dsa_topk_variant = 0;
+        TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_KERNEL, DSA_TOPK_KERNEL_AUTO);
         TC_CUDA(cudaStreamSynchronize(e.stream));
         TC_CUDA(cudaMemcpy(got, di, (size_t)(rows * k) * 4, cudaMemcpyDeviceToHost));
         TC_CUDA(cudaMemcpy(gotlen, dol, rows * 4, cudaMemcpyDeviceToHost));

@@ -1,12 +1,13 @@
 /*
- * indexer_sm90.cu - the lightning indexer's fused scoring on sm_90a tensor cores (wgmma), the
- * second fused kernel beside idx_fused (cuda/indexer.cu, mma.sync). Same contract as idx_fused
- * (src/internal.h dsa_indexer_fused_args): for each chunk query r that scores (causal_length > K),
+ * idx_fused_wgmma.cu - the lightning indexer's fused scoring on sm_90a tensor cores (wgmma), the
+ * second fused kernel beside idx_fused (cuda/indexer/idx_fused_mma.cu, mma.sync). Same contract as
+ * idx_fused (src/internal.h dsa_indexer_fused_args): for each chunk query r that scores (causal_length > K),
  * scores[r, c] = sum_h w[r, h] ReLU(q[r, h, :] . k[window_start + c, :]) for the window columns
  * c in [starts[r] - window_start, + causal_length); every other entry is left as it was.
- * Selected by dsa_indexer_fused_variant = 2 (src/indexer.c; automatic mode still picks idx_fused).
+ * The automatic fused kernel on cc 9.0 for H_idx > 16 (src/indexer.c); DSA_OPTION_INDEXER_FUSED_KERNEL
+ * = DSA_INDEXER_FUSED_WGMMA forces it.
  *
- * Operand map (hopper-notes 8, as DeepGEMM's sm90 mqa logits): keys on the wgmma M, (query, head)
+ * Operand map (docs/hopper.md section 8, as DeepGEMM's sm90 mqa logits): keys on the wgmma M, (query, head)
  * pairs on N:
  *   S^T [64 keys x 256] = K_tile [64 x 128] . Q_c^T      SS wgmma m64n256k16, 8 k16 steps,
  *                                                        A = the key tile (K-major SW128),
@@ -15,7 +16,7 @@
  * 32 or 64 (one instantiation each, and a padded one for H_idx < HP), G = 256 / HP queries per
  * consumer (8 / 4). H_idx <= 16 runs as HP = 32 too (an HP = 16 instantiation, 16 queries per
  * consumer, spilled at 232 registers; small H_idx is not a fast path). Accumulator
- * map (hopper-notes 2): register i of thread (warp w, lane l) is key row 16w + l/4 + 8((i >> 1) & 1),
+ * map (docs/hopper.md section 2): register i of thread (warp w, lane l) is key row 16w + l/4 + 8((i >> 1) & 1),
  * column 8(i >> 2) + 2(l % 4) + (i & 1); so the HP columns of one query are registers
  * [4 HP/8 g, 4 HP/8 (g + 1)) of the 4 lanes of a quad: ReLU (max.NaN keeps NaN, as idx_relu) and the
  * weight are applied in place, the head sum is an in-thread sum over the thread's HP/4 columns, then
@@ -35,14 +36,14 @@
  *        turns (ping-pong, two named barriers) make one WG's epilogue (ReLU, weights, head sum,
  *        stores: ~350 instructions a thread) run during the other's wgmma (1024 tensor clocks for
  *        m64n256k128) instead of both computing, then both idling the tensor cores, in lockstep.
- *   WG2 producer: cp.async 16 B with the manual 128B swizzle (hopper-notes 5): both Q slabs once,
+ *   WG2 producer: cp.async 16 B with the manual 128B swizzle (docs/hopper.md section 5): both Q slabs once,
  *        then the key tiles [64 keys x 128] into kStages stages; keys past the window zero-filled.
  * Grid: x = blocks of kTilesPerCta * 64 window columns, y = groups of 2G chunk queries. A CTA runs
  * the tiles of its column block that meet the union of its queries' visible windows (nothing: it
  * exits); a consumer WG whose own queries miss a tile skips its wgmma (it still waits full[s] and
  * arrives empty[s], so no barrier phase is lapped).
  *
- * Barriers (mbarriers, parities as hopper-notes 4):
+ * Barriers (mbarriers, parities as docs/hopper.md section 4):
  *   q_full   : 128 .noinc cp.async arrivals (producer threads) -> both Q slabs landed.
  *   full[s]  : 128 .noinc cp.async arrivals -> key tile in stage s landed (the consumers then run
  *              fence.proxy.async: cp.async is generic proxy, wgmma async).
@@ -59,7 +60,7 @@
 #include <stdint.h>
 
 #include "internal.h"
-#include "sm90_common.cuh"
+#include "common/sm90_common.cuh"
 
 namespace {
 
@@ -137,7 +138,7 @@ __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-/* ReLU that keeps NaN (idx_relu of cuda/indexer.cu): max.NaN returns NaN when an input is NaN. */
+/* ReLU that keeps NaN (idx_relu of cuda/indexer/idx_common.cuh): max.NaN returns NaN when an input is NaN. */
 __device__ __forceinline__ float relu_nan(float x) {
   float y;
   asm("max.NaN.f32 %0, %1, 0f00000000;\n" : "=f"(y) : "f"(x));

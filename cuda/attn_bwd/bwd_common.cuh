@@ -1,6 +1,7 @@
 /*
- * attn_bwd_common.cuh - the small passes of dsa_sparse_attn_bwd, shared by the portable launcher
- * (cuda/attn_bwd.cu) and the sm_90a ones (cuda/attn_bwd_sm90.cu, cuda/attn_bwd_sm90_small.cu). One
+ * bwd_common.cuh - the small passes of dsa_sparse_attn_bwd, shared by the portable launcher
+ * (cuda/attn_bwd/bwd_portable.cu) and the sm_90a ones (cuda/attn_bwd/bwd_sm90_h64.cu,
+ * cuda/attn_bwd/bwd_sm90_small.cu). One
  * source definition: the files include this header, and each compiles its own copy of the kernels it
  * uses (anonymous namespace, no relocatable device code, so no symbol crosses a translation unit).
  * The launchers therefore run the very same arithmetic for Delta, L', the dsink partials, the fp32 ->
@@ -20,8 +21,8 @@
  *             A stable radix sort by key then keeps each row's entries in ascending (token, slot)
  *             order.
  *  - offsets: off[r] = first position of the sorted keys with key >= r, r = 0..T_kv.
- *  - det reduce (the sm_90a kernels' deterministic mode: cuda/attn_bwd_sm90.cu and
- *             cuda/attn_bwd_sm90_small.cu): acc[r] += the row's per-slot dKV rows of one chunk in
+ *  - det reduce (the sm_90a kernels' deterministic mode: cuda/attn_bwd/bwd_sm90_h64.cu and
+ *             cuda/attn_bwd/bwd_sm90_small.cu): acc[r] += the row's per-slot dKV rows of one chunk in
  *             sorted (token, slot, head block) order; with it bwd_det_layout, the one chunked
  *             workspace layout of both sm_90a launchers (and of the op's size query).
  * Host helpers: 256-B region alignment, grid sizing, the radix sort's key width and temp size.
@@ -209,7 +210,7 @@ inline dsa_status bwd_sort_temp_bytes(int64_t n, int bits, size_t *temp) {
 
 /* The deterministic modes' sort regions for n entries, appended at offset *o (each 256-B aligned):
  * keys0, keys1 [n] u32, vals0, vals1 [n] i32, off [T_kv + 1] i64, CUB radix-sort temp for n items
- * (0 bytes when n or T_kv is 0). Both layouts (cuda/attn_bwd.cu's make_layout, bwd_det_layout
+ * (0 bytes when n or T_kv is 0). Both layouts (cuda/attn_bwd/bwd_portable.cu's make_layout, bwd_det_layout
  * below) end with these. */
 struct BwdSortLayout {
   size_t keys0, keys1, vals0, vals1, off, temp;
@@ -285,8 +286,8 @@ inline dsa_status bwd_launch_sorted_keys(const dsa_attn_bwd_params *p, int64_t t
 }
 
 /* ---- sm_90a deterministic mode: chunked workspace and fixed-order dKV reduction -----------------
- * Used by both sm_90a launchers (cuda/attn_bwd_sm90.cu, H <= 128 in head blocks of 64, and
- * cuda/attn_bwd_sm90_small.cu, H <= 32, always one head block); the portable launcher does not use
+ * Used by both sm_90a launchers (cuda/attn_bwd/bwd_sm90_h64.cu, H <= 128 in head blocks of 64, and
+ * cuda/attn_bwd/bwd_sm90_small.cu, H <= 32, always one head block); the portable launcher does not use
  * them. Tokens run in chunks of C; the main kernel of a chunk stores each valid slot's fp32 dKV row
  * to contrib[(token_in_chunk * NHB + head_block) * K + slot][D]; bwd_launch_sorted_keys sorts the
  * chunk's entry ids i = token_in_chunk * K + slot by kv row; the reduce adds them in that order. */
@@ -348,7 +349,7 @@ __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *cont
  * delta, lp, part [T, H] f32 and acc [T_kv, D] f32 exactly as in the non-deterministic layout,
  * then contrib [C * ceil(H / 64) * K * D] f32, keys0, keys1 [C * K] u32, vals0, vals1 [C * K] i32,
  * off [T_kv + 1] i64, CUB radix-sort temp for C * K items; C = tokens per chunk (2 GiB of contrib,
- * dsa_attn_bwd_det_chunk_tokens > 0 overrides it; clamped to 1..T and to int32 entry ids). The
+ * chunk_tokens > 0, DSA_OPTION_BWD_DET_CHUNK_TOKENS, overrides it; clamped to 1..T and to int32 entry ids). The
  * small-H kernel (H <= 32) has ceil(H / 64) = 1 head block, so both sm_90a launchers and the op's
  * size query (dsa_attn_bwd_sm90_det_workspace_size) compute this one layout. */
 /* The caller's workspace pointer aligned up to kBwdAlign (every size query counts that slack). */
@@ -356,7 +357,7 @@ inline unsigned char *bwd_align_workspace(void *workspace) {
   return (unsigned char *)(((uintptr_t)workspace + kBwdAlign - 1) & ~(uintptr_t)(kBwdAlign - 1));
 }
 
-/* The regions every backward workspace starts with, at the same offsets in cuda/attn_bwd.cu's
+/* The regions every backward workspace starts with, at the same offsets in cuda/attn_bwd/bwd_portable.cu's
  * make_layout and in bwd_det_layout: delta, lp, part ([T x H] fp32 each), then the fp32 dKV
  * accumulator; ws is the aligned workspace. */
 struct BwdBaseRegions {
@@ -387,13 +388,12 @@ struct BwdDetLayout {
   int64_t chunk; /* C */
 };
 
-inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, BwdDetLayout *L) {
+inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, int64_t chunk_tokens, BwdDetLayout *L) {
   const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
   const size_t D = (size_t)p->head_dim;
   const int nhb = (p->num_heads + kBwdDetHeadBlock - 1) / kBwdDetHeadBlock;
   const size_t per_tok = (size_t)nhb * (size_t)p->topk * D * 4;
-  int64_t C = dsa_attn_bwd_det_chunk_tokens > 0 ? (int64_t)dsa_attn_bwd_det_chunk_tokens
-                                                 : (int64_t)(kBwdDetContribBudget / per_tok);
+  int64_t C = chunk_tokens > 0 ? chunk_tokens : (int64_t)(kBwdDetContribBudget / per_tok);
   if (C < 1) C = 1;
   if (C > (int64_t)INT32_MAX / p->topk) C = (int64_t)INT32_MAX / p->topk; /* entry ids are int32 */
   if (C > p->num_tokens) C = p->num_tokens;

@@ -1,6 +1,7 @@
 /*
- * attn_bwd.cu - sparse MLA attention backward (semantics.md 9.3 with this project's rules): dq, dkv,
- * dsink, with a deterministic mode for dkv.
+ * bwd_portable.cu - sparse MLA attention backward, the portable kernels (dsa_launch_attn_bwd;
+ * docs/contract.md section 9.3 with this project's rules): dq, dkv, dsink, with a deterministic mode
+ * for dkv.
  *
  * Math per row t, head h (L' = logaddexp(lse, sink[h]); slot j valid iff j < clamp(len[t], 0, K)
  * and 0 <= idx < T_kv):
@@ -9,9 +10,10 @@
  *   on the first 512 dims);  dsink[h] = -sum_{rows with a valid slot} exp(sink - L')*Delta.
  * Rows without a valid slot, or with lse = +inf, get dq = 0 and contribute nothing.
  *
- * Kernels (all portable: plain fp32 CUDA cores, any arch >= sm_70; the sm_90a tensor-core variant is
- * cuda/attn_bwd_sm90.cu). prep, convert, keys, offsets and dsink are defined once, in
- * cuda/attn_bwd_common.cuh, and shared with that variant; main and the key-major dkv kernel are here.
+ * Kernels (all portable: plain fp32 CUDA cores, any arch >= sm_70; the sm_90a tensor-core kernels are
+ * cuda/attn_bwd/bwd_sm90_h64.cu and bwd_sm90_small.cu). prep, convert, keys, offsets and dsink are
+ * defined once, in cuda/attn_bwd/bwd_common.cuh, and shared with them; main and the key-major dkv
+ * kernel are here.
  *  - prep:      one CTA per token (block-stride loop): Delta, L' and the per-(t,h) dsink partial into
  *               the workspace.
  *  - main<HG>:  one CTA per (token, group of HG heads). The kv rows of NS slots at a time are gathered
@@ -48,7 +50,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include "internal.h"
-#include "attn_bwd_common.cuh" /* prep, convert, dsink, keys, offsets (shared with attn_bwd_sm90.cu) */
+#include "attn_bwd/bwd_common.cuh" /* prep, convert, dsink, keys, offsets */
 
 namespace {
 
@@ -241,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) bwd_main_kernel(BwdArgs a, const flo
   }
 }
 
-/* ---- deterministic dkv: key-major sum over the sorted (token) lists of cuda/attn_bwd_common.cuh -- */
+/* ---- deterministic dkv: key-major sum over the sorted (token) lists of cuda/attn_bwd/bwd_common.cuh -- */
 __global__ void __launch_bounds__(kThreads) bwd_dkv_det_kernel(BwdArgs a, const float *delta,
                                                               const float *lp, const int64_t *off,
                                                               const int32_t *vals) {
@@ -315,7 +317,7 @@ __global__ void __launch_bounds__(kThreads) bwd_dkv_det_kernel(BwdArgs a, const 
 /* ---- host side -------------------------------------------------------------------------------- */
 struct Layout {
   size_t delta, lp, part, acc;
-  BwdSortLayout sort; /* deterministic mode only (keys0 .. temp; cuda/attn_bwd_common.cuh) */
+  BwdSortLayout sort; /* deterministic mode only (keys0 .. temp; cuda/attn_bwd/bwd_common.cuh) */
   size_t total;
 };
 

@@ -1,5 +1,5 @@
 /*
- * compact.cu - index compaction (semantics.md section 8): per row keep 0 <= idx < key_count, sort
+ * compact.cu - index compaction (docs/contract.md section 8): per row keep 0 <= idx < key_count, sort
  * the kept entries ascending, fill the rest with -1, lengths[r] = kept count (duplicates kept).
  *
  * One CTA per row, grid-stride over rows (1-D grid capped at a few waves, so any row count works).

@@ -1,24 +1,32 @@
 /*
- * attn_fwd_sm90_v2.cu - sparse MLA attention forward on sm_90a, consumer schedule 3 of the 64-head
- * kernel (dsa_attn_fwd_sm90_overlap = 3, the default, or 4; launched by dsa_launch_attn_fwd_sm90_heads in
- * cuda/attn_fwd_sm90.cu after its checks). Design and rationale: docs/fwd-sm90-next.md (the tile-split
- * layout FlashMLA's sm90 sparse prefill uses; written from that description, no code taken).
+ * fwd_sm90_h64.cu - sparse MLA attention forward on sm_90a tensor cores (wgmma), 64 heads per CTA on
+ * the wgmma M: dsa_launch_attn_fwd_sm90_heads and dsa_launch_attn_fwd_sm90 (src/internal.h). The
+ * small-H kernel (fwd_sm90_small.cu) takes head ranges that are not a multiple of 64 in automatic
+ * mode, the portable kernel (fwd_portable.cu) every configuration this one declines with
+ * DSA_ERROR_UNSUPPORTED. Design and rationale: docs/fwd-sm90-next.md (the tile-split layout that
+ * FlashMLA's sm90 sparse prefill uses; written from that description, no code taken).
  *
- * One CTA = one query token x 64 heads (as attn_fwd_sm90.cu), 384 threads:
- *   WG2 producer (56 registers): cp.async gather with the manual 128B swizzle into two KV buffers
- *       of 64 keys x D, each in two halves with their own mbarriers: L = blocks 0..3 (dims 0..255),
- *       R = blocks 4..NB-1 (dims 256..D-1). Tile 2i goes to buffer 0, tile 2i + 1 to buffer 1.
- *       The gather's cp.async carry an L2 evict_last policy (dsa_attn_fwd_kv_l2_hint, src/attn_fwd.c).
+ * One CTA = one query token x one block of 64 heads (H = 128: two CTAs per token, adjacent in the
+ * 1-D grid so they share the gathered KV rows in L2). A launch covers heads [head_begin, head_end) of
+ * the H heads (the whole H, or [0, 64 floor(H / 64)) when the dispatch gives the rest to the small-H
+ * kernel); heads are addressed by their global index (q / out strides, lse t * H + h, sink h). A head
+ * range that is not a multiple of 64 runs with the missing Q rows zero-filled (never written out).
+ * 384 threads:
+ *   WG2 producer (56 registers): cp.async gather with the manual 128B swizzle (docs/hopper.md section
+ *       5) into two KV buffers of 64 keys x D, each in two halves with their own mbarriers: L = blocks
+ *       0..3 (dims 0..255), R = blocks 4..NB-1 (dims 256..D-1). Tile 2i goes to buffer 0, tile 2i + 1
+ *       to buffer 1. Invalid slots (beyond topk_length, index < 0 or >= num_kv) are zero-filled and
+ *       flagged in a per-buffer byte mask. The gather's cp.async carry the L2 policy of
+ *       DSA_OPTION_FWD_KV_L2_HINT (dsa_fwd_kv_evict_last, src/attn_fwd.c).
  *   WG0, WG1 consumers (224 registers): WG w computes the whole S = Q K^T (m64n64k16 SS, D/16 steps)
  *       of the tiles in buffer w, i.e. WG0 the even tiles, WG1 the odd ones. WG0 owns value dims
  *       0..255 of O, WG1 256..511; each runs PV for both tiles of a pair: its own P from registers
  *       (RS m64n256k16 x4) and the peer's P from a shared tile (SS m64n256k16 x4).
+ * Head dims: D = 576 (nine 64-column SW128 blocks) and D = 512 (eight), one instantiation each.
  * One softmax frame per row for both WGs, chained per pair of tiles through sm_max[64]. The frame is
  * moved lazily (kSm90RescaleSlack, sm90_common.cuh): lazy(f, t) = t > f + 8 ? max(f, t) : f, so that on
  * most tiles every factor below is exactly 1 and the warp skips the O rescale (128 FMUL per thread)
- * and WG0 the repacking of P0; max_logits comes from each WG's true running max, met in the epilogue
- * (H200, session 7 run 1, same run against the exact running max: fwd-v32-8k 3.88 vs 3.97 ms, glm-4k
- * 1.579 vs 1.614, glm-cp8 2.20 vs 2.24, v32-128k 4.41 vs 4.47-4.54, tp-h56 2.124 vs 2.152: -1..-2%):
+ * and WG0 the repacking of P0; max_logits comes from each WG's true running max, met in the epilogue:
  *   WG0: m0 = lazy(m, tilemax(2i)), posts m0 (kBarM0 arrive), O0 *= exp2(m - m0), P0 = exp2(s - m0),
  *        O0 += P0 V0[0:256] (RS), releases buffer 0 L; waits kBarM1, reads m1, scales its fp32 P0 by
  *        exp2(m0 - m1) into the shared tile sP0 (kBarS0 arrive), O0 *= exp2(m0 - m1), waits kBarS1,
@@ -28,8 +36,8 @@
  *        posts m1 (kBarM1 arrive), O1 *= exp2(m - m1), P1 = exp2(s - m1), stmatrix P1 into sP1
  *        (kBarS1 arrive), O1 += P1 V1[256:512] (RS), waits kBarS0, O1 += sP0 V0[256:512] (SS), retires
  *        the RS PV (releases buffer 1 R), then the SS PV (releases buffer 0 R).
- *   (WG0 posts m0 before its exponentials and WG1 posts kBarS1 right after its stmatrix, 2026-11-29
- *   session 4, so neither hand-off waits on work the peer does not need.)
+ *   WG0 posts m0 before its exponentials and WG1 posts kBarS1 right after its stmatrix, so neither
+ *   hand-off waits on work the peer does not need.
  *   Each WG sums its own tiles' P (in fp32) into its row sums; the sums meet in the epilogue.
  * The WGs thus alternate: WG0's softmax runs under WG1's S, WG1's softmax under WG0's RS PV, and WG0
  * issues the next S right behind its SS PV.
@@ -45,23 +53,30 @@
  * D = 512 its own tile. sP1: its own tile; WG1 rewrites it after kBarM0 of the next pair, which WG0
  * arrives at only after it retired the SS PV that read it.
  * Any K: an odd number of 64-key tiles ends with a pair whose odd tile has only invalid slots
- * (zero-filled, masked: P = 0). Rows with no valid slot keep max -inf (rescale factors guarded as
- * in the other schedules). Results are not bitwise equal to schedule 0 (other summation order; P of
- * WG0 rounded in two frames).
+ * (zero-filled, masked: P = 0). Rows with no valid slot keep max -inf (rescale factors guarded).
  * A WG never waits on the full barriers of the peer's buffer: the peer waited (and ran the proxy
  * fence) before its kBarS0 / kBarS1 arrive; this WG runs fence.proxy.async after the matching sync.
+ * cp.async writes are generic-proxy; a consumer runs fence.proxy.async after each full wait, before
+ * wgmma reads the tile (docs/hopper.md section 3).
  * Named barriers (ids 1..5, 256 threads = both consumer WGs, the non-.aligned forms since the two WGs
  * reach them from different code): kBarM0, kBarM1, kBarS0, kBarS1 once per pair (one WG arrives, the
  * other syncs), kBarSum once in the epilogue.
- * The last pair of WG0 is peeled (template NEXT) so every wgmma wait is unconditional (C7517 / C7514).
- * Template MB (schedule 4): the four hand-offs on mbarriers instead of named barriers (hand_post below).
+ * The last pair of WG0 is peeled (template NEXT) so every wgmma wait is unconditional: with a wait
+ * under a run-time branch ptxas cannot prove the accumulators retired on every path and serializes
+ * the wgmmas (C7517 / C7514).
+ * Template MB = true: the same kernel with the four hand-offs on mbarriers instead of named barriers
+ * (hand_post below), kept because racecheck follows mbarriers but not barrier.arrive -> barrier.sync;
+ * DSA_OPTION_FWD_SM90_HANDOFF selects it (the test suites do under racecheck).
+ * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, any other D, q / kv rows not 16-B
+ * aligned, out rows not 4-B aligned, T * ceil(head_count / 64) above 2^31 - 1 CTAs, shared memory
+ * above the device's opt-in limit.
  */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 
 #include "internal.h"
-#include "sm90_common.cuh"
+#include "common/sm90_common.cuh"
 
 namespace {
 
@@ -74,7 +89,7 @@ static_assert(2 * kConsumerRegs + kProducerRegs <= 504, "setmaxnreg pool: 384 x 
 static_assert(DSA_VALUE_DIM == 512, "WG w owns value dims [256 w, 256 w + 256): blocks 4 w .. 4 w + 3");
 
 template <int NB>
-struct Smem2 {
+struct Smem {
   static constexpr int kTile = NB * kBlkBytes;
   static constexpr int kQ = 0;
   static constexpr int kKV = kTile;                             /* buffer w at kKV + w * kTile */
@@ -87,12 +102,12 @@ struct Smem2 {
   static constexpr int kBytes = kSum + 4 * 64 * 4 + 1024;
 };
 
-static_assert(Smem2<8>::kQ == 0 && Smem2<9>::kQ == 0 && Smem2<8>::kP0 % 1024 == 0 && Smem2<9>::kP0 % 1024 == 0 &&
-                  Smem2<8>::kP1 % 1024 == 0 && Smem2<9>::kP1 % 1024 == 0,
+static_assert(Smem<8>::kQ == 0 && Smem<9>::kQ == 0 && Smem<8>::kP0 % 1024 == 0 && Smem<9>::kP0 % 1024 == 0 &&
+                  Smem<8>::kP1 % 1024 == 0 && Smem<9>::kP1 % 1024 == 0,
               "SW128 tiles start on 1024-B boundaries (descriptor base offset 0)");
-static_assert(Smem2<9>::kBytes <= 227 * 1024, "fits the H100 / H200 opt-in shared memory (227 KB)");
+static_assert(Smem<9>::kBytes <= 227 * 1024, "fits the H100 / H200 opt-in shared memory (227 KB)");
 
-struct FwdArgs2 {
+struct FwdArgs {
   dsa_attn_fwd_params p;
   float scale_log2;
   int num_hblocks, head_begin, head_end;
@@ -110,12 +125,11 @@ __device__ __forceinline__ void bar_arrive_any(int id, int count) {
 }
 
 /* The four per-pair hand-offs between the consumer WGs (M0, M1, S0, S1): one WG posts, the other
- * waits. MB = false (schedule 3, the default): named barrier id, barrier.arrive / barrier.sync of 256
- * threads. MB = true (schedule 4): the mbarrier hand[id - 1], 128 arrivals of the posting WG (release),
- * the waiter acquires phase i & 1 of pair i. Same protocol and data flow. Schedule 4 is 10% slower
- * (fwd-v32-8k 497 vs 554 TFLOP/s on the H200) and exists for racecheck, which does not follow
- * barrier.arrive -> barrier.sync ordering (bench/barrier_probe.cu) but does follow mbarriers: the
- * suites run schedule 4 in place of 3 under racecheck (docs/reliability.md section 3c). */
+ * waits. MB = false (the default): named barrier id, barrier.arrive / barrier.sync of 256 threads.
+ * MB = true: the mbarrier hand[id - 1], 128 arrivals of the posting WG (release), the waiter acquires
+ * phase i & 1 of pair i; same protocol and data flow, slower (docs/perf.md), kept as the twin that
+ * racecheck can follow (it does not follow barrier.arrive -> barrier.sync: dev/barrier_probe.cu,
+ * docs/reliability.md section 3c). */
 template <bool MB>
 __device__ __forceinline__ void hand_post(int id, uint64_t *hand) {
   if constexpr (MB) sm90_mbar_arrive(&hand[id - 1]);
@@ -240,14 +254,13 @@ template <int NB, bool NEXT, bool MB>
 __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
                                          uint32_t sq,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
-                                         float row_max[2], float row_sum[2], float true_max[2], Sm90Trace &tr) {
-  typedef Smem2<NB> L;
+                                         float row_max[2], float row_sum[2], float true_max[2]) {
+  typedef Smem<NB> L;
   const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
   const uint32_t sp0 = sm90_smem_addr(smem + L::kP0), sp1 = sm90_smem_addr(smem + L::kP1);
   float *sm_max = (float *)(smem + L::kMax);
   const int r0 = 16 * warp + (lane >> 2);
   float x[32], tmax[2], m0[2], alpha[2];
-  tr.mark(0); /* probe 3 ids, WG0: 0 pair entry (S(2i) complete) */
   uint32_t pa[4][4];
   mask_tile(sacc, smem + L::kValid, scale_log2, lane, x, tmax);
 #pragma unroll
@@ -261,7 +274,6 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
     sm_max[r0 + 8] = m0[1];
   }
   hand_post<MB>(kBarM0, hand);
-  tr.mark(1); /* m0 posted */
   softmax_step(x, m0, row_max, row_sum, alpha, pa);
   if (sm90_warp_any_factor<2>(alpha)) rescale_o(o, alpha);
   /* O0 += P0 V0[0:256] */
@@ -270,15 +282,12 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   sm90_wgmma_fence();
   issue_pv_rs(o, pa, sb0);
   sm90_wgmma_commit();
-  tr.mark(2); /* RS P V issued */
   sm90_wgmma_wait<0>();
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
   sm90_mbar_arrive(&empty[0][0]); /* buffer 0 L: S(2i) and this PV done, mask read */
-  tr.mark(3); /* RS P V complete */
   /* the chain's max after WG1's tile: bring P0 (fp32) and O0 into that frame */
   hand_wait<MB>(kBarM1, hand, i);
-  tr.mark(4); /* m1 received */
   float sc[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
@@ -300,10 +309,8 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   }
   store_p(sp0, pa, warp, lane);
   hand_post<MB>(kBarS0, hand);
-  tr.mark(5); /* sP0 posted */
   if (moved) rescale_o(o, sc);
   hand_wait<MB>(kBarS1, hand, i);
-  tr.mark(6); /* sP1 received */
   /* buffer 1 L's cp.async data: WG1 waited full[1][0] before kBarS1; order it for this WG's wgmma */
   sm90_fence_proxy_async();
   /* O0 += sP1 V1[0:256] */
@@ -311,11 +318,9 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   sm90_wgmma_fence();
   issue_pv_ss(o, sp1, sb1);
   sm90_wgmma_commit();
-  tr.mark(7); /* SS P V issued */
   if constexpr (NEXT) {
     const uint32_t par = (uint32_t)(i + 1) & 1;
     wait_half(&full[0][0], par);
-    tr.mark(8); /* next 0L landed */
     FENCE_ARR(sacc, 32);
     sm90_wgmma_fence();
     issue_s<0, 4, true>(sacc, sq, sb0);
@@ -323,9 +328,7 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
     sm90_wgmma_wait<1>(); /* the SS PV retired (groups retire in order); S half L may run on */
     FENCE_ARR(o, 128);
     sm90_mbar_arrive(&empty[1][0]); /* buffer 1 L: S(2i + 1) and this PV done */
-    tr.mark(9); /* SS P V complete */
     wait_half(&full[0][1], par);
-    tr.mark(10); /* next 0R landed */
     sm90_wgmma_fence();
     issue_s<4, NB, false>(sacc, sq, sb0);
     sm90_wgmma_commit();
@@ -343,33 +346,28 @@ template <int NB, bool MB>
 __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
                                          uint32_t sq,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
-                                         float row_max[2], float row_sum[2], float true_max[2], Sm90Trace &tr) {
-  typedef Smem2<NB> L;
+                                         float row_max[2], float row_sum[2], float true_max[2]) {
+  typedef Smem<NB> L;
   const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
   const uint32_t sp0 = sm90_smem_addr(smem + L::kP0), sp1 = sm90_smem_addr(smem + L::kP1);
   float *sm_max = (float *)(smem + L::kMax);
   const int r0 = 16 * warp + (lane >> 2);
   const uint32_t par = (uint32_t)i & 1;
-  tr.mark(16); /* probe 3 ids, WG1: 16 pair entry */
   /* S(2i + 1), half R first (the producer fills buffer 1 R before L) */
   wait_half(&full[1][1], par);
-  tr.mark(17); /* 1R landed */
   FENCE_ARR(sacc, 32);
   sm90_wgmma_fence();
   issue_s<4, NB, true>(sacc, sq, sb1);
   wait_half(&full[1][0], par);
-  tr.mark(18); /* 1L landed */
   sm90_wgmma_fence();
   issue_s<0, 4, false>(sacc, sq, sb1);
   sm90_wgmma_commit();
   sm90_wgmma_wait<0>();
   FENCE_ARR(sacc, 32);
-  tr.mark(19); /* S(2i + 1) complete */
   float x[32], tmax[2], m1[2], alpha[2];
   uint32_t pa[4][4];
   mask_tile(sacc, smem + L::kValid + 64, scale_log2, lane, x, tmax);
   hand_wait<MB>(kBarM0, hand, i);
-  tr.mark(20); /* m0 received */
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     true_max[hr] = fmaxf(true_max[hr], tmax[hr]);
@@ -381,23 +379,19 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
     sm_max[r0 + 8] = m1[1];
   }
   hand_post<MB>(kBarM1, hand);
-  tr.mark(21); /* m1 posted */
   softmax_step(x, m1, row_max, row_sum, alpha, pa);
   if (sm90_warp_any_factor<2>(alpha)) rescale_o(o, alpha);
   /* P1 for WG0 first: the A registers must not be read while the RS wgmma that reads them is in flight */
   store_p(sp1, pa, warp, lane);
   /* sP1 written and fenced, buffer 1 L waited (full[1][0], above): WG0's SS PV may start */
   hand_post<MB>(kBarS1, hand);
-  tr.mark(22); /* sP1 posted */
   /* O1 += P1 V1[256:512] */
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
   sm90_wgmma_fence();
   issue_pv_rs(o, pa, sb1 + 4 * kBlkBytes);
   sm90_wgmma_commit();
-  tr.mark(23); /* RS P V issued */
   hand_wait<MB>(kBarS0, hand, i);
-  tr.mark(24); /* sP0 received */
   /* buffer 0 R's cp.async data: WG0 waited full[0][1] before kBarS0; order it for this WG's wgmma */
   sm90_fence_proxy_async();
   /* O1 += sP0 V0[256:512] */
@@ -407,24 +401,18 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
   sm90_wgmma_wait<1>();
   FENCE_PA(pa);
   sm90_mbar_arrive(&empty[1][1]); /* buffer 1 R: S(2i + 1), the RS PV, mask read */
-  tr.mark(25); /* RS P V complete */
   sm90_wgmma_wait<0>();
   FENCE_ARR(o, 128);
   sm90_mbar_arrive(&empty[0][1]); /* buffer 0 R: S(2i) (WG0, done before kBarS0) and the SS PV */
-  tr.mark(26); /* SS P V complete */
 }
 
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL || !__CUDA_ARCH__ */
 
-#if DSA_FWD_PROBE == 3
-__device__ unsigned long long v2_trace_buf[SM90_TRACE_CTAS * 4 * SM90_TRACE_EVENTS];
-#endif
-
 template <int NB, bool MB>
-__global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __grid_constant__ FwdArgs2 args) {
+__global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __grid_constant__ FwdArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(NB == 8 || NB == 9, "D = 512 or 576");
-  typedef Smem2<NB> L;
+  typedef Smem<NB> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = sm90_smem_align1024(smem_raw);
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
@@ -442,8 +430,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
   const int ntiles = (klen + 63) / 64;
   const int npairs = (ntiles + 1) / 2; /* an odd count ends with an all-invalid odd tile */
-  Sm90Trace tr; /* probe 3 only (sm90_common.cuh) */
-  tr.begin(SM90_TRACE_BUF(v2_trace_buf), wg, t);
 
   if (tid == 0) {
     sm90_mbar_init(q_full, 128);
@@ -456,17 +442,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
     sm90_mbar_init_fence();
   }
   __syncthreads();
-#if DSA_FWD_PROBE == 1
-  if (wg < 2) { /* probe build (sm90_common.cuh): the consumers only drain the KV ring (WG c releases
-                 * the halves [w][c]) */
-    for (int i = 0; i < npairs; ++i)
-      for (int w = 0; w < 2; ++w) {
-        sm90_mbar_wait(&full[w][wg], (uint32_t)i & 1);
-        sm90_mbar_arrive(&empty[w][wg]);
-      }
-    return;
-  }
-#endif
 
   if (wg == 2) {
     /* ================= producer ================= */
@@ -485,29 +460,21 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
       sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
       sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
       sm90_mbar_wait(&empty[0][0], par);
-      tr.mark(32); /* probe 3 ids, producer: 32 / 34 / 36 / 38 empty 0L / 1R / 0R / 1L free, + 1 issued */
       sm90_gather_kv_blocks<0, 4, true>(sb0, valid, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[0][0]);
       sm90_mbar_arrive(&full[0][0]);
-      tr.mark(33);
       sm90_mbar_wait(&empty[1][1], par);
-      tr.mark(34);
       sm90_gather_kv_blocks<4, NB, true>(sb1, valid + 64, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[1][1]);
       sm90_mbar_arrive(&full[1][1]);
-      tr.mark(35);
       sm90_mbar_wait(&empty[0][1], par);
-      tr.mark(36);
       sm90_gather_kv_blocks<4, NB, false>(sb0, nullptr, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[0][1]);
       sm90_mbar_arrive(&full[0][1]);
-      tr.mark(37);
       sm90_mbar_wait(&empty[1][0], par);
-      tr.mark(38);
       sm90_gather_kv_blocks<0, 4, false>(sb1, nullptr, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
       sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
       sm90_mbar_arrive(&full[1][0]);
-      tr.mark(39);
     }
     sm90_cp_async_wait_all();
   } else {
@@ -543,15 +510,15 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
         FENCE_ARR(sacc, 32);
       }
       for (int i = 0; i < npairs - 1; ++i)
-        wg0_pair<NB, true, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max, tr);
+        wg0_pair<NB, true, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
       if (npairs > 0)
-        wg0_pair<NB, false, MB>(npairs - 1, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max, tr);
+        wg0_pair<NB, false, MB>(npairs - 1, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
     } else {
       for (int i = 0; i < npairs; ++i)
-        wg1_pair<NB, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max, tr);
+        wg1_pair<NB, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
     }
 
-    /* ---- epilogue (as schedule 0): normalise, sink factor, bf16 out, lse, max_logits. Both WGs end
+    /* ---- epilogue: normalise, sink factor, bf16 out, lse, max_logits. Both WGs end
      * with the same row max (the chain's last m1); each summed only its own tiles. */
     float *red_sum = (float *)(smem + L::kSum);
 #pragma unroll
@@ -611,18 +578,18 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_v2_kernel(const __g
 }
 
 template <int NB, bool MB>
-dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int head_begin,
+dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int head_begin,
                    int head_end, int num_hblocks) {
   const char *fn = "dsa_sparse_attn_fwd";
-  const int smem_bytes = Smem2<NB>::kBytes;
+  const int smem_bytes = Smem<NB>::kBytes;
   if (smem_bytes > ctx->max_smem_optin)
     return dsa_fail(DSA_ERROR_UNSUPPORTED,
-                    "%s: the sm_90a kernel (schedule 3) needs %d bytes of shared memory, device has %d", fn,
+                    "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d", fn,
                     smem_bytes, ctx->max_smem_optin);
   static int attr_set[DSA_TRACKED_DEVICES];
-  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_v2_kernel<NB, MB>, smem_bytes, 0, ctx->device, attr_set,
+  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_h64_kernel<NB, MB>, smem_bytes, 0, ctx->device, attr_set,
                                fn));
-  FwdArgs2 args;
+  FwdArgs args;
   args.p = *p;
   args.scale_log2 = p->softmax_scale * kLog2e;
   args.num_hblocks = num_hblocks;
@@ -630,26 +597,54 @@ dsa_status launch2(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStr
   args.head_end = head_end;
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
   const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
-  attn_fwd_sm90_v2_kernel<NB, MB><<<grid, kThreads, smem_bytes, stream>>>(args);
+  attn_fwd_sm90_h64_kernel<NB, MB><<<grid, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
 }  // namespace
 
-#if DSA_FWD_PROBE == 3
-/* Probe 3 (sm90_common.cuh): the last launch's timeline of this kernel, for dsa_bench. */
-extern "C" DSA_HIDDEN int dsa_fwd_trace_dump_v2(const char *path) { return sm90_trace_write(v2_trace_buf, path); }
-#endif
-
-/* Called by dsa_launch_attn_fwd_sm90_heads (cuda/attn_fwd_sm90.cu) after its checks (cc 9.0, D 512 /
- * 576, alignment, head range, token count), with num_tokens > 0. */
-extern "C" dsa_status dsa_launch_attn_fwd_sm90_v2(const dsa_context *ctx, const dsa_attn_fwd_params *p,
-                                                  int head_begin, int head_end, int num_hblocks,
-                                                  cudaStream_t stream) {
-  const bool mb = dsa_attn_fwd_sm90_overlap == 4; /* schedule 4: schedule 3 with mbarrier hand-offs */
+extern "C" dsa_status dsa_launch_attn_fwd_sm90_heads(const dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                                     int head_begin, int head_count, cudaStream_t stream) {
+  const char *fn = "dsa_sparse_attn_fwd";
+  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
+                    ctx->cc_major, ctx->cc_minor);
+  if (p->head_dim != 576 && p->head_dim != 512)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports head_dim 576 or 512, not %d", fn,
+                    (int)p->head_dim);
+  if (p->num_heads < 1 || p->num_heads > DSA_MAX_HEADS || head_count < 1 || head_begin < 0 ||
+      head_begin > p->num_heads - head_count)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a kernel supports num_heads 1..128 and a head range inside them, not heads "
+                    "[%d, %d) of %d", fn, head_begin, head_begin + head_count, (int)p->num_heads);
+  /* cp.async moves 16 B: q / kv rows must start 16-B aligned. out is written as bf16 pairs. */
+  if (((uintptr_t)p->q & 15) || ((uintptr_t)p->kv & 15) || (p->q_stride_token & 7) || (p->q_stride_head & 7) ||
+      (p->kv_stride & 7))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a kernel needs 16-byte aligned q / kv rows (q_stride_token = %lld, "
+                    "q_stride_head = %lld, kv_stride = %lld)",
+                    fn, (long long)p->q_stride_token, (long long)p->q_stride_head, (long long)p->kv_stride);
+  if (((uintptr_t)p->out & 3) || (p->out_stride_token & 1) || (p->out_stride_head & 1))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the sm_90a kernel needs 4-byte aligned out rows (out_stride_token = %lld, "
+                    "out_stride_head = %lld)",
+                    fn, (long long)p->out_stride_token, (long long)p->out_stride_head);
+  if (p->num_tokens <= 0) return DSA_SUCCESS;
+  const int num_hblocks = (head_count + 63) / 64;
+  if (p->num_tokens > (int64_t)0x7fffffff / num_hblocks)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
+                    0x7fffffff / num_hblocks, (long long)p->num_tokens);
+  const int head_end = head_begin + head_count;
+  /* DSA_OPTION_FWD_SM90_HANDOFF: named barriers (the default) or the mbarrier twin (racecheck) */
+  const bool mb = ctx->options[DSA_OPTION_FWD_SM90_HANDOFF] == DSA_FWD_HANDOFF_MBARRIER;
   if (p->head_dim == 576)
-    return mb ? launch2<9, true>(ctx, p, stream, head_begin, head_end, num_hblocks)
-              : launch2<9, false>(ctx, p, stream, head_begin, head_end, num_hblocks);
-  return mb ? launch2<8, true>(ctx, p, stream, head_begin, head_end, num_hblocks)
-            : launch2<8, false>(ctx, p, stream, head_begin, head_end, num_hblocks);
+    return mb ? launch<9, true>(ctx, p, stream, head_begin, head_end, num_hblocks)
+              : launch<9, false>(ctx, p, stream, head_begin, head_end, num_hblocks);
+  return mb ? launch<8, true>(ctx, p, stream, head_begin, head_end, num_hblocks)
+            : launch<8, false>(ctx, p, stream, head_begin, head_end, num_hblocks);
+}
+
+extern "C" dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                               cudaStream_t stream) {
+  return dsa_launch_attn_fwd_sm90_heads(ctx, p, 0, p->num_heads, stream);
 }

@@ -1,5 +1,5 @@
 /*
- * pad_heads.cu - attention head padding (semantics.md section 3, _pad_attention_heads):
+ * pad_heads.cu - attention head padding (docs/contract.md section 3, _pad_attention_heads):
  * q [T, H, D] (strided) -> q_out [T, Hp, D] contiguous with heads H..Hp-1 zero, and
  * sink [H] -> sink_out [Hp] with the padded heads -inf (sink NULL: all -inf).
  *

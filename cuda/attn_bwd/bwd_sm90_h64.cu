@@ -1,16 +1,16 @@
 /*
- * attn_bwd_sm90.cu - sparse MLA attention backward on sm_90a tensor cores (wgmma), the fast variant
- * of dsa_sparse_attn_bwd's main pass in both modes: non-deterministic (fp32 atomic dkv) and
+ * bwd_sm90_h64.cu - sparse MLA attention backward on sm_90a tensor cores (wgmma), 64 heads per CTA
+ * (dsa_launch_attn_bwd_sm90, src/internal.h): dsa_sparse_attn_bwd's main pass in both modes: non-deterministic (fp32 atomic dkv) and
  * deterministic (per-slot dKV rows to a chunk buffer, then a fixed-order key-major reduction; see
- * "Deterministic mode" below). The portable kernels (cuda/attn_bwd.cu) cover every configuration
+ * "Deterministic mode" below). The portable kernels (cuda/attn_bwd/bwd_portable.cu) cover every configuration
  * this one declines with DSA_ERROR_UNSUPPORTED.
  *
- * Math and workspace are those of cuda/attn_bwd.cu (docs/design.md section 6): the prep pass writes
+ * Math and workspace are those of cuda/attn_bwd/bwd_portable.cu (docs/design.md section 6): the prep pass writes
  * Delta = sum_{d<512} out*dout, L' = logaddexp(lse, sink) (+inf for rows that contribute nothing)
  * and the dsink partials; the main pass accumulates dkv in an fp32 [T_kv, D] workspace buffer with
  * atomics; a convert pass writes bf16 dkv; a fixed-order per-head reduction writes dsink. The small
  * passes (prep, convert, dsink, and the deterministic mode's keys / offsets) are the portable
- * launcher's own, defined once in cuda/attn_bwd_common.cuh (same layout: delta, lp, part, acc, each
+ * launcher's own, defined once in cuda/attn_bwd/bwd_common.cuh (same layout: delta, lp, part, acc, each
  * 256-B aligned); only the main pass (and the deterministic mode's reduction) differ.
  *
  * Head dims: D = 576 and D = 512, one instantiation each of a template parameter NBT = D / 64 (9 or
@@ -41,33 +41,29 @@
  *      while step 5 runs.
  *   5. dKV_tile = dS^T Q + P^T dO (keys on M): per 64-dim block b of this WG's dims, SS wgmma
  *      m64n64k16 with A = dS / P tile read M-major (tA = 1, +2048 B per k16 of heads) and B = Q / dO
- *      read MN-major (tB = 1), 4 + 4 k-steps (block 8 of D = 576 has no dO part); then vector fp32 atomics
- *      (atomicAdd on float2 = red.global.add.v2.f32, sm_90) into acc[idx[key]] for valid keys.
+ *      read MN-major (tB = 1), 4 + 4 k-steps (block 8 of D = 576 has no dO part); then vector fp32
+ *      atomics (red.global.add.v4.f32) into acc[idx[key]] for valid keys.
  * dQ is written (bf16 pairs) from registers after the last tile.
- * dKV accumulator layout 1 (dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
- * dsa_bwd_dkv_slot; docs/bwd-sm90-next.md section 6): attn_bwd_sm90_kernel<NBT, false, 1>, the same body with
- * the acc row's columns permuted inside 16-column groups so that step 5 issues 8 red.global.add.v4.f32
- * per thread per block (a quad = 64 contiguous bytes of a row) instead of 16 v2 (32 B); the convert
- * pass un-permutes (bwd_convert_lay1_kernel). ptxas: 228 / 202 registers (D = 576 / 512), no spills.
- * Layout 2 (the default, attn_bwd_sm90_kernel<NBT, false, 2>): layout 1's memory order, but quads q and q ^ 1
- * swap one 16-column group each (shfl.xor 4) so that every red.global.add.v4.f32 instruction writes 4
- * rows x 128 contiguous bytes instead of 8 rows x 64 (bench/atomic_probe.cu: 3.7 vs 3.1 TB/s of fp32
- * reductions into an L2-resident buffer); same convert pass. ptxas: 227 / 199 registers, no spills.
+ * dKV accumulator (non-deterministic mode): the columns of each acc row are permuted inside 16-column
+ * groups (src/internal.h dsa_bwd_dkv_slot), and quads q and q ^ 1 swap one 16-column group each
+ * (shfl.xor 4), so that every red.global.add.v4.f32 instruction writes 4 rows x 128 contiguous bytes
+ * (the fp32 reductions bound this kernel: dev/atomic_probe.cu, docs/bwd-sm90-next.md); the convert
+ * pass un-permutes (bwd_convert_lay1_kernel).
  * ptxas (nvcc 13, -Xptxas -v, __launch_bounds__(256, 1)), no spills, no C7511/C7515 in any of the
- * four instantiations: D = 576 226 registers (deterministic: 230), two C7519 notes each
+ * four instantiations: D = 576 225 registers (deterministic: 229), two C7519 notes each
  * (warpgroup.arrive injected around the optional P^T dO chain of block 8's dKV); D = 512 196
- * registers (deterministic: 198), no C7519 (the dO chain is unconditional there).
+ * registers (deterministic: 197), no C7519 (the dO chain is unconditional there).
  * SASS per CTA (D = 576): 136 HGMMA.64x32x16 (S, dP), 8 HGMMA.64x256x16 + 4 HGMMA.64x64x16 (dQ), 16
- * HGMMA.64x64x16 with tnspA.tnspB (dKV), STSM, LDGSTS, REDG.E.ADD.F32x2 (both warpgroups' code).
+ * HGMMA.64x64x16 with tnspA.tnspB (dKV), STSM, LDGSTS, REDG (both warpgroups' code).
  * Deterministic mode (same main kernel, template kDet = true; all five products on wgmma):
  *   tokens are processed in chunks of C (C = 2 GiB / (ceil(H / 64) * K * D * 4), clamped to
- *   1..T; dsa_attn_bwd_det_chunk_tokens > 0 overrides it, tests use it to force many chunks). Per
+ *   1..T; DSA_OPTION_BWD_DET_CHUNK_TOKENS > 0 overrides it: tests force many chunks). Per
  *   chunk starting at token t0:
  *   1. main kernel over the chunk's CTAs (blockIdx.x = token_in_chunk * ceil(H / 64) + head block):
  *      step 5 stores each valid slot's fp32 dKV row (64 x D per tile, as computed for the
  *      atomics) to contrib[blockIdx.x * K + slot][D] instead of adding it (dq as before: every
  *      CTA writes its own token's dq rows, no cross-CTA accumulation);
- *   2. keys kernel (cuda/attn_bwd_common.cuh, values = entry ids): entry i = token_in_chunk * K +
+ *   2. keys kernel (cuda/attn_bwd/bwd_common.cuh, values = entry ids): entry i = token_in_chunk * K +
  *      slot -> key = kv row of a valid slot (the main kernel's exact validity test) or the sentinel
  *      T_kv, value = i;
  *   3. CUB stable radix sort (pairs, bits just covering T_kv): each row's entries in ascending
@@ -77,25 +73,23 @@
  *   Then the fp32 -> bf16 convert. Every row's sum is ((0 + c_0) + c_1) + ... over its contributions
  *   in ascending (token, slot, head block) order; an fp32 store / load between chunks is exact, so
  *   the result is bitwise the same run to run AND for every chunk size C (the tests check both).
- *   Workspace (bwd_det_layout, cuda/attn_bwd_common.cuh; offsets from the 256-B aligned base, every
+ *   Workspace (bwd_det_layout, cuda/attn_bwd/bwd_common.cuh; offsets from the 256-B aligned base, every
  *   region 256-B aligned):
  *     delta, lp, part [T, H] f32; acc [T_kv, D] f32         (as in the non-deterministic layout)
  *     contrib [C * ceil(H / 64) * K, D] f32                   (<= 2 GiB unless one token exceeds it)
  *     keys0, keys1 [C * K] u32; vals0, vals1 [C * K] i32; off [T_kv + 1] i64; CUB temp (C * K items)
  *   The op's deterministic size (src/attn_bwd.c) is the larger of this and the portable layout (the
- *   op falls back to the portable path where this kernel declines at launch).
- *   Expected cost, bwd-glm-4k (T 4096, H 64, K 2048, causal topk_length): 9 chunks of 455 tokens;
- *   ~6.3 M valid slots x 2304 B = ~14.5 GB written by the main kernels and read back by the
- *   reductions, on top of the ~8.3 ms of the atomic variant: predicted 15-20 ms (not measured).
+ *   op falls back to the portable path where this kernel declines at launch). At bwd-glm-4k (T 4096,
+ *   H 64, K 2048, causal topk_length): 9 chunks of 455 tokens, ~6.3 M valid slots x 2304 B = ~14.5 GB
+ *   written by the main kernels and read back by the reductions.
  * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D other than 576 / 512,
  * q / kv / dout rows not 16-B aligned, dq rows not 4-B aligned, T * ceil(H / 64) above 2^31 - 1,
  * shared memory above the device's opt-in limit.
- * v1 trade-offs, next steps in order:
+ * Limits of this design (docs/bwd-sm90-next.md has the plans):
  *   - the KV tile is single-buffered: tile n + 1's gather overlaps only step 5 of tile n; S / dP of
- *     tile n + 1 wait for it. Next: shrink the dkv pass's smem (or split Q's RoPE part) to
- *     double-buffer KV, and a producer warpgroup with mbarriers as in attn_fwd_sm90.cu.
+ *     tile n + 1 wait for it.
  *   - every wgmma group is waited on at once (no overlap of the atomics of block b with the wgmma of
- *     block b + 1). Next: two 32-register dKV accumulators in flight.
+ *     block b + 1).
  *   - D = 576: WG1 does 5/4 of WG0's dQ and dKV work (the 576 dims split on 64-dim block
  *     boundaries); D = 512 is balanced.
  *   - dkv atomics: 64 keys x D fp32 per tile per head block (H = 128 doubles them).
@@ -108,8 +102,8 @@
 #include <stdint.h>
 
 #include "internal.h"
-#include "sm90_common.cuh"
-#include "attn_bwd_common.cuh" /* prep, convert, dsink, keys, offsets (shared with attn_bwd.cu) */
+#include "common/sm90_common.cuh"
+#include "attn_bwd/bwd_common.cuh" /* prep, convert, dsink, keys, offsets, det layout */
 
 namespace {
 
@@ -157,7 +151,7 @@ struct MainArgs {
  * B0 of the NBT blocks of a row (NBT = 9: WG0 <4, 0>, WG1 <5, 4>; NBT = 8: WG0 <4, 0>, WG1 <4, 4>).
  * Both warpgroups run the same sequence of named barriers, each from its own instantiation (different
  * instructions), hence the non-.aligned sm90_named_bar_sync_any (synccheck rejects bar.sync there). */
-template <int NBT, int NB, int B0, bool kDet, int kLay>
+template <int NBT, int NB, int B0, bool kDet>
 __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t *smem, int wg, int ntiles,
                                                   int64_t tok, int h0, int klen) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -231,7 +225,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
     }
 
     /* ---- 2. P, dS. Register i: head row 16 warp + lane / 4 + 8 ((i >> 1) & 1), key column
-     * key0 + 8 (i >> 2) + 2 (lane % 4) + (i & 1) (hopper-notes 2). */
+     * key0 + 8 (i >> 2) + 2 (lane % 4) + (i & 1) (docs/hopper.md section 2). */
     const int r0 = 16 * warp + (lane >> 2);
     const float lp2[2] = {slp[r0], slp[r0 + 8]};
     const float dl[2] = {sdelta[r0], sdelta[r0 + 8]};
@@ -253,7 +247,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
     }
     /* stmatrix x4 per k16 slice kk of this WG's 32 keys: register q = the pair (8 kk + 2 q, +1);
      * lane l addresses row 16 warp + l % 8 + 8 ((l / 8) % 2), 16-B chunk 2 (key0 / 16 + kk) + l / 16
-     * of the K-major SW128 tile (hopper-notes 2, probe test F). */
+     * of the K-major SW128 tile (docs/hopper.md section 2, probe test F). */
     {
       const int r = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
 #pragma unroll
@@ -318,8 +312,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
      * block b read MN-major (tB = 1), probe test G. Register i: key row 16 warp + lane / 4 +
      * 8 ((i >> 1) & 1), dim 64 b + 8 (i >> 2) + 2 (lane % 4) + (i & 1). */
     const int32_t kr0 = tidx[r0], kr1 = tidx[r0 + 8];
-    int32_t kp0 = 0, kp1 = 0; /* layout 2: the peer quad's rows (lane ^ 4) */
-    if constexpr (kLay == 2) {
+    int32_t kp0 = 0, kp1 = 0; /* non-deterministic: the peer quad's rows (lane ^ 4) */
+    if constexpr (!kDet) {
       kp0 = __shfl_xor_sync(0xffffffffu, kr0, 4);
       kp1 = __shfl_xor_sync(0xffffffffu, kr1, 4);
     }
@@ -362,35 +356,15 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 #pragma unroll
           for (int cc = 0; cc < 8; ++cc) __stcs((float2 *)(row + 8 * cc), make_float2(acc[4 * cc + 2], acc[4 * cc + 3]));
         }
-      } else if constexpr (kLay == 1) {
-        /* permuted accumulator (layout 1, src/internal.h dsa_bwd_dkv_slot): for 16-column group g the
+      } else {
+        /* the permuted accumulator (src/internal.h dsa_bwd_dkv_slot: for 16-column group g the
          * registers 8 g + {0, 1, 4, 5} (row r0; + 2 for row r0 + 8) are real columns 64 b + 16 g +
-         * {2 q, 2 q + 1, 8 + 2 q, 9 + 2 q}, q = lane % 4, stored at slots 64 b + 16 g + 4 q + {0..3}:
-         * one red.global.add.v4.f32 per (row, group), the quad's 4 lanes 64 contiguous bytes. 8 v4
-         * per thread per block instead of 16 v2. Row stride 2304 / 2048 B and the 256-B aligned acc
-         * keep every vector 16-B aligned. */
-        const int s0 = dsa_bwd_dkv_slot(64 * b + 2 * (lane & 3)); /* = 64 b + 4 (lane % 4) */
-        if (kr0 >= 0) {
-          float *row = args.acc + (int64_t)kr0 * kD + s0;
-#pragma unroll
-          for (int g4 = 0; g4 < 4; ++g4)
-            atomicAdd((float4 *)(row + 16 * g4),
-                      make_float4(acc[8 * g4], acc[8 * g4 + 1], acc[8 * g4 + 4], acc[8 * g4 + 5]));
-        }
-        if (kr1 >= 0) {
-          float *row = args.acc + (int64_t)kr1 * kD + s0;
-#pragma unroll
-          for (int g4 = 0; g4 < 4; ++g4)
-            atomicAdd((float4 *)(row + 16 * g4),
-                      make_float4(acc[8 * g4 + 2], acc[8 * g4 + 3], acc[8 * g4 + 6], acc[8 * g4 + 7]));
-        }
-      } else if constexpr (kLay == 2) {
-        /* layout 1's memory order, each warp instruction 4 rows x 128 contiguous bytes instead of 8
-         * rows x 64: the quads q and q ^ 1 (lanes l, l ^ 4) pair up. Per 32-column pair G (groups 2G,
+         * {2 q, 2 q + 1, 8 + 2 q, 9 + 2 q}, q = lane % 4, at slots 64 b + 16 g + 4 q + {0..3}), each
+         * warp instruction 4 rows x 128 contiguous bytes: the quads q and q ^ 1 (lanes l, l ^ 4) pair up. Per 32-column pair G (groups 2G,
          * 2G + 1 of this block) the even quad's lanes write group 2G, the odd quad's group 2G + 1: one
          * instruction for the even quad's row, one for the odd quad's row; each quad hands its peer the
-         * 4 values of the group it does not write (shfl.xor 4). 8 v4 per thread per block as layout 1,
-         * plus 16 shuffles. */
+         * 4 values of the group it does not write (shfl.xor 4). 8 v4 per thread per block plus 16
+         * shuffles. Row stride 2304 / 2048 B and the 256-B aligned acc keep every vector 16-B aligned. */
         const int odd = (lane >> 2) & 1;
         float *const abase = args.acc + 64 * b + 16 * odd + 4 * (lane & 3);
 #pragma unroll
@@ -415,18 +389,6 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
             if (kb >= 0) atomicAdd((float4 *)(abase + (int64_t)kb * kD + 32 * G), vb);
           }
         }
-      } else {
-        if (kr0 >= 0) {
-          float *row = args.acc + (int64_t)kr0 * kD + c0;
-#pragma unroll
-          for (int cc = 0; cc < 8; ++cc) atomicAdd((float2 *)(row + 8 * cc), make_float2(acc[4 * cc], acc[4 * cc + 1]));
-        }
-        if (kr1 >= 0) {
-          float *row = args.acc + (int64_t)kr1 * kD + c0;
-#pragma unroll
-          for (int cc = 0; cc < 8; ++cc)
-            atomicAdd((float2 *)(row + 8 * cc), make_float2(acc[4 * cc + 2], acc[4 * cc + 3]));
-        }
       }
     }
   }
@@ -447,9 +409,8 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 #endif
 }
 
-/* The kernel body, for both kernels below (kLay: the non-deterministic mode's dKV accumulator layout,
- * src/internal.h dsa_attn_bwd_dkv_layout; layout 0 keeps its own kernel, machine code unchanged). */
-template <int NBT, bool kDet, int kLay>
+/* The kernel body (kDet: the deterministic mode). */
+template <int NBT, bool kDet>
 __device__ __forceinline__ void attn_bwd_sm90_main(const MainArgs &args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   typedef Smem<NBT> L;
@@ -505,38 +466,37 @@ __device__ __forceinline__ void attn_bwd_sm90_main(const MainArgs &args) {
     }
   }
   if (wg == 0)
-    bwd_sm90_consumer<NBT, 4, 0, kDet, kLay>(args, smem, 0, ntiles, tok, h0, klen);
+    bwd_sm90_consumer<NBT, 4, 0, kDet>(args, smem, 0, ntiles, tok, h0, klen);
   else
-    bwd_sm90_consumer<NBT, NBT - 4, 4, kDet, kLay>(args, smem, 1, ntiles, tok, h0, klen);
+    bwd_sm90_consumer<NBT, NBT - 4, 4, kDet>(args, smem, 1, ntiles, tok, h0, klen);
   sm90_cp_async_wait_all();
 #endif
 }
 
-/* kDet: the deterministic mode (contrib rows, layout 0); kLay (non-deterministic mode): the dKV
- * accumulator layout, 0 real order, 1 permuted (64-B v4 reductions per quad), 2 the same memory order
- * in 128-B row segments per warp instruction (quad pairs). */
-template <int NBT, bool kDet, int kLay>
+/* kDet: the deterministic mode (contrib rows in real column order); else fp32 atomics into the
+ * permuted accumulator in 128-B row segments per warp instruction (quad pairs). */
+template <int NBT, bool kDet>
 __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid_constant__ MainArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  attn_bwd_sm90_main<NBT, kDet, kLay>(args);
+  attn_bwd_sm90_main<NBT, kDet>(args);
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
 #endif
 }
 
 /* ---- deterministic mode: the fixed-order dKV reduction (bwd_det_reduce_kernel), its workspace
- * layout (bwd_det_layout) and the key lists are in cuda/attn_bwd_common.cuh, shared with the small-H
+ * layout (bwd_det_layout) and the key lists are in cuda/attn_bwd/bwd_common.cuh, shared with the small-H
  * kernel ------------------------------------------------------------------------------------------ */
 constexpr int kMaxHBlocks = DSA_MAX_HEADS / kBlockM; /* 2 */
 static_assert(kBlockM == kBwdDetHeadBlock, "contrib head blocks are this kernel's 64-head CTAs");
 
 /* The main kernel's dynamic shared memory limit is a per-device attribute: raise it once per (head
  * dim, mode, device). A flag is set only after a successful call; two threads racing on the first
- * call only repeat the same harmless call (as in cuda/attn_fwd_sm90.cu). */
-template <int NBT, bool kDet, int kLay>
+ * call only repeat the same harmless call. */
+template <int NBT, bool kDet>
 dsa_status prepare_main(int dev) {
   static int attr_set[DSA_TRACKED_DEVICES]; /* per instantiation: the smem limit set per device */
-  const void *fn = (const void *)attn_bwd_sm90_kernel<NBT, kDet, kLay>;
+  const void *fn = (const void *)attn_bwd_sm90_kernel<NBT, kDet>;
   return dsa_kernel_smem_once(fn, Smem<NBT>::kBytes, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
@@ -548,7 +508,7 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   constexpr int kD = 64 * NBT;
   const int smem_bytes = Smem<NBT>::kBytes;
 
-  /* workspace regions: delta, lp, part, acc as in cuda/attn_bwd.cu's make_layout (non-deterministic
+  /* workspace regions: delta, lp, part, acc as in cuda/attn_bwd/bwd_portable.cu's make_layout (non-deterministic
    * mode); the deterministic mode's bwd_det_layout keeps those four and appends its own regions */
   unsigned char *ws = bwd_align_workspace(workspace);
   const BwdBaseRegions R = bwd_base_regions(ws, p);
@@ -556,20 +516,13 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   if (p->num_tokens == 0) return bwd_zero_tokens(p, part, stream);
 
   const int det = p->deterministic ? 1 : 0;
-  /* dKV accumulator layout (src/internal.h): 0 real order, 1 or 2 permuted (2 = the same memory order
-   * written in 128-B row segments); the deterministic mode always uses 0 */
-  const int lay = det ? 0 : dsa_attn_bwd_dkv_layout == 2 ? 2 : dsa_attn_bwd_dkv_layout == 1 ? 1 : 0;
   BwdDetLayout DL = BwdDetLayout(); /* value-initialised: filled by bwd_det_layout in the deterministic mode */
   if (det) {
-    DSA_TRY(bwd_det_layout(p, &DL));
+    DSA_TRY(bwd_det_layout(p, ctx->options[DSA_OPTION_BWD_DET_CHUNK_TOKENS], &DL));
     /* bwd_det_layout puts delta, lp, part and acc at the offsets used above (same construction) */
-    DSA_TRY((prepare_main<NBT, true, 0>(ctx->device)));
-  } else if (lay == 2) {
-    DSA_TRY((prepare_main<NBT, false, 2>(ctx->device)));
-  } else if (lay == 1) {
-    DSA_TRY((prepare_main<NBT, false, 1>(ctx->device)));
+    DSA_TRY((prepare_main<NBT, true>(ctx->device)));
   } else {
-    DSA_TRY((prepare_main<NBT, false, 0>(ctx->device)));
+    DSA_TRY((prepare_main<NBT, false>(ctx->device)));
   }
 
   DSA_TRY(bwd_launch_prep(p, delta, lp, part, stream));
@@ -587,12 +540,7 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   args.scale_log2 = p->softmax_scale * kLog2e;
   args.num_hblocks = num_hblocks;
   if (!det) {
-    if (lay == 2)
-      attn_bwd_sm90_kernel<NBT, false, 2><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
-    else if (lay == 1)
-      attn_bwd_sm90_kernel<NBT, false, 1><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
-    else
-      attn_bwd_sm90_kernel<NBT, false, 0><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+    attn_bwd_sm90_kernel<NBT, false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   } else {
     /* chunks of C tokens in ascending order: the main kernel writes the chunk's per-slot dKV rows to
@@ -603,7 +551,7 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
     for (int64_t t0 = 0; t0 < p->num_tokens; t0 += DL.chunk) {
       const int64_t nt = p->num_tokens - t0 < DL.chunk ? p->num_tokens - t0 : DL.chunk;
       args.tok0 = t0;
-      attn_bwd_sm90_kernel<NBT, true, 0><<<(unsigned)(nt * num_hblocks), kThreads, smem_bytes, stream>>>(args);
+      attn_bwd_sm90_kernel<NBT, true><<<(unsigned)(nt * num_hblocks), kThreads, smem_bytes, stream>>>(args);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
       if (p->num_kv == 0) continue; /* every slot invalid: dq only */
       if (num_hblocks == 1)
@@ -613,7 +561,8 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
     }
   }
 
-  if (p->num_kv > 0) DSA_TRY(lay != 0 ? bwd_launch_convert_lay1<kD>(p, acc, stream) : bwd_launch_convert(p, acc, stream));
+  /* the deterministic reduction writes acc in real column order, the atomics the permuted one */
+  if (p->num_kv > 0) DSA_TRY(!det ? bwd_launch_convert_lay1<kD>(p, acc, stream) : bwd_launch_convert(p, acc, stream));
   if (p->dsink) DSA_TRY(bwd_launch_dsink(p, part, stream));
   return DSA_SUCCESS;
 }
@@ -656,13 +605,14 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
                             : launch_impl<8>(ctx, p, workspace, stream, num_hblocks);
 }
 
-extern "C" dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes) {
+extern "C" dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, int64_t chunk_tokens,
+                                                           size_t *bytes) {
   *bytes = 0;
   if (!p->deterministic || (p->head_dim != 576 && p->head_dim != 512) || p->num_heads < 1 ||
       p->num_heads > DSA_MAX_HEADS)
     return DSA_SUCCESS;
   BwdDetLayout L;
-  DSA_TRY(bwd_det_layout(p, &L));
+  DSA_TRY(bwd_det_layout(p, chunk_tokens, &L));
   *bytes = L.total;
   return DSA_SUCCESS;
 }

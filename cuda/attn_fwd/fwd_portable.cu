@@ -1,7 +1,7 @@
 /*
  * attn_fwd.cu - sparse MLA attention forward, the portable kernel (dsa_launch_attn_fwd_simple).
  *
- * What it computes (dsa.h dsa_attn_fwd_params, semantics.md 9.2): for every token t and head h,
+ * What it computes (dsa.h dsa_attn_fwd_params, docs/contract.md section 9.2): for every token t and head h,
  * over the valid top-k slots j (j < clamp(topk_length[t], 0, K) and 0 <= idx < T_kv; duplicates
  * count twice), s_j = scale * q[t,h,:D] . kv[idx_j,:D], lse = ln sum exp(s_j), max_logits =
  * max s_j, out = sum exp(s_j - lse) kv[idx_j,:512] / (1 + exp(sink[h] - lse)). Rows with no valid

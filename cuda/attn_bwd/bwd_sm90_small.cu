@@ -1,13 +1,13 @@
 /*
- * attn_bwd_sm90_small.cu - sparse MLA attention backward on sm_90a tensor cores for few heads
- * (H = 1..32), the small-H variant of dsa_sparse_attn_bwd's main pass in both modes. Same contract,
- * workspace and small passes as cuda/attn_bwd_sm90.cu (read its top comment and docs/design.md
+ * bwd_sm90_small.cu - sparse MLA attention backward on sm_90a tensor cores for few heads (H = 1..32;
+ * dsa_launch_attn_bwd_sm90_small, src/internal.h): dsa_sparse_attn_bwd's main pass in both modes. Same
+ * contract, workspace and small passes as cuda/attn_bwd/bwd_sm90_h64.cu (read its top comment and docs/design.md
  * section 6): prep (Delta, L', dsink partials), the fp32 dkv accumulator, convert and dsink come from
- * cuda/attn_bwd_common.cuh; declines with DSA_ERROR_UNSUPPORTED what it does not run (the op then
+ * cuda/attn_bwd/bwd_common.cuh; declines with DSA_ERROR_UNSUPPORTED what it does not run (the op then
  * tries the 64-head sm_90a kernel, then the portable one).
  *
  * Why a second kernel: the 64-head kernel puts heads on the wgmma M (m64), so H = 16 does the tensor
- * work of H = 64. Here, as in the forward's cuda/attn_fwd_sm90_small.cu, keys go on M and heads on N
+ * work of H = 64. Here, as in the forward's cuda/attn_fwd/fwd_sm90_small.cu, keys go on M and heads on N
  * (N = H rounded up to 8; NP = H rounded up to 16 rows of Q / dO in smem, the pad rows zero). Per
  * 64-key tile of one query token (all its heads):
  *   S^T [64 keys x N]  = K [64 x D] Q^T          SS m64nNk16, A = the gathered KV tile (K-major),
@@ -27,23 +27,24 @@
  *   dKV [64 keys x D]  = dS^T Q (+ P^T dO on the 512 value dims)   RS m64n64k16 per 64-dim block:
  *                                                A = dS^T / P^T from the S / dP accumulator
  *                                                registers packed to bf16 (the accumulator-pair map is
- *                                                the RS A map, hopper-notes 2; heads past N: zero
+ *                                                the RS A map, docs/hopper.md section 2; heads past N: zero
  *                                                registers), K = NP heads (1 or 2 k16 steps), B = Q /
  *                                                dO block read MN-major (tB = 1: LBO = one block of
  *                                                Q, SBO 1024 per 8 heads, +2048 B per k16 of heads)
  *   then per key row: red.global.add.v4.f32 into acc[idx] (the pairs of two lanes exchanged by one
- *   shfl so every lane holds 4 consecutive dims of one key row: half the atomic operations of the
- *   v2 form), or (deterministic) the row stored to contrib[(token - tok0) K + slot][D] exactly as
+ *   shfl so every lane holds 4 consecutive dims of one key row: half the atomic operations of
+ *   float2 atomics), or (deterministic) the row stored to contrib[(token - tok0) K + slot][D] exactly as
  *   the 64-head kernel with one head block writes it, so the same CUB sort + fixed-order reduction
  *   (the launcher below, same det layout) consumes it.
- * dKV accumulator layout 1 (the default, dsa_attn_bwd_dkv_layout = 1, non-deterministic mode only; src/internal.h
- * dsa_bwd_dkv_slot): attn_bwd_sm90_small_kernel<NB, N, false, 1>, no pair swap: each lane adds 4 permuted slots of
- * rows r0 and r0 + 8 per 16-column group (a quad = 64 contiguous bytes of a row); the convert pass
- * un-permutes. Not instantiated at N = 32, D = 576 (it spilled 16 B at 255 registers): that
- * configuration (H 25..32 at D = 576) runs layout 0 whatever the switch says.
+ * dKV accumulator in the non-deterministic mode: layout 1, the permuted one (src/internal.h
+ * dsa_bwd_dkv_slot; attn_bwd_sm90_small_kernel<NB, N, false, 1>, no pair swap): each lane adds 4
+ * permuted slots of rows r0 and r0 + 8 per 16-column group (a quad = 64 contiguous bytes of a row);
+ * the convert pass un-permutes. Not instantiated at N = 32, D = 576 (it spilled 16 B at 255
+ * registers): that configuration (H 25..32 at D = 576) runs layout 0, the real column order (the
+ * float2-pair form above), as the deterministic mode does.
  * One CTA = one query token. 256 threads: WG0 consumer (all products), WG1 producer (cp.async gather
  * of 64 kv rows per tile with the manual 128B swizzle into 2 KV stages, Q / dO / L' / Delta once),
- * mbarriers as in the forward (hopper-notes 4):
+ * mbarriers as in the forward (docs/hopper.md section 4):
  *   q_full  : 128 .noinc cp.async arrivals + 128 plain arrivals (L', Delta stores) -> Q, dO landed.
  *   full[s] : 128 .noinc + 128 plain arrivals (the stage's kv-row indices) -> stage s landed.
  *   empty[s]: 128 consumer arrivals after the dQ^T wgmma of the tile completed (the dKV products do
@@ -55,15 +56,15 @@
  * N = 32): 231208 B at N = 32, 186024 B at N = 16; D = 512: 16 KB less in the stages, 2 KB / row less
  * in Q. One CTA per SM.
  * ptxas (nvcc 13, -Xptxas -v, __launch_bounds__(256, 1)), no spills, no C7510-C7520 notes: D = 576
- * N = 8 / 16 / 24 / 32: 156 / 198 / 234 / 255 registers (deterministic 150 / 196 / 236 / 255); D = 512:
- * 132 / 176 / 218 / 255 (134 / 178 / 222 / 255). PTX per tile (D = 576, N = 16): 104 m64n16k16 (36 S^T,
+ * N = 8 / 16 / 24 / 32: 142 / 184 / 233 / 255 registers (deterministic 150 / 196 / 236 / 255); D = 512:
+ * 130 / 176 / 220 / 255 (134 / 178 / 222 / 255). PTX per tile (D = 576, N = 16): 104 m64n16k16 (36 S^T,
  * 32 dP^T, 36 dQ^T with tA), 17 m64n64k16 RS (dKV), 2 stmatrix.x2.trans, 72 atom.add.v4.f32 per thread.
  * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D other than 576 / 512, H > 32,
  * q / kv / dout rows not 16-B aligned, dq rows not 4-B aligned, T above 2^31 - 1, shared memory above
  * the device's opt-in limit.
- * Trade-offs (v1): one consumer WG serialises S / dP -> softmax -> dQ^T -> dKV + atomics per tile
+ * Limits of this design: one consumer WG serialises S / dP -> softmax -> dQ^T -> dKV + atomics per tile
  * (the producer overlaps the gathers); the dKV atomics (64 x D fp32 per tile whatever N is) are the
- * same volume as the 64-head kernel's and likely bound it; small-N SS wgmma is smem-bandwidth bound
+ * same volume as the 64-head kernel's and bound it; small-N SS wgmma is smem-bandwidth bound
  * (A = 2 KB per k16 for N x 16 x 64 MACs).
  */
 #include <cuda_runtime.h>
@@ -72,8 +73,8 @@
 #include <stdint.h>
 
 #include "internal.h"
-#include "sm90_common.cuh"
-#include "attn_bwd_common.cuh" /* prep, convert, dsink, keys, offsets (shared with attn_bwd*.cu) */
+#include "common/sm90_common.cuh"
+#include "attn_bwd/bwd_common.cuh" /* prep, convert, dsink, keys, offsets, det layout */
 
 namespace {
 
@@ -253,7 +254,7 @@ __device__ __forceinline__ void small_bwd_consumer(const SArgs &args, uint8_t *s
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kSStages;
   const uint32_t sq = sm90_smem_addr(smem + L::kQ), sdo = sm90_smem_addr(smem + L::kDO);
   const uint32_t sds = sm90_smem_addr(smem + L::kDS);
-  /* Accumulator map (hopper-notes 2): register i is row 16 warp + lane / 4 + 8 ((i >> 1) & 1),
+  /* Accumulator map (docs/hopper.md section 2): register i is row 16 warp + lane / 4 + 8 ((i >> 1) & 1),
    * column 8 (i >> 2) + 2 (lane % 4) + (i & 1); column slot c = 2 (i >> 2) + (i & 1). */
 #define SLOT_OF(i) (2 * ((i) >> 2) + ((i) & 1))
 #define COL_OF(c) (8 * ((c) >> 1) + 2 * (lane & 3) + ((c) & 1))
@@ -448,15 +449,15 @@ __device__ __forceinline__ void small_bwd_consumer(const SArgs &args, uint8_t *s
 }
 #endif
 
-/* The kernel body, for both kernels below (kLay: the non-deterministic mode's dKV accumulator layout,
- * src/internal.h dsa_attn_bwd_dkv_layout; layout 0 keeps its own kernel, machine code unchanged). */
+/* The kernel body (kLay: the dKV accumulator layout of the non-deterministic mode, 1 permuted, 0 real
+ * column order: the launcher's kLayAtomic). */
 template <int NB, int N, bool kDet, int kLay>
 __device__ __forceinline__ void attn_bwd_sm90_small_main(const SArgs &args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   typedef SSmem<NB, N> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   /* the integer round trip (generic LD / ST to shared memory), not sm90_smem_align1024: with shared
-   * loads the N = 32, D = 576 instantiations reach 255 registers and spill 4 B (session 5) */
+   * loads the N = 32, D = 576 instantiations reach 255 registers and spill 4 B */
   uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kSStages;
@@ -548,7 +549,7 @@ __global__ void __launch_bounds__(kSThreads, 1) attn_bwd_sm90_small_kernel(const
 }
 
 /* ---- deterministic mode: the 64-head kernel's workspace layout (bwd_det_layout) and fixed-order
- * reduction (bwd_det_reduce_kernel<D, 1>), both in cuda/attn_bwd_common.cuh: H <= 32 is one head
+ * reduction (bwd_det_reduce_kernel<D, 1>), both in cuda/attn_bwd/bwd_common.cuh: H <= 32 is one head
  * block, and contrib row (token - tok0) K + slot is what that kernel reads for entry id i. */
 
 /* Dynamic smem attribute: once per (instantiation, device). */
@@ -573,19 +574,19 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
   float *delta = R.delta, *lp = R.lp, *part = R.part, *acc = R.acc;
   if (p->num_tokens == 0) return bwd_zero_tokens(p, part, stream);
   const int det = p->deterministic ? 1 : 0;
-  /* dKV accumulator layout (src/internal.h): the deterministic mode always uses layout 0. Not at
-   * N = 32, D = 576 either: there the layout-1 kernel spilled 16 B at 255 registers (ptxas, nvcc 13.0),
-   * so that configuration keeps layout 0 (no layout-1 kernel is instantiated for it). */
+  /* dKV accumulator (src/internal.h): the permuted layout 1 in the non-deterministic mode, except at
+   * N = 32, D = 576, where the layout-1 kernel spilled 16 B at 255 registers (ptxas, nvcc 13.0): that
+   * configuration keeps layout 0 (real column order; no layout-1 kernel is instantiated for it), as
+   * does the deterministic mode. */
   constexpr bool kLay1Ok = !(NB == 9 && N == 32);
-  const int lay1 = kLay1Ok && !det && (dsa_attn_bwd_dkv_layout == 1 || dsa_attn_bwd_dkv_layout == 2); /* 2: as 1 here */
+  constexpr int kLayAtomic = kLay1Ok ? 1 : 0; /* the non-deterministic kernel's layout */
+  const int lay1 = kLay1Ok && !det;
   BwdDetLayout DL = BwdDetLayout(); /* value-initialised: filled by bwd_det_layout in the deterministic mode */
   if (det) {
-    DSA_TRY(bwd_det_layout(p, &DL));
+    DSA_TRY(bwd_det_layout(p, ctx->options[DSA_OPTION_BWD_DET_CHUNK_TOKENS], &DL));
     DSA_TRY((small_prepare<NB, N, true, 0>(ctx->device)));
-  } else if (lay1) {
-    if constexpr (kLay1Ok) DSA_TRY((small_prepare<NB, N, false, 1>(ctx->device)));
   } else {
-    DSA_TRY((small_prepare<NB, N, false, 0>(ctx->device)));
+    DSA_TRY((small_prepare<NB, N, false, kLayAtomic>(ctx->device)));
   }
   DSA_TRY(bwd_launch_prep(p, delta, lp, part, stream));
   if (p->num_kv > 0) DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(acc, 0, (size_t)p->num_kv * kD * 4, stream), fn));
@@ -601,14 +602,7 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
   args.scale_log2 = p->softmax_scale * kSLog2e;
   args.dq_vec16 = !((uintptr_t)p->dq & 15) && !(p->dq_stride_token & 7) && !(p->dq_stride_head & 7);
   if (!det) {
-    if constexpr (kLay1Ok) {
-      if (lay1)
-        attn_bwd_sm90_small_kernel<NB, N, false, 1><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
-      else
-        attn_bwd_sm90_small_kernel<NB, N, false, 0><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
-    } else {
-      attn_bwd_sm90_small_kernel<NB, N, false, 0><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
-    }
+    attn_bwd_sm90_small_kernel<NB, N, false, kLayAtomic><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   } else {
     args.contrib = (float *)(ws + DL.contrib);

@@ -1,130 +1,35 @@
 /*
- * indexer.cu - the small kernels of the lightning indexer's cuBLAS engine (src/indexer.c drives it):
+ * idx_fused_mma.cu - the lightning indexer's fused scoring on mma.sync (dsa_launch_indexer_fused;
+ * src/indexer.c drives it, the top-k of cuda/topk/ selects from its scores).
  *
- *  - idx_pack_q: copies a chunk of index_q [tokens, heads, 128] with arbitrary (validated) strides
- *    into a plain [tokens * heads, 128] matrix, for layouts cuBLAS cannot read as one matrix
- *    (head-major, or a token stride that is not heads * head stride). 16-byte vector copies (the
- *    validator guarantees 16-byte aligned rows).
- *  - idx_reduce: scores[r, c] = sum_h w[r, h] * ReLU(logits[r * H + h, c]) from the fp32 GEMM
- *    output. One thread per (row, column), heads summed in order h = 0..H-1 (deterministic); reads
- *    are coalesced along the columns. ReLU keeps NaN (as the reference does).
- *
- *  - idx_fused (DSA_INDEXER_ENGINE_FUSED): the head-summed scores computed on chip, so the
- *    [queries * H_idx, keys] logits never exist in memory. Tensor cores through mma.sync
- *    m16n8k16 bf16 -> fp32 (sm_80+ PTX, so the compute_90 build has it too). Operand map as in
- *    hopper-notes section 8: keys on M (A = a 16-key x 128-dim slice of the key tile, held in
- *    registers for the whole tile, two per warp so each B fragment feeds two mma), (query, head) on N
- *    (B = q rows, 8 heads per n-tile). ReLU and
- *    the weight are applied to the accumulator in place (padded heads h >= H_idx contribute 0, also
- *    when a key holds inf or NaN: 0 * inf would be NaN), the head sum is an in-thread sum over the
- *    thread's two columns of every n-tile plus shfl_xor 1, 2 across the quad. A CTA (4 warps)
- *    holds 128 (query, head) rows of q in shared memory (128 / H_pad queries, H_pad = H rounded up
- *    to 8) and streams FX_TILES (2) tiles of 128 keys (FX_PIPE: cp.async, each warp loading its own
- *    32 key rows and prefetching the next tile's while it computes); tiles outside every query's visible window, and queries
- *    that select all their keys (causal_length <= K), are skipped. Summation order is fixed:
- *    deterministic.
- *
- * The cuBLAS engine's GEMM is cublasGemmEx (bf16 in, fp32 accumulate); both engines select with the
- * radix top-k of cuda/topk.cu.
+ * idx_fused (DSA_INDEXER_ENGINE_FUSED, DSA_INDEXER_FUSED_MMA_SYNC): the head-summed scores computed
+ * on chip, so the [queries * H_idx, keys] logits never exist in memory. Tensor cores through
+ * mma.sync m16n8k16 bf16 -> fp32 (sm_80+ PTX, so the compute_90 build has it too). Operand map as in
+ * docs/hopper.md section 8: keys on M (A = a 16-key x 128-dim slice of the key tile, held in
+ * registers for the whole tile, two per warp so each B fragment feeds two mma), (query, head) on N
+ * (B = q rows, 8 heads per n-tile). ReLU and the weight are applied to the accumulator in place
+ * (padded heads h >= H_idx contribute 0, also when a key holds inf or NaN: 0 * inf would be NaN),
+ * the head sum is an in-thread sum over the thread's two columns of every n-tile plus shfl_xor 1, 2
+ * across the quad. A CTA (4 warps) holds 128 (query, head) rows of q in shared memory (128 / H_pad
+ * queries, H_pad = H rounded up to 8) and streams FX_TILES (2) tiles of 128 keys (cp.async, each
+ * warp loading its own 32 key rows and prefetching the next tile's while it computes); tiles
+ * outside every query's visible window, and queries that select all their keys (causal_length <=
+ * K), are skipped. Summation order is fixed: deterministic.
  */
 #include <stdint.h>
 #include <cuda_runtime.h>
 #include "internal.h"
+#include "indexer/idx_common.cuh"
 
-#define IDX_REDUCE_THREADS 256 /* columns per CTA; heads loop inside the thread */
-#define IDX_PACK_THREADS 256
-
-static __global__ void __launch_bounds__(IDX_PACK_THREADS)
-idx_pack_q(const uint16_t *__restrict__ q, int64_t st, int64_t sh, int64_t rows, int32_t heads,
-           uint16_t *__restrict__ out) {
-  /* one uint4 = 8 bf16; a row of 128 is 16 vectors */
-  const int64_t n = rows * 16;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t row = i >> 4, v = i & 15;
-    const int64_t t = row / heads, h = row - t * heads;
-    const uint4 x = *(const uint4 *)(q + t * st + h * sh + v * 8);
-    *(uint4 *)(out + row * DSA_INDEX_HEAD_DIM + v * 8) = x;
-  }
-}
-
-static __device__ __forceinline__ float idx_relu(float x) {
-  return x > 0.0f ? x : (x != x ? x : 0.0f);
-}
-
-template <bool W_BF16>
-static __global__ void __launch_bounds__(IDX_REDUCE_THREADS)
-idx_reduce(int32_t heads, int64_t cols, const float *__restrict__ logits, int64_t logits_ld,
-           const void *__restrict__ weights, int64_t weights_stride, float *__restrict__ scores,
-           int64_t scores_ld) {
-  __shared__ float s_w[64];
-  const int64_t r = blockIdx.y;
-  const int64_t c = (int64_t)blockIdx.x * IDX_REDUCE_THREADS + threadIdx.x;
-  if (threadIdx.x < heads) {
-    if (W_BF16) {
-      const uint16_t b = ((const uint16_t *)weights)[r * weights_stride + threadIdx.x];
-      s_w[threadIdx.x] = __uint_as_float((uint32_t)b << 16);
-    } else {
-      s_w[threadIdx.x] = ((const float *)weights)[r * weights_stride + threadIdx.x];
-    }
-  }
-  __syncthreads();
-  if (c >= cols) return;
-  const float *src = logits + r * heads * logits_ld + c;
-  float acc = 0.0f;
-  for (int h = 0; h < heads; ++h) acc = fmaf(s_w[h], idx_relu(__ldg(src + (int64_t)h * logits_ld)), acc);
-  scores[r * scores_ld + c] = acc;
-}
-
-extern "C" dsa_status dsa_launch_indexer_pack_q(const uint16_t *q, int64_t stride_token,
-                                                int64_t stride_head, int64_t tokens, int32_t heads,
-                                                uint16_t *out, cudaStream_t stream) {
-  int64_t n = tokens * heads * 16, blocks = (n + IDX_PACK_THREADS - 1) / IDX_PACK_THREADS;
-  if (n <= 0) return DSA_SUCCESS;
-  if (blocks > 65536) blocks = 65536;
-  idx_pack_q<<<(unsigned)blocks, IDX_PACK_THREADS, 0, stream>>>(q, stride_token, stride_head,
-                                                                 tokens * heads, heads, out);
-  return dsa_cuda_status(cudaGetLastError(), "dsa_indexer_topk (pack kernel launch)");
-}
-
-extern "C" dsa_status dsa_launch_indexer_reduce(int64_t rows, int32_t heads, int64_t cols,
-                                                const float *logits, int64_t logits_ld,
-                                                const void *weights, int weights_bf16,
-                                                int64_t weights_stride, float *scores,
-                                                int64_t scores_ld, cudaStream_t stream) {
-  dim3 grid;
-  if (rows <= 0 || cols <= 0) return DSA_SUCCESS;
-  /* rows is a GEMM sub-chunk (the caller keeps it <= 65535); columns are at most 2^31 */
-  grid.x = (unsigned)((cols + IDX_REDUCE_THREADS - 1) / IDX_REDUCE_THREADS);
-  grid.y = (unsigned)rows;
-  grid.z = 1;
-  if (weights_bf16)
-    idx_reduce<true><<<grid, IDX_REDUCE_THREADS, 0, stream>>>(heads, cols, logits, logits_ld, weights,
-                                                             weights_stride, scores, scores_ld);
-  else
-    idx_reduce<false><<<grid, IDX_REDUCE_THREADS, 0, stream>>>(heads, cols, logits, logits_ld, weights,
-                                                              weights_stride, scores, scores_ld);
-  return dsa_cuda_status(cudaGetLastError(), "dsa_indexer_topk (reduce kernel launch)");
-}
-
-/* ---------------------------------------------------------------------------------------------
- * fused scoring
- * ------------------------------------------------------------------------------------------- */
 #define FX_THREADS 128 /* 4 warps x 32 keys = one 128-key tile */
 #define FX_MT 2        /* m16 tiles per warp: each B fragment read from smem feeds FX_MT mma */
 #define FX_TILE (4 * 16 * FX_MT) /* keys per tile */
-#ifndef FX_TILES
 #define FX_TILES 2     /* tiles per CTA: q is loaded once for 256 keys */
-#endif
-/* 1: cp.async operand loads. Each warp loads only the 32 key rows it turns into A fragments, so a
+/* Operand loads by cp.async. Each warp loads only the 32 key rows it turns into A fragments, so a
  * warp waits for its own rows (cp.async.wait_group + __syncwarp, no block barrier per tile) and, once
  * its A fragments are in registers, issues the next tile's rows into the same place: the next
  * tile's load overlaps this tile's mma. The q rows of the CTA go by cp.async too, in flight
- * together with the first key tile. 0: the previous synchronous loads (uint4 through registers,
- * two block barriers per tile). */
-#ifndef FX_PIPE
-#define FX_PIPE 1
-#endif
+ * together with the first key tile. */
 #define FX_QROWS 128   /* (query, head) rows of q per CTA: 32 KB + padding */
 #define FX_LD 136      /* smem row pitch in bf16: 272 B, so 8 ldmatrix rows hit 8 distinct bank quads */
 #define FX_MAXQ 16     /* queries per CTA at most (H_pad = 8) */
@@ -168,7 +73,7 @@ static __device__ __forceinline__ void fx_cp_async_wait_all(void) {
 #endif
 }
 
-/* FX_PIPE: the calling warp's rows [warp * 16 * FX_MT, +16 * FX_MT) of the key tile starting at
+/* The calling warp's rows [warp * 16 * FX_MT, +16 * FX_MT) of the key tile starting at
  * column cbase, by cp.async (rows past the window are zeroed with plain stores), one commit group. */
 static __device__ __forceinline__ void fx_load_k_warp(const dsa_indexer_fused_args &a, uint16_t *Ks,
                                                       int64_t cbase, int warp, int lane) {
@@ -220,7 +125,6 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
   if (uhi <= cb0 || ulo >= cb0 + FX_TILE * FX_TILES) return; /* block-uniform */
 
   const int nrows = qg * hp;
-#if FX_PIPE
   /* the first tile that meets [ulo, uhi) (one does: the test above) starts loading now */
   for (int t = 0; t < FX_TILES; ++t) {
     const int64_t cb = cb0 + (int64_t)t * FX_TILE;
@@ -239,16 +143,6 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
       *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
   }
   fx_cp_async_commit();
-#else
-  /* q rows (g, h) -> Qs[g * hp + h]; padded heads and missing queries are zero (weight 0) */
-  for (int i = tid; i < nrows * 16; i += FX_THREADS) {
-    const int row = i >> 4, v = i & 15, g = row / hp, h = row - g * hp;
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (r0 + g < a.rows && h < a.heads)
-      x = *(const uint4 *)(a.q + (r0 + g) * a.q_stride_token + (int64_t)h * a.q_stride_head + v * 8);
-    *(uint4 *)(Qs + row * FX_LD + v * 8) = x;
-  }
-#endif
   for (int i = tid; i < nrows; i += FX_THREADS) {
     const int g = i / hp, h = i - g * hp;
     float w = 0.0f;
@@ -259,28 +153,14 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
     }
     Ws[i] = w;
   }
-#if FX_PIPE
   fx_cp_async_wait_all(); /* this thread's q rows (and first key rows) have landed */
   __syncthreads();        /* everyone's Qs / Ws are written */
-#endif
 
   for (int tile = 0; tile < FX_TILES; ++tile) {
     const int64_t cbase = cb0 + (int64_t)tile * FX_TILE;
     if (uhi <= cbase || ulo >= cbase + FX_TILE) continue; /* block-uniform */
-#if FX_PIPE
     fx_cp_async_wait_all(); /* this lane's copies of the warp's key rows for this tile */
     __syncwarp();           /* ... and every other lane's (cp.async and zero stores) */
-#else
-    __syncthreads(); /* previous tile's readers are done with Ks (and Qs/Ws are written) */
-    for (int i = tid; i < FX_TILE * 16; i += FX_THREADS) {
-      const int row = i >> 4, v = i & 15;
-      const int64_t col = cbase + row;
-      uint4 x = make_uint4(0, 0, 0, 0);
-      if (col < a.window) x = *(const uint4 *)(a.k + (a.window_start + col) * a.k_stride + v * 8);
-      *(uint4 *)(Ks + row * FX_LD + v * 8) = x;
-    }
-    __syncthreads();
-#endif
     /* this warp's 32 keys (two m16 tiles) x 128 dims as 2 x 8 A fragments: each B fragment loaded
      * from shared memory feeds two mma */
     uint32_t af[FX_MT][8][4];
@@ -290,7 +170,6 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
       for (int ks = 0; ks < 8; ++ks)
         fx_ldsm_x4(fx_smem(Ks + (warp * 16 * FX_MT + mt * 16 + (lane & 15)) * FX_LD + ks * 16 + (lane >> 4) * 8),
                    af[mt][ks][0], af[mt][ks][1], af[mt][ks][2], af[mt][ks][3]);
-#if FX_PIPE
     /* the warp's rows are in registers: once every lane's ldmatrix is done, the next tile that
      * meets [ulo, uhi) may land in the same rows while this one is computed */
     __syncwarp();
@@ -301,7 +180,6 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
         break;
       }
     }
-#endif
     const int64_t wc0 = cbase + warp * 16 * FX_MT; /* the warp's first column */
     for (int g = 0; g < qg; ++g) {
       if (s_hi[g] <= wc0 || s_lo[g] >= wc0 + 16 * FX_MT) continue; /* warp-uniform */

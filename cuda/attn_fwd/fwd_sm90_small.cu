@@ -1,9 +1,9 @@
 /*
- * attn_fwd_sm90_small.cu - sparse MLA attention forward on sm_90a tensor cores for few heads
- * (H = 1..64, or any range of up to 64 heads of a larger H), the small-H variant of
- * dsa_sparse_attn_fwd. Same contract as attn_fwd_sm90.cu (see its top comment and docs/design.md
- * section 5); declines with DSA_ERROR_UNSUPPORTED what it does not run (the caller then falls back to
- * the 64-head sm_90a kernel or the portable one).
+ * fwd_sm90_small.cu - sparse MLA attention forward on sm_90a tensor cores for few heads (H = 1..64,
+ * or any range of up to 64 heads of a larger H): dsa_launch_attn_fwd_sm90_small_heads and
+ * dsa_launch_attn_fwd_sm90_small (src/internal.h). Same contract as fwd_sm90_h64.cu (see its top
+ * comment and docs/design.md section 5); declines with DSA_ERROR_UNSUPPORTED what it does not run
+ * (the caller then falls back to the 64-head sm_90a kernel or the portable one).
  *
  * Why a second kernel: the 64-head kernel puts heads on the wgmma M dimension (m64), so H = 8..32
  * does the tensor work of H = 64. Here keys go on M and heads on N (N = H rounded up to 8):
@@ -12,7 +12,7 @@
  *                                                        B = Q [N x D] (K-major SW128)
  *   O^T [512 x N]    += V^T [512 x 64 keys] . P [64 x N]  SS wgmma m64nNk16, 8 m64 blocks x 4 k16,
  *                                                        A = the same KV tile's dims 0..511 read
- *                                                        MN-major (tA = 1, hopper-notes 1 and test G),
+ *                                                        MN-major (tA = 1, docs/hopper.md section 1 and test G),
  *                                                        B = P stored [N heads][64 keys] K-major SW128
  * The softmax runs per head = per COLUMN of S^T: a column's 64 keys live in 8 lanes (lane / 4) of each
  * of the 4 warps, so its max is an in-thread max over the rows r, r + 8, shfl_xor 4 / 8 / 16, then one
@@ -20,10 +20,9 @@
  * factors and the O rescale are the softmax's cost here, so they run only when the frame has to move:
  * P = exp2(S - frame) with a per-column frame that moves only when a logit of the tile exceeds it by
  * more than 8 (log2 units; P <= 256 otherwise), decided by one barrier with an OR reduction
- * (small_softmax; the true column max for max_logits is tracked per thread and reduced once). Session
- * 6 measured it on the H200 against the exact running max: fwd-tp-h40 / h48 / h56 -12% / -13% / -14%
- * (value-dim split), tp-h16 / h32 -4%, tp-h8 -1%. P reaches shared memory with
- * stmatrix .trans (the accumulator fragment is [keys][heads]; .trans writes [heads][keys]).
+ * (small_softmax; the true column max for max_logits is tracked per thread and reduced once). P
+ * reaches shared memory with stmatrix .trans (the accumulator fragment is [keys][heads]; .trans
+ * writes [heads][keys]).
  *
  * One CTA = one query token, heads [head_begin, head_begin + head_count) of it (the launch's head
  * range; the whole H unless the dispatch splits H > 64 between this kernel and the 64-head one).
@@ -31,70 +30,50 @@
  * Two shapes (SmallCfg below, one constexpr row per N):
  *   N <= 32: 256 threads, WG0 consumer (all N columns), WG1 producer. O^T [512 x N] = 8 m64 tiles x
  *        N/2 registers in the consumer. N <= 16: two CTAs per SM, one KV stage each.
- *   N = 40..64: 384 threads, WG0 and WG1 consumers, WG2 producer. Two ways to share the work, chosen
- *        by dsa_attn_fwd_small_split (src/internal.h):
- *     1 (default) value-dim split (setmaxnreg 256 / 192 / 56): WG0 computes S^T [64 x N] once per tile
- *        for every column, the softmax, P and the rescale factors, and O^T dims [0, 256); WG1 only
- *        O^T dims [256, 512) from the same P (split_s_consumer / split_pv_consumer below, with their
- *        hand-offs). Each KV element is read from shared memory once per tile: 238 KB of wgmma
- *        operand reads per tile at N = 48 instead of 374. Measured on the H200 (session 5, run 2):
- *        fwd-tp-h40 2.247 vs 2.408 ms, -h48 2.507 vs 2.640, -h56 2.725 vs 2.693 for the column split:
- *        -7% / -5% / +1%, far less than the operand bytes (-36%): the 2-stage gather pipeline, not
- *        shared memory, sets the pace (docs/design.md section 8).
- *     0 column split (setmaxnreg 224 / 224 / 56). The N
- *        columns are split between the consumers: WG0 columns [0, N0), WG1 [N0, N), N0 = 8 ceil(N / 16)
- *        (40 = 24 + 16, 48 = 24 + 24, 56 = 32 + 24, 64 = 32 + 32). Each consumer runs exactly the
- *        N <= 32 consumer on its columns (its own S^T, softmax, P tile and O^T [512 x N_c], 4 N_c <= 128
- *        registers); they share the gathered KV tile and the Q tile, and meet only on the pipeline
- *        mbarriers (empty[s] counts both) and once in the epilogue. The reasoning that chose it
- *        first (the independent WGs drift and overlap each other's softmax, for the price of reading
- *        the KV tile twice) measured slower than the value-dim split above, which hands P over by an
- *        mbarrier instead of a lockstep barrier.
- *   WG producer: cp.async 16 B with a manual 128B swizzle (hopper-notes 5), exactly as the 64-head
+ *   N = 40..64: 384 threads, WG0 and WG1 consumers, WG2 producer, the value-dim split (template
+ *        SPLIT, setmaxnreg 256 / 192 / 56): WG0 computes S^T [64 x N] once per tile for every column,
+ *        the softmax, P and the rescale factors, and O^T dims [0, 64 kMB0); WG1 only O^T dims
+ *        [64 kMB0, 512) from the same P (kMB0 = 3 at N = 40, else 4, and two P buffers at N = 48 / 56:
+ *        SplitCfg; split_s_consumer / split_pv_consumer below, with their hand-offs). Each KV element
+ *        is read from shared memory once per tile (238 KB of wgmma operand reads per tile at N = 48).
+ *   WG producer: cp.async 16 B with a manual 128B swizzle (docs/hopper.md section 5), exactly as the 64-head
  *        kernel: Q [N x D] once (columns >= head_count zero-filled), then 64 KV rows per tile into the
  *        stages; invalid slots zero-filled and flagged in a per-stage byte mask.
- *   WG consumer: per tile S^T (D/16 HGMMA.64xN_cx16), mask, online softmax, P -> smem, O^T rescale,
- *        32 HGMMA.64xN_cx16 for P V. Epilogue: O^T / l * sink factor staged through shared memory
- *        (reusing the KV stages) as [head][512] bf16 rows, then 16-B coalesced stores to out.
+ *   WG consumer (N <= 32): per tile S^T (D/16 HGMMA.64xNx16), mask, online softmax, P -> smem, O^T
+ *        rescale, 32 HGMMA.64xNx16 for P V. Epilogue: O^T / l * sink factor staged through shared
+ *        memory (reusing the KV stages) as [head][512] bf16 rows, then 16-B coalesced stores to out.
  * N <= 32 has no setmaxnreg: with 256 threads and one CTA per SM every thread may hold 255 registers
  * already (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing).
- * ptxas (nvcc 13, -Xptxas -v): 64 / 118 / 178 / 229 registers for N = 8 / 16 / 24 / 32, no spills, no
+ * ptxas (nvcc 13, -Xptxas -v, D = 576): 64 / 116 / 172 / 221 registers for N = 8 / 16 / 24 / 32, no
  * wgmma serialisation warning; N = 40..64: 168 at entry (the __launch_bounds__(384, 1) cap), raised
- * to 224 in the consumers (value-dim split: 256 / 192; producer 56), no spills. SASS per 64-key tile and
- * consumer: 36 (D = 576) or 32 (D = 512) HGMMA.64xN_cx16 for S^T, 32 HGMMA.64xN_cx16 with
- * gdesc.tnspA for P V, N_c / 8 STSM.16.MT88.2 (value-dim split at N = 48: 68 HGMMA.64x48x16 in the
- * kernel, 36 + 16 in WG0's loop and 16 in WG1's). Shared memory at D = 576: 190632 B (N = 32) ..
- * 159144 B (N = 8), 231592 B (N = 64; value-dim split 232120 B), one CTA per SM except N <= 16.
+ * to 256 / 192 in the consumers (producer 56), no spills. SASS per 64-key tile at N <= 32: 36
+ * (D = 576) or 32 (D = 512) HGMMA.64xNx16 for S^T, 32 HGMMA.64xNx16 with gdesc.tnspA for P V, N / 8
+ * STSM.16.MT88.2 (N = 48: 68 HGMMA.64x48x16 in the kernel, 36 + 16 in WG0's loop and 16 in WG1's).
+ * Shared memory at D = 576: 190632 B (N = 32) .. 159144 B (N = 8), 232120 B (N = 64; at N = 56 with
+ * two P buffers 229088 B), one CTA per SM except N <= 16.
  *
- * Pipeline barriers (mbarriers in shared memory, parities as in hopper-notes 4):
+ * Pipeline barriers (mbarriers in shared memory, parities as in docs/hopper.md section 4):
  *   q_full   : 128 .noinc cp.async arrivals (producer threads) -> Q landed.
  *   full[s]  : 128 .noinc cp.async arrivals + 128 plain arrivals (release the mask bytes) -> stage s.
  *   empty[s] : 128 plain arrivals per consumer WG (after its P V wgmma completed) -> stage s free.
- * Named barriers (128 threads, per consumer WG c: ids 1 + 2c and 2 + 2c): kBarMax (column maxima
- * exchanged; also the column sums in the epilogue), kBarP (P tile complete, after each writer's
- * fence.proxy.async; also the staged out tile in the epilogue). N > 32, column split, adds kBarAll
- * (id 5, both consumer WGs, once in the epilogue: every P V done before the KV stages become the out
- * staging). The value-dim split uses no barrier between the WGs but mbarriers: p_full (P and alpha
- * of the tile ready) and fac_full (the out factors written, WG0's P V all done), plus WG0's waits on
- * empty[s] (WG1's P V done): racecheck follows mbarrier hand-offs (docs/reliability.md 3c).
+ * Named barriers (128 threads, consumer WG 0): kBarMax (column maxima exchanged; also the column sums
+ * in the epilogue), kBarP (P tile complete, after each writer's fence.proxy.async; also the staged
+ * out tile in the epilogue). The value-dim split uses no barrier between the WGs but mbarriers:
+ * p_full (P and alpha of the tile ready) and fac_full (the out factors written, WG0's P V all done),
+ * plus WG0's waits on empty[s] (WG1's P V done): racecheck follows mbarrier hand-offs
+ * (docs/reliability.md 3c).
  * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D other than 576 / 512, a head
  * range of more than 64 heads (or outside 0..H), q / kv rows not 16-B aligned, out rows not 4-B
  * aligned, T above 2^31 - 1, shared memory above the device's opt-in limit.
- * v1 trade-offs, next steps in order: a consumer WG serialises S^T(n) -> softmax -> P V(n) (issue
- * S^T(n+1) before the softmax of n); 2 KV stages only (3 x 72 KB + Q does not fit beside the 1 KB
- * alignment slack at D = 576); N = 24 / 32 could also take the two-consumer shape (untried).
+ * Limits of this design: a consumer WG serialises S^T(n) -> softmax -> P V(n); 2 KV stages only
+ * (3 x 72 KB + Q does not fit beside the 1 KB alignment slack at D = 576).
  */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 
 #include "internal.h"
-#include "sm90_common.cuh"
-
-#if DSA_FWD_PROBE
-/* Only in a probe build (sm90_common.cuh): dsa_bench finds it and labels its forward rows ",probe<N>". */
-extern "C" DSA_HIDDEN const int dsa_fwd_probe_build = DSA_FWD_PROBE;
-#endif
+#include "common/sm90_common.cuh"
 
 namespace {
 
@@ -106,10 +85,8 @@ constexpr int kDV = DSA_VALUE_DIM;  /* 512 value dims = 8 m64 blocks of O^T */
 constexpr int kDVBlocks = kDV / 64; /* 8 */
 constexpr int kBlkBytes = 64 * 128; /* one 64 x 64 bf16 SW128 block: 8 atoms of 1024 B */
 constexpr int kOutPitch = 1040;     /* staged out row: 1024 B + 16 so the 4 heads of a store are 8 banks apart */
-constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids of consumer WG 0 (WG 1: + 2); 0 is __syncthreads */
-constexpr int kBarAll = 5;          /* N > 32: both consumer WGs (256 threads) */
-constexpr int kConsumerRegs = 224;  /* N > 32: O^T 128 + S^T 16 + P 16 + addressing (N_c = 32: 208 uncapped) */
-constexpr int kProducerRegs = 56;   /* N > 32: the gather and the next tile's indices (at 40: 4-8 B of spills); 2 x 224 + 56 = 504 */
+constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids of consumer WG 0; 0 is __syncthreads */
+constexpr int kProducerRegs = 56;   /* N > 32: the gather and the next tile's indices (at 40: 4-8 B of spills) */
 constexpr int kSplitSRegs = 256;    /* SPLIT WG 0: O^T half 2N + S^T / P N/2 + frame, sums, logit max 3 N/4 (N = 56: 210) */
 constexpr int kSplitPVRegs = 192;   /* SPLIT WG 1: O^T half 2N (N = 64: 128) + addressing; 256 + 192 + 56 = 504 */
 constexpr float kLog2e = 1.4426950408889634f;
@@ -119,54 +96,51 @@ static_assert(kBlockK == 64, "the fragment maps below assume m64 tiles of 64 key
 static_assert(kDVBlocks == 8, "O^T is 8 m64 blocks");
 static_assert(kMaxNOneWG * kOutPitch <= 8 * kBlkBytes, "the staged out tile (N <= 32) fits in KV stage 0");
 static_assert(kMaxN * kOutPitch <= 2 * 8 * kBlkBytes, "the staged out tile (N <= 64) fits in two KV stages");
-static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP + 2 < kBarAll && kBarAll < 16,
-              "named barrier ids 1..15, distinct per consumer WG");
-static_assert(2 * kConsumerRegs + kProducerRegs <= 504,
-              "setmaxnreg: the per-WG counts fit the launch's pool, 384 threads x 168 registers = 128 x 504");
-static_assert(kConsumerRegs % 8 == 0 && kProducerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
-static_assert(kSplitSRegs + kSplitPVRegs + kProducerRegs <= 504 && kSplitSRegs % 8 == 0 && kSplitPVRegs % 8 == 0,
-              "setmaxnreg of the value-dim split fits the pool");
+static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP < 16, "named barrier ids 1..15");
+static_assert(kSplitSRegs + kSplitPVRegs + kProducerRegs <= 504 && kSplitSRegs % 8 == 0 && kSplitPVRegs % 8 == 0 &&
+                  kProducerRegs % 8 == 0,
+              "setmaxnreg of the value-dim split fits the launch's pool, 384 threads x 168 registers = 128 x 504");
 static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
 
 /* Launch shape per N (wgmma N = head count rounded up to 8), one row each:
- *   N       consumers  columns per WG   CTAs/SM  KV stages  why
- *   8, 16   1          N                2        1          (DSA_SM90_FWD_SMALL_TWO_CTAS=1, the default
- *                                                            since it measured faster on an H200:
- *                                                            fwd-tp-h16 1.542 -> 1.372 ms, fwd-tp-h8
- *                                                            1.413 -> 1.267 ms; =0 gives the one-CTA
- *                                                            shape) <= 97 KB of smem and <= 128
- *                                                            registers: the two CTAs overlap each
- *                                                            other's gather, softmax and token ends
- *   24, 32  1          N                1        2          two CTAs would need 2 x 116 KB or
- *                                                            setmaxnreg; 3 stages do not fit at D = 576
- *   40..64  2          N (WG0 S^T) / value dims 256 each   1   2
- *                                                            O^T [512 x N] (4N registers) does not fit
- *                                                            one WG; the value-dim split (default) reads
- *                                                            each KV element from shared memory once;
- *                                                            2 x 72 KB + Q 72 KB fills the 227 KB.
- *           (split 0) N0 = 8 ceil(N/16), N - N0               each consumer owns N_c <= 32 columns (the
- *                                                            N <= 32 consumer code), no barrier between
- *                                                            the WGs per tile. */
-#ifndef DSA_SM90_FWD_SMALL_TWO_CTAS
-#define DSA_SM90_FWD_SMALL_TWO_CTAS 1
-#endif
+ *   N       consumers  CTAs/SM  KV stages  why
+ *   8, 16   1          2        1          <= 97 KB of smem and <= 128 registers: the two CTAs overlap
+ *                                          each other's gather, softmax and token ends
+ *   24, 32  1          1        2          two CTAs would need 2 x 116 KB or setmaxnreg; 3 stages do
+ *                                          not fit at D = 576
+ *   40..64  2          1        2          O^T [512 x N] (4N registers) does not fit one WG: the
+ *                                          value-dim split (WG0 S^T, both WGs part of the value dims)
+ *                                          reads each KV element from shared memory once; 2 x 72 KB +
+ *                                          Q 72 KB fills the 227 KB. */
 template <int N>
 struct SmallCfg {
-  static constexpr bool kTwo = DSA_SM90_FWD_SMALL_TWO_CTAS != 0 && N <= 16; /* two CTAs per SM */
-  static constexpr bool kTwoWG = N > kMaxNOneWG;         /* two consumer WGs, columns split */
+  static constexpr bool kTwo = N <= 16;                  /* two CTAs per SM */
+  static constexpr bool kTwoWG = N > kMaxNOneWG;         /* two consumer WGs: the value-dim split */
   static constexpr int kStages = kTwo ? 1 : 2;           /* KV stages per CTA */
   static constexpr int kCtas = kTwo ? 2 : 1;             /* CTAs per SM: __launch_bounds__ min blocks */
   static constexpr int kConsumers = kTwoWG ? 2 : 1;      /* consumer WGs; the producer is WG kConsumers */
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kN0 = kTwoWG ? 8 * ((N + 15) / 16) : N; /* columns of consumer WG 0 */
-  static constexpr int kN1 = N - kN0;                          /* columns of consumer WG 1 */
-  static_assert(kN0 % 8 == 0 && kN0 <= kMaxNOneWG && kN1 % 8 == 0 && kN1 <= kMaxNOneWG, "WG column split");
-  static_assert(!kTwoWG || kN1 >= 8, "two consumer WGs only where both have columns");
+};
+
+/* The value-dim split's choices per N (SPLIT below; measurements in docs/perf.md):
+ *   N    WG 0 / WG 1 value blocks   P buffers
+ *   40   3 / 5                     1
+ *   48   4 / 4                     2
+ *   56   4 / 4                     2
+ *   64   4 / 4                     1           (two P buffers do not fit beside Q: 231.5 KB)
+ * Fewer value blocks in WG 0 shorten its per-tile chain (S, softmax, P, its P V); two P buffers let WG 0
+ * write P(n) while WG 1's P V(n - 1) still reads P(n - 1). WG 1 skips its rescale when each alpha of
+ * the warp is 1 (a warp vote on the alphas it loads anyway, no flag from WG 0). */
+template <int N>
+struct SplitCfg {
+  static constexpr int kMB0 = N == 40 ? 3 : 4;                 /* WG 0's value-dim blocks of 64 */
+  static constexpr int kPBufs = N == 48 || N == 56 ? 2 : 1;    /* P / alpha buffers */
+  static_assert(kMB0 >= 1 && kMB0 < kDVBlocks, "both WGs own value dims");
 };
 
 /* Shared-memory layout for NB 64-column blocks per row (D = 64 NB) and N heads. Every operand tile
- * is 1024-B aligned (SW128 atoms, descriptor base offset 0): N and the column split N0 are multiples
- * of 8, so N * 128 and N0 * 128 are multiples of 1024. */
+ * is 1024-B aligned (SW128 atoms, descriptor base offset 0): N is a multiple of 8, so N * 128 is a
+ * multiple of 1024. */
 template <int NB, int N, bool SPLIT = false>
 struct SmallSmem {
   static constexpr bool kTwoWG = SmallCfg<N>::kTwoWG;
@@ -175,21 +149,21 @@ struct SmallSmem {
   static constexpr int kQBlk = N * 128;                      /* one 64-column block of Q: N rows */
   static constexpr int kKV = 0;                              /* stage s at kKV + s * kTileBytes */
   static constexpr int kQ = kKV + kStages * kTileBytes;      /* Q [N x D], block b at kQ + b * kQBlk */
-  static constexpr int kP = kQ + NB * kQBlk;                 /* P [N heads x 64 keys] bf16 SW128; WG c
-                                                                owns rows [N0 c, ...) */
-  static constexpr int kValid = kP + N * 128;                /* [kStages][64] bytes, 1 = valid slot */
-  static constexpr int kRed = kValid + kStages * kBlockK;    /* f32 red_max[4][N], red_sum[4][N]; two
-                                                                WGs: red_sum aliases red_max (227 KB) */
-  static constexpr int kAlpha = kRed + (kTwoWG ? 1 : 2) * 4 * N * 4; /* SPLIT: f32 alpha[N], fac[N] */
-  static constexpr int kBars = kAlpha + (SPLIT ? 2 * N * 4 : 0); /* q_full, full[kStages], empty[kStages],
-                                                                    SPLIT: p_full, fac_full */
-  static constexpr int kEnd = kBars + 8 * (1 + 2 * kStages + (SPLIT ? 2 : 0)); /* SPLIT: + fac_full */
+  static constexpr int kP = kQ + NB * kQBlk;                 /* P [N heads x 64 keys] bf16 SW128 */
+  static constexpr int kPBufs = SPLIT ? SplitCfg<N>::kPBufs : 1; /* SPLIT: P and alpha of tiles n, n + 1 */
+  static constexpr int kValid = kP + kPBufs * N * 128;       /* [kStages][64] bytes, 1 = valid slot */
+  static constexpr int kRed = kValid + kStages * kBlockK;    /* f32 red_max[4][N], red_sum[4][N]; the
+                                                                split: one [4][N] for both (227 KB) */
+  static constexpr int kAlpha = kRed + (kTwoWG ? 1 : 2) * 4 * N * 4; /* SPLIT: f32 alpha[kPBufs][N], fac[N] */
+  static constexpr int kBars = kAlpha + (SPLIT ? (kPBufs + 1) * N * 4 : 0); /* q_full, full[kStages],
+                                                  empty[kStages], SPLIT: p_full[kPBufs], fac_full */
+  static constexpr int kEnd = kBars + 8 * (1 + 2 * kStages + (SPLIT ? kPBufs + 1 : 0));
   static constexpr int kBytes = kEnd + 1024;                 /* + slack to align the base */
   static_assert(N % 8 == 0 && N >= 8 && N <= kMaxN, "wgmma N: multiple of 8, at most 64 here");
   static_assert(!SPLIT || (kTwoWG && kStages == 2), "the value-dim split runs N = 40..64 on two stages");
   static_assert(kBars % 8 == 0, "mbarriers are 8-B aligned");
-  /* one WG: stage 0 is free once the consumer passed its epilogue barrier; two WGs: every stage is
-   * free after kBarAll (all tiles consumed, the producer issues nothing more) */
+  /* one WG: stage 0 is free once the consumer passed its epilogue barrier; the split: every stage is
+   * free once both WGs consumed every tile (the producer issues nothing more) */
   static_assert(N * kOutPitch <= (kTwoWG ? kStages : 1) * kTileBytes, "staged out tile fits in the KV stages");
 };
 
@@ -211,17 +185,49 @@ __device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, ui
                : "memory");
 }
 
-/* Fragment maps of an m64nNW accumulator (hopper-notes 2): register i is row 16 warp + lane / 4 +
+/* Fragment maps of an m64nNW accumulator (docs/hopper.md section 2): register i is row 16 warp + lane / 4 +
  * 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 (lane % 4) + (i & 1). Column slot c = 2 (i >> 2) + (i & 1)
  * (0..NW/4-1) names this thread's columns: col(c) = 8 (c >> 1) + 2 (lane % 4) + (c & 1). */
 __device__ __forceinline__ int small_slot(int i) { return 2 * (i >> 2) + (i & 1); }
 __device__ __forceinline__ int small_col(int c, int lane) { return 8 * (c >> 1) + 2 * (lane & 3) + (c & 1); }
 
+/* Column totals over the WG from per-thread partials v[c] (this thread's rows of column slot c): the
+ * lanes holding the column (shfl_xor 4 / 8 / 16), then the 4 warps through red [4][N] and named
+ * barrier `bar` (128 threads); MAX: max, else sum (in the order warp 0 + 1 + 2 + 3); fin(c, total)
+ * receives each slot's total. WAR: a barrier before the stores, for a caller that read red since its
+ * last barrier; otherwise the caller's next barrier must come after every warp read red and before
+ * any warp writes it again. */
+template <int NW, int N, int HB, bool MAX, bool WAR, class Fin>
+__device__ __forceinline__ void small_col_reduce(const float *v, float *red, int bar, int warp, int lane, Fin fin) {
+  constexpr int NC = NW / 4;
+  float part[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    float a = v[c];
+    a = MAX ? fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4)) : a + __shfl_xor_sync(0xffffffffu, a, 4);
+    a = MAX ? fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8)) : a + __shfl_xor_sync(0xffffffffu, a, 8);
+    a = MAX ? fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16)) : a + __shfl_xor_sync(0xffffffffu, a, 16);
+    part[c] = a;
+  }
+  if (WAR) sm90_named_bar_sync(bar, 128);
+  if (lane < 4) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = part[c];
+  }
+  sm90_named_bar_sync(bar, 128);
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const int col = HB + small_col(c, lane);
+    fin(c, MAX ? fmaxf(fmaxf(red[col], red[N + col]), fmaxf(red[2 * N + col], red[3 * N + col]))
+               : red[col] + red[N + col] + red[2 * N + col] + red[3 * N + col]);
+  }
+}
+
 /* One completed S^T tile [64 keys x NW columns] (this WG's columns HB.., of N in the CTA): mask the
  * invalid keys (rows), then the online softmax per column in the log2 domain, against a lazily moved
  * frame: col_max (identical in every thread holding the column) is the max P and col_sum are relative
- * to, and it moves only when some logit of the tile exceeds it by more than kSm90RescaleSlack (P <= 2^8
- * otherwise; the 4-warp max exchange, the rescale factors and the caller's O rescale are skipped:
+ * to, and it moves only when some logit of the tile exceeds it by more than kSm90RescaleSlack (8; P <=
+ * 2^8 otherwise; the 4-warp max exchange, the rescale factors and the caller's O rescale are skipped:
  * returns false, alpha = 1). The decision is one barrier with an OR reduction (named barrier `bar`,
  * 128 threads); when it says move, the tile's column max is exchanged as before: in-thread over rows
  * r0 / r0 + 8, shfl_xor 4 / 8 / 16, then the 4 warps through red [4][N] and `bar` again, and the frame
@@ -245,7 +251,7 @@ __device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *
     x[i] = (((i >> 1) & 1) ? ok1 : ok0) ? sacc[i] * scale_log2 : -INFINITY;
     if (LAZY) {
       tmax[small_slot(i)] = fmaxf(tmax[small_slot(i)], x[i]);
-      over |= x[i] > col_max[small_slot(i)] + kSm90RescaleSlack; /* -inf frame: any finite logit */
+      over |= sm90_frame_moves(col_max[small_slot(i)], x[i]);
     }
   }
   /* !LAZY (the value-dim split at N = 64: no registers left for tmax): the frame is the running max */
@@ -256,26 +262,14 @@ __device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       const int i = 4 * (c >> 1) + (c & 1); /* rows r0 (i) and r0 + 8 (i + 2) */
-      float v = fmaxf(x[i], x[i + 2]);
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-      mx[c] = v; /* max over this warp's 16 keys */
+      mx[c] = fmaxf(x[i], x[i + 2]);
     }
-    if (lane < 4) {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = mx[c];
-    }
-    sm90_named_bar_sync(bar, 128);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      const int col = HB + small_col(c, lane);
-      float v = fmaxf(fmaxf(red[col], red[N + col]), fmaxf(red[2 * N + col], red[3 * N + col]));
-      v = fmaxf(v, col_max[c]);
+    small_col_reduce<NW, N, HB, true, false>(mx, red, bar, warp, lane, [&](int c, float tile_max) {
+      const float v = fmaxf(tile_max, col_max[c]);
       m_use[c] = v == -INFINITY ? 0.f : v; /* no valid slot yet: avoid (-inf) - (-inf) */
       alpha[c] = exp2f(col_max[c] - m_use[c]);
       col_max[c] = v;
-    }
+    });
   } else {
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
@@ -288,12 +282,21 @@ __device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *
   for (int c = 0; c < NC; ++c) psum[c] = 0.f;
 #pragma unroll
   for (int i = 0; i < NR; ++i) {
-    x[i] = exp2f(x[i] - m_use[small_slot(i)]);
+    x[i] = sm90_exp2(x[i] - m_use[small_slot(i)]);
     psum[small_slot(i)] += x[i];
   }
 #pragma unroll
   for (int c = 0; c < NC; ++c) col_sum[c] = col_sum[c] * alpha[c] + psum[c];
   return move;
+}
+
+/* O^T blocks [0, MB) x this thread's column factors (alpha of each column slot). */
+template <int NW, int MB>
+__device__ __forceinline__ void small_rescale_o(float (*o)[NW / 2], const float *alpha) {
+#pragma unroll
+  for (int m = 0; m < MB; ++m)
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) o[m][i] *= alpha[small_slot(i)];
 }
 
 /* P -> shared memory as [NW heads][64 keys] bf16, K-major SW128 (the B operand of P V), rows from sp.
@@ -367,46 +370,11 @@ __device__ __forceinline__ void small_col_factors(const SmallArgs &args, const f
   constexpr int NC = NW / 4;
   const dsa_attn_fwd_params &p = args.p;
   const int Hc = args.head_count, hbeg = args.head_begin;
-  float part[NC], l_col[NC], t_col[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    float l = col_sum[c];
-    l += __shfl_xor_sync(0xffffffffu, l, 4);
-    l += __shfl_xor_sync(0xffffffffu, l, 8);
-    l += __shfl_xor_sync(0xffffffffu, l, 16);
-    part[c] = l;
-  }
-  if (lane < 4) {
-#pragma unroll
-    for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = part[c];
-  }
-  sm90_named_bar_sync(bar, 128);
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    const int h = HB + small_col(c, lane);
-    l_col[c] = red[h] + red[N + h] + red[2 * N + h] + red[3 * N + h];
-  }
-  if (p.max_logits && tmax) { /* the true column max (the frame col_max may lag it by up to kSm90RescaleSlack) */
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      float v = tmax[c];
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-      v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-      part[c] = v;
-    }
-    sm90_named_bar_sync(bar, 128); /* WAR: every warp has read the sums */
-    if (lane < 4) {
-#pragma unroll
-      for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = part[c];
-    }
-    sm90_named_bar_sync(bar, 128);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      const int h = HB + small_col(c, lane);
-      t_col[c] = fmaxf(fmaxf(red[h], red[N + h]), fmaxf(red[2 * N + h], red[3 * N + h]));
-    }
-  }
+  float l_col[NC], t_col[NC];
+  small_col_reduce<NW, N, HB, false, false>(col_sum, red, bar, warp, lane, [&](int c, float l) { l_col[c] = l; });
+  /* the true column max (the frame col_max may lag it by up to kSm90RescaleSlack); WAR: the sums were read */
+  if (p.max_logits && tmax)
+    small_col_reduce<NW, N, HB, true, true>(tmax, red, bar, warp, lane, [&](int c, float t) { t_col[c] = t; });
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
     const int h = HB + small_col(c, lane); /* kernel column = head hbeg + h */
@@ -464,24 +432,21 @@ __device__ __forceinline__ void small_copy_out(const SmallArgs &args, const uint
   }
 }
 
-/* The consumer of NW kernel columns [HB, HB + NW) (all N columns when the CTA has one consumer WG):
- * per tile S^T = K Q_c^T, mask, online softmax per column, P_c -> its rows of the P tile, O^T_c
- * [512 x NW] += V^T P_c; then the epilogue of its columns. t = thread index in the WG. TWO: the CTA
- * has two consumer WGs, column split (empty[s] counts both; the epilogue waits for both before
- * reusing the KV stages; red_sum aliases red_max). */
-template <int NB, int N, int NW, int HB, bool TWO>
+/* The consumer of N <= 32 (one consumer WG, all N kernel columns): per tile S^T = K Q^T, mask, online
+ * softmax per column, P -> the P tile, O^T [512 x N] += V^T P; then the epilogue. t = thread index in
+ * the WG. (NW, HB: the helpers' column count and first column, here all N columns from 0.) */
+template <int NB, int N>
 __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
   typedef SmallSmem<NB, N> L;
+  constexpr int NW = N, HB = 0;
   constexpr int kStages = L::kStages;
   constexpr int NR = NW / 2; /* accumulator registers per thread of one m64nNW tile */
   constexpr int NC = NW / 4; /* distinct columns (heads) per thread */
-  constexpr int kBarMaxW = HB == 0 ? kBarMax : kBarMax + 2; /* this WG's named barriers */
-  constexpr int kBarPW = HB == 0 ? kBarP : kBarP + 2;
-  static_assert(NW % 8 == 0 && NW >= 8 && NW <= kMaxNOneWG && HB % 8 == 0 && HB + NW <= N, "WG columns");
-  static_assert(TWO || (HB == 0 && NW == N), "one consumer WG owns every column");
+  constexpr int kBarMaxW = kBarMax, kBarPW = kBarP; /* this WG's named barriers */
+  static_assert(NW % 8 == 0 && NW >= 8 && NW <= kMaxNOneWG, "one consumer WG owns every column");
   const uint8_t *valid = smem + L::kValid;
-  float *red_max = (float *)(smem + L::kRed);    /* [4 warps][N columns], this WG's columns only */
-  float *red_sum = TWO ? red_max : red_max + 4 * N; /* [4 warps][N columns]; alias: see the epilogue */
+  float *red_max = (float *)(smem + L::kRed);    /* [4 warps][N columns] */
+  float *red_sum = red_max + 4 * N;              /* [4 warps][N columns] */
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;
   const int warp = t >> 5, lane = t & 31;
@@ -530,12 +495,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
     sm90_named_bar_sync(kBarPW, 128);
 
-    if (moved) { /* the frame moved: O follows (WG-uniform branch) */
-#pragma unroll
-      for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-        for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
-    }
+    if (moved) small_rescale_o<NW, kDVBlocks>(o, alpha); /* the frame moved: O follows (WG-uniform branch) */
     small_issue_pv<NW, kDVBlocks, 0>(o, skv, sp);
     sm90_wgmma_wait<0>();
 #pragma unroll
@@ -545,29 +505,27 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
   }
 
-  /* ---- epilogue. TWO: red_sum = red_max, this WG's columns. After small_col_factors' barrier every
-   * warp of this WG has also finished its last P V. */
+  /* ---- epilogue. After small_col_factors' barrier every warp has also finished its last P V. */
   float fac[NC];
   small_col_factors<NW, N, HB>(args, col_max, col_sum, tmax, red_sum, kBarMaxW, warp, lane, fac, nullptr);
-  /* TWO: the other consumer WG may still run P V on a KV stage the staged tile overlaps; after
-   * this barrier both have consumed every tile (and the producer issues nothing more). */
-  if constexpr (TWO) sm90_named_bar_sync_any(kBarAll, 256); /* both WGs, each from its own instantiation */
   uint8_t *stage = smem + L::kKV;
   small_stage_out<NW, kDVBlocks, HB, 0>(stage, o, fac, warp, lane);
   sm90_named_bar_sync(kBarPW, 128);
   small_copy_out<64>(args, stage, t, HB, HB + NW, 0);
 }
 
-/* ---- SPLIT (N = 40..64, dsa_attn_fwd_small_split = 1): two consumer WGs split the 512 value dims
- * instead of the columns. WG 0 computes S^T [64 keys x N] once per tile for every column, runs the
- * softmax, writes P [N][64] and the per-column rescale factors alpha [N] to shared memory (p_full) and
- * accumulates O^T dims [0, 256); WG 1 waits on p_full and accumulates O^T dims [256, 512) from the
- * same P. Each KV element is read from shared memory once per tile (the column split reads the whole
- * tile twice: 374 vs 238 KB per tile at N = 48). Hand-offs (mbarriers):
- *   WG 0 -> WG 1: p_full (128 arrivals of WG 0, after its P stmatrix / alpha stores and their
- *                 fence.proxy.async): P(n) and alpha(n) ready; WG 1 waits with parity n & 1.
- *   WG 1 -> WG 0: empty[s] (the producer's barrier, 128 arrivals of each WG after its P V(n) completed):
- *                 WG 0 waits on it (parity of tile n - 1) before it overwrites P and alpha with tile n's.
+/* ---- SPLIT (N = 40..64): two consumer WGs split the 512 value dims. WG 0 computes S^T [64 keys x N]
+ * once per tile for every column, runs the softmax, writes P [N][64] and the per-column rescale factors alpha [N] to shared memory (p_full) and
+ * accumulates O^T dims [0, 64 kMB0); WG 1 waits on p_full and accumulates O^T dims [64 kMB0, 512) from
+ * the same P (kMB0 and the number of P / alpha buffers per N: SplitCfg). Each KV element is read from
+ * shared memory once per tile. Hand-offs (mbarriers), tile n in P buffer b = n % kPBufs:
+ *   WG 0 -> WG 1: p_full[b] (128 arrivals of WG 0, after its P stmatrix / alpha stores and their
+ *                 fence.proxy.async): P(n) and alpha(n) ready; WG 1 waits with parity (n / kPBufs) & 1.
+ *   WG 1 -> WG 0: empty[s] (the producer's barrier, 128 arrivals of each WG after its P V(n) completed).
+ *                 One buffer: WG 0 waits on it (parity of tile n - 1) before it overwrites P and alpha
+ *                 with tile n's. Two: buffer b last held tile n - 2, and WG 1 finished its P V(n - 2)
+ *                 before the producer could refill stage s with tile n, which WG 0 waited for; the
+ *                 same chain keeps WG 0 from completing a phase of p_full[b] that WG 1 has not seen.
  *   epilogue:     fac_full (WG 0: out factors in fac_s, its P V all done) and WG 0's wait on the last
  *                 tile's empty barrier (WG 1's P V all done) before either overwrites the KV stages.
  * WG 0's order per tile: S(n) issued, then wgmma.wait 1 retires its P V(n - 1) (stage of n - 1
@@ -577,16 +535,17 @@ template <int NB, int N>
 __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
   typedef SmallSmem<NB, N, true> L;
   constexpr int kStages = L::kStages;
-  constexpr int NR = N / 2, NC = N / 4, kHalf = kDVBlocks / 2;
+  constexpr int NR = N / 2, NC = N / 4, kHalf = SplitCfg<N>::kMB0; /* value-dim blocks [0, kHalf) */
   const uint8_t *valid = smem + L::kValid;
   float *red = (float *)(smem + L::kRed); /* [4 warps][N]: column maxima per tile, then column sums */
-  float *alpha_s = (float *)(smem + L::kAlpha), *fac_s = alpha_s + N;
-  constexpr bool kLazy = N < 64; /* N = 64: the lazy frame's tmax does not fit WG 0's 256 registers */
+  constexpr int kPB = L::kPBufs;
+  float *alpha_s = (float *)(smem + L::kAlpha), *fac_s = alpha_s + kPB * N;
+  constexpr bool kLazy = N < 64 || kHalf < 4; /* N = 64, 4 blocks: the lazy frame's tmax does not fit 256 registers */
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages, *p_full = bars + 1 + 2 * kStages;
-  uint64_t *fac_full = p_full + 1;
+  uint64_t *fac_full = p_full + kPB;
   const int warp = t >> 5, lane = t & 31;
-  float o[kHalf][NR]; /* O^T dims [0, 256) x N heads */
+  float o[kHalf][NR]; /* O^T dims [0, 64 kHalf) x N heads */
   float sacc[NR];
 #pragma unroll
   for (int m = 0; m < kHalf; ++m)
@@ -627,25 +586,23 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
     float *x = sacc; /* P in place of S^T: sacc is rewritten by the next tile's S^T only */
     const bool moved = small_softmax<N, N, 0, kLazy>(sacc, valid + s * kBlockK, args.scale_log2, warp, lane, red,
                                                      kBarMax, col_max, col_sum, alpha, x, tmax);
-    /* P and alpha -> shared memory. WAR: WG 1 has finished P V(n - 1) (it read P(n - 1) and alpha(n - 1)
-     * before issuing it); this WG's own P V(n - 1) was retired above. */
-    if (n > 0) sm90_mbar_wait(&empty[(n - 1) % kStages], (uint32_t)((n - 1) / kStages) & 1);
-    small_store_p<N>(sp, x, warp, lane);
+    /* P and alpha -> shared memory. WAR: one buffer: wait until WG 1 has finished P V(n - 1) (it read
+     * P(n - 1) and alpha(n - 1) before issuing it); two: WG 1 finished P V(n - 2) before the producer
+     * could refill stage s with tile n. This WG's own P V(n - 1) was retired above. */
+    if (kPB == 1 && n > 0) sm90_mbar_wait(&empty[(n - 1) % kStages], (uint32_t)((n - 1) / kStages) & 1);
+    const int pb = n % kPB;
+    const uint32_t spn = sp + pb * (N * 128);
+    small_store_p<N>(spn, x, warp, lane);
     if (warp == 0 && lane < 4) { /* lanes 0-3 of a warp hold every column once */
 #pragma unroll
-      for (int c = 0; c < NC; ++c) alpha_s[small_col(c, lane)] = alpha[c];
+      for (int c = 0; c < NC; ++c) alpha_s[pb * N + small_col(c, lane)] = alpha[c];
     }
     sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) of both WGs */
-    sm90_mbar_arrive(p_full);
+    sm90_mbar_arrive(&p_full[pb]);
     sm90_named_bar_sync(kBarP, 128); /* this WG's P V reads the rows of every warp */
 
-    if (moved) { /* the frame moved: O follows (WG 1 always applies alpha, 1 when it did not move) */
-#pragma unroll
-      for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-        for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
-    }
-    small_issue_pv<N, kHalf, 0>(o, skv, sp); /* dims [0, 256), not waited for here */
+    if (moved) small_rescale_o<N, kHalf>(o, alpha); /* the frame moved: O follows (WG 1 votes on alpha) */
+    small_issue_pv<N, kHalf, 0>(o, skv, spn); /* dims [0, 64 kHalf), not waited for here */
   }
   sm90_wgmma_wait<0>();
 #pragma unroll
@@ -665,21 +622,23 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
   uint8_t *stage = smem + L::kKV;
   small_stage_out<N, kHalf, 0, 0>(stage, o, fac, warp, lane);
   sm90_named_bar_sync(kBarP, 128);
-  small_copy_out<32>(args, stage, t, 0, N, 0);
+  small_copy_out<8 * kHalf>(args, stage, t, 0, N, 0);
 }
 
-/* SPLIT: consumer WG 1, O^T dims [256, 512) from WG 0's P and alpha; then its half of the out rows. */
+/* SPLIT: consumer WG 1, O^T dims [64 kMB0, 512) from WG 0's P and alpha; then its part of the out rows. */
 template <int NB, int N>
 __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
   typedef SmallSmem<NB, N, true> L;
   constexpr int kStages = L::kStages;
-  constexpr int NR = N / 2, NC = N / 4, kHalf = kDVBlocks / 2;
-  const float *alpha_s = (const float *)(smem + L::kAlpha), *fac_s = alpha_s + N;
+  constexpr int kMB0 = SplitCfg<N>::kMB0;
+  constexpr int NR = N / 2, NC = N / 4, kHalf = kDVBlocks - kMB0; /* value-dim blocks [kMB0, 8) */
+  constexpr int kPB = L::kPBufs;
+  const float *alpha_s = (const float *)(smem + L::kAlpha), *fac_s = alpha_s + kPB * N;
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
   uint64_t *full = bars + 1, *empty = bars + 1 + kStages, *p_full = bars + 1 + 2 * kStages;
-  uint64_t *fac_full = p_full + 1;
+  uint64_t *fac_full = p_full + kPB;
   const int warp = t >> 5, lane = t & 31;
-  float o[kHalf][NR]; /* O^T dims [256, 512) x N heads */
+  float o[kHalf][NR]; /* O^T dims [64 kMB0, 512) x N heads */
 #pragma unroll
   for (int m = 0; m < kHalf; ++m)
 #pragma unroll
@@ -689,19 +648,17 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
   for (int n = 0; n < ntiles; ++n) {
     const int s = n % kStages;
     sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1); /* complete already: WG 0 waited on it */
-    sm90_mbar_wait(p_full, (uint32_t)n & 1);
+    const int pb = n % kPB;
+    sm90_mbar_wait(&p_full[pb], (uint32_t)(n / kPB) & 1);
     sm90_fence_proxy_async();
     const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
-    /* alpha = 1 when WG 0's frame did not move: a flag to skip this measured 9% slower (session 6,
-     * runs 8-10: WG 1 is not on the critical path, and the extra store / branch cost WG 0's schedule) */
+    /* alpha = 1 when WG 0's frame did not move: a vote on the loaded alphas, which costs WG 0 nothing
+     * (a flag from WG 0 measured slower: docs/perf.md) */
     float alpha[NC];
 #pragma unroll
-    for (int c = 0; c < NC; ++c) alpha[c] = alpha_s[small_col(c, lane)];
-#pragma unroll
-    for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-      for (int i = 0; i < NR; ++i) o[m][i] *= alpha[small_slot(i)];
-    small_issue_pv<N, kHalf, kHalf>(o, skv, sp); /* dims [256, 512) */
+    for (int c = 0; c < NC; ++c) alpha[c] = alpha_s[pb * N + small_col(c, lane)];
+    if (sm90_warp_any_factor<NC>(alpha)) small_rescale_o<N, kHalf>(o, alpha); /* else alpha = 1 in the warp */
+    small_issue_pv<N, kHalf, kMB0>(o, skv, sp + pb * (N * 128)); /* dims [64 kMB0, 512) */
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int m = 0; m < kHalf; ++m)
@@ -716,9 +673,9 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
 #pragma unroll
   for (int c = 0; c < NC; ++c) fac[c] = fac_s[small_col(c, lane)];
   uint8_t *stage = smem + L::kKV;
-  small_stage_out<N, kHalf, 0, 256>(stage, o, fac, warp, lane);
+  small_stage_out<N, kHalf, 0, 64 * kMB0>(stage, o, fac, warp, lane);
   sm90_named_bar_sync(kBarP + 2, 128);
-  small_copy_out<32>(args, stage, t, 0, N, 32);
+  small_copy_out<8 * kHalf>(args, stage, t, 0, N, 8 * kMB0);
 }
 #endif
 
@@ -749,21 +706,11 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
       sm90_mbar_init(&empty[s], 128 * C::kConsumers);
     }
     if constexpr (SPLIT) {
-      sm90_mbar_init(bars + 1 + 2 * kStages, 128); /* p_full: WG 0's threads */
-      sm90_mbar_init(bars + 2 + 2 * kStages, 128); /* fac_full: WG 0's threads, once */
+      for (int b = 0; b <= L::kPBufs; ++b) sm90_mbar_init(bars + 1 + 2 * kStages + b, 128); /* p_full[], fac_full: WG 0 */
     }
     sm90_mbar_init_fence();
   }
   __syncthreads();
-#if DSA_FWD_PROBE == 1
-  if (wg != C::kConsumers) { /* probe build (sm90_common.cuh): the consumers only drain the KV ring */
-    for (int n = 0; n < ntiles; ++n) {
-      sm90_mbar_wait(&full[n % kStages], (uint32_t)(n / kStages) & 1);
-      sm90_mbar_arrive(&empty[n % kStages]);
-    }
-    return;
-  }
-#endif
 
   if (wg == C::kConsumers) {
     /* ================= producer ================= */
@@ -789,9 +736,7 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
 
     const int32_t *irow = p.indices + tok * p.indices_stride;
     /* tile n's indices are read right after tile n - 1's copies are issued, before tile n's wait
-     * (the latency overlaps the consumers' work); the same order as reading them at the loop head.
-     * fwd-tp-h32 measured 303-317 TFLOP/s across builds whose producers differ only in such
-     * details (session 5, runs 5-7): +-3% here is code layout, not a finding */
+     * (the latency overlaps the consumers' work); the same order as reading them at the loop head */
     int32_t idxs[4];
     sm90_gather_read_indices(irow, 0, g, klen, idxs);
     const uint64_t pol = sm90_l2_policy(args.kv_evict_last != 0);
@@ -808,9 +753,9 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     sm90_cp_async_wait_all();
   } else if constexpr (!C::kTwoWG) {
     /* ================= consumer (all N columns) ================= */
-    small_consumer<NB, N, N, 0, false>(args, smem, t, ntiles);
-  } else if constexpr (SPLIT) {
-    /* ================= consumers: WG0 S^T, softmax, value dims [0, 256); WG1 dims [256, 512) ===== */
+    small_consumer<NB, N>(args, smem, t, ntiles);
+  } else {
+    /* ================= consumers: WG0 S^T, softmax, value dims [0, 64 kMB0); WG1 the rest ===== */
     if (wg == 0) {
       sm90_setmaxnreg_inc<kSplitSRegs>();
       split_s_consumer<NB, N>(args, smem, t, ntiles);
@@ -818,13 +763,6 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
       sm90_setmaxnreg_inc<kSplitPVRegs>();
       split_pv_consumer<NB, N>(args, smem, t, ntiles);
     }
-  } else {
-    /* ================= consumers: WG0 columns [0, N0), WG1 [N0, N) ================= */
-    sm90_setmaxnreg_inc<kConsumerRegs>();
-    if (wg == 0)
-      small_consumer<NB, N, C::kN0, 0, true>(args, smem, t, ntiles);
-    else
-      small_consumer<NB, N, C::kN1, C::kN0, true>(args, smem, t, ntiles);
   }
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run silently (the launcher also checks cc 9.0) */
@@ -856,14 +794,6 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
-/* N = 40..64: the two-consumer shape chosen by dsa_attn_fwd_small_split (1 value-dim split, 0 column split). */
-template <int NB, int N>
-dsa_status launch_two_wg(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
-                         cudaStream_t stream) {
-  return dsa_attn_fwd_small_split != 0 ? launch<NB, N, true>(ctx, p, head_begin, head_count, stream)
-                                       : launch<NB, N, false>(ctx, p, head_begin, head_count, stream);
-}
-
 template <int NB>
 dsa_status launch_nb(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin, int head_count,
                      cudaStream_t stream) {
@@ -872,10 +802,10 @@ dsa_status launch_nb(const dsa_context *ctx, const dsa_attn_fwd_params *p, int h
     case 2: return launch<NB, 16, false>(ctx, p, head_begin, head_count, stream);
     case 3: return launch<NB, 24, false>(ctx, p, head_begin, head_count, stream);
     case 4: return launch<NB, 32, false>(ctx, p, head_begin, head_count, stream);
-    case 5: return launch_two_wg<NB, 40>(ctx, p, head_begin, head_count, stream);
-    case 6: return launch_two_wg<NB, 48>(ctx, p, head_begin, head_count, stream);
-    case 7: return launch_two_wg<NB, 56>(ctx, p, head_begin, head_count, stream);
-    default: return launch_two_wg<NB, 64>(ctx, p, head_begin, head_count, stream);
+    case 5: return launch<NB, 40, true>(ctx, p, head_begin, head_count, stream);
+    case 6: return launch<NB, 48, true>(ctx, p, head_begin, head_count, stream);
+    case 7: return launch<NB, 56, true>(ctx, p, head_begin, head_count, stream);
+    default: return launch<NB, 64, true>(ctx, p, head_begin, head_count, stream);
   }
 }
 

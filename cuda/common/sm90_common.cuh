@@ -1,8 +1,8 @@
 /*
  * sm90_common.cuh - inline-PTX wrappers for the Hopper (sm_90a) instructions the tensor-core kernels
  * share: shared-memory matrix descriptors, wgmma (SS and RS), wgmma fence/commit/wait, mbarrier,
- * cp.async into 128B-swizzled tiles, proxy fences, setmaxnreg. Every field and rule is taken from
- * /work/shared/reference/hopper-notes.md (sections cited as "notes 1".."notes 8").
+ * cp.async into 128B-swizzled tiles, proxy fences, setmaxnreg, and the KV gather both forward kernels
+ * use. Every field and rule is taken from docs/hopper.md (sections cited as "notes 1".."notes 8").
  *
  * Only visible to the sm_90a device pass (and the host pass, which never calls them): the compute_90
  * PTX pass rejects wgmma / setmaxnreg, so kernels guard their bodies with
@@ -13,75 +13,6 @@
 
 #include <math.h> /* INFINITY */
 #include <stdint.h>
-
-/* Probe builds of the forward (`make probe-bench PROBE=1|2|3`, docs/perf.md "Probes"), never the library:
- *   1  the consumer warpgroups only drain the KV ring (wait full, arrive empty): the gather's own pace;
- *   2  sm90_gather_kv_blocks issues no copies (validity bytes only): the consumers' own pace;
- *      (1 and 2: outputs are garbage, only their times mean something)
- *   3  a timeline: thread 0 of every warpgroup of the grid's last SM90_TRACE_CTAS CTAs records (event
- *      id, clock64) at the hand-offs the kernels mark with Sm90Trace::mark (ids in the kernels' marks);
- *      the bench writes the last launch's records per kernel file (DSA_FWD_TRACE=prefix). Outputs are
- *      correct; the marks cost the marking thread a clock read and a global store each. */
-#ifndef DSA_FWD_PROBE
-#define DSA_FWD_PROBE 0
-#endif
-#define SM90_TRACE_CTAS 16
-#define SM90_TRACE_EVENTS 2048
-/* The recorder's buffer argument: a TU's probe-3 buffer symbol, which exists only in probe-3 builds. */
-#if DSA_FWD_PROBE == 3
-#define SM90_TRACE_BUF(sym) (sym)
-#else
-#define SM90_TRACE_BUF(sym) nullptr
-#endif
-
-/* The probe-3 recorder of one warpgroup (thread 0 of it; every other thread and every other build: a
- * no-op that inlines away). buf: the TU's [SM90_TRACE_CTAS][4][SM90_TRACE_EVENTS] records. */
-struct Sm90Trace {
-#if DSA_FWD_PROBE == 3
-  unsigned long long *p;
-  int n;
-  __device__ __forceinline__ void begin(unsigned long long *buf, int wg, int t) {
-    /* the grid's last CTAs: the longest rows of causal shapes */
-    const int slot = (int)blockIdx.x - max((int)gridDim.x - SM90_TRACE_CTAS, 0);
-    p = t == 0 && slot >= 0 ? buf + ((size_t)slot * 4 + wg) * SM90_TRACE_EVENTS : nullptr;
-    n = 0;
-  }
-  __device__ __forceinline__ void mark(int ev) {
-    if (p && n < SM90_TRACE_EVENTS) {
-      long long c;
-      asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c)::"memory");
-      p[n++] = ((unsigned long long)ev << 48) | ((unsigned long long)c & 0xffffffffffffull);
-    }
-  }
-#else
-  __device__ __forceinline__ void begin(unsigned long long *, int, int) {}
-  __device__ __forceinline__ void mark(int) {}
-#endif
-};
-
-#if DSA_FWD_PROBE == 3
-#include <stdio.h>
-#include <stdlib.h>
-/* Host side of probe 3: writes a TU's trace buffer (the __device__ symbol) to path as raw
- * [SM90_TRACE_CTAS][4][SM90_TRACE_EVENTS] uint64 records (0 = none); 0 on success. */
-static inline int sm90_trace_write(const void *symbol, const char *path) {
-  const size_t n = (size_t)SM90_TRACE_CTAS * 4 * SM90_TRACE_EVENTS;
-  unsigned long long *h = (unsigned long long *)calloc(n, sizeof *h);
-  if (!h) return -1;
-  int rc = cudaMemcpyFromSymbol(h, symbol, n * sizeof *h) == cudaSuccess ? 0 : -1;
-  FILE *f = rc == 0 ? fopen(path, "wb") : NULL;
-  if (f) {
-    rc = fwrite(h, sizeof *h, n, f) == n ? 0 : -1;
-    fclose(f);
-  } else {
-    rc = -1;
-  }
-  void *d = NULL; /* cleared: the next launch's CTAs may record fewer events */
-  if (cudaGetSymbolAddress(&d, symbol) != cudaSuccess || cudaMemset(d, 0, n * sizeof *h) != cudaSuccess) rc = -1;
-  free(h);
-  return rc;
-}
-#endif
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 
@@ -195,7 +126,7 @@ __device__ __forceinline__ void sm90_named_bar_sync_any(int id, int count) {
 /* The 1024-B aligned start of the dynamic shared memory (SW128 atoms; the launch adds 1 KB of slack),
  * derived by pointer arithmetic on the __shared__ array itself so that nvcc keeps the shared state
  * space: the usual integer round trip ((uintptr_t)raw + 1023) & ~1023 turns every later access into
- * a generic LD / ST (session 5: the forward kernels had no ld.shared at all; ncu showed generic
+ * a generic LD / ST (with it the forward kernels had no ld.shared at all: ncu showed generic
  * loads of the mask bytes and row maxima on the softmax path). */
 __device__ __forceinline__ uint8_t *sm90_smem_align1024(uint8_t *raw) {
   return raw + ((1024u - (sm90_smem_addr(raw) & 1023u)) & 1023u);
@@ -214,7 +145,7 @@ __device__ __forceinline__ void sm90_store_16b(void *dst, uint4 v, bool vec16) {
   }
 }
 /* stmatrix m8n8.x4 (sm_90): lane l gives the row address of matrix l / 8; register m = this thread's
- * pair of matrix m (hopper-notes 2). */
+ * pair of matrix m (docs/hopper.md section 2). */
 __device__ __forceinline__ void sm90_stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
                "r"(r2), "r"(r3)
@@ -241,7 +172,7 @@ __device__ __forceinline__ uint32_t sm90_pack_bf16x2(float lo, float hi) {
 /* ---- wgmma (notes 2), operand lists written out by a small script ------------------------------- */
 /* D(64xN, f32) (+)= A(64x16) * B(Nx16)^T, both from shared memory; B K-major; A K-major (TA = 0) or
  * M-major (TA = 1). scale_d = 0 overwrites D. N = 8, 16, 24, 32: the small-H kernels' column blocks
- * (cuda/attn_fwd_sm90_small.cu, cuda/attn_bwd_sm90_small.cu); N = 40..64: the forward small-H kernel's
+ * (cuda/attn_fwd/fwd_sm90_small.cu, cuda/attn_bwd/bwd_sm90_small.cu); N = 40..64: the forward small-H kernel's
  * whole-N S^T and P V when two consumer WGs split the value dims. */
 template <int N, int TA>
 __device__ __forceinline__ void sm90_wgmma_ss_nN(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -388,7 +319,7 @@ __device__ __forceinline__ void sm90_gather_read_indices(const int32_t *irow, in
 }
 /* Masks a completed m64nSNk16 S accumulator into log2-domain logits: x[i] = sacc[i] * scale_log2
  * where its key slot is valid, -inf where not. Register i holds column 8 (i >> 2) + 2 (lane % 4) +
- * (i & 1) (hopper-notes 2); the pair (i, i + 1), i even, covers two adjacent columns: one 2-byte read
+ * (i & 1) (docs/hopper.md section 2); the pair (i, i + 1), i even, covers two adjacent columns: one 2-byte read
  * of the tile's validity bytes vs (one byte per key, 1 = valid). */
 template <int SN>
 __device__ __forceinline__ void sm90_mask_logits(const float *sacc, const uint8_t *vs, float scale_log2, int lane,
@@ -474,13 +405,9 @@ __device__ __forceinline__ void sm90_gather_kv_blocks(uint32_t skv, uint8_t *val
     const int32_t idx = idxs[i];
     const bool ok = idx >= 0 && (int64_t)idx < num_kv;
     const uint16_t *src = ok ? kv + (int64_t)idx * kv_stride + j * 8 : harmless + j * 8;
-#if DSA_FWD_PROBE != 2
 #pragma unroll
     for (int b = B0; b < B1; ++b)
       sm90_cp_async16_hint(skv + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u, pol);
-#else
-    (void)src; /* probe 2: no copies */
-#endif
     if (VALID && j == 0) valid[r] = ok ? 1 : 0;
   }
 }
