@@ -23,7 +23,8 @@ from ._loader import library
 from .ops import Plan
 
 __all__ = ["plan", "Plan", "indexer_topk", "sparse_attention", "sparse_attention_backward", "topk",
-           "compact_indices", "pad_heads", "padded_head_count", "library", "version", "DSAError",
+           "compact_indices", "pad_heads", "padded_head_count", "set_option", "get_option", "library",
+           "version", "DSAError",
            "DSAInvalidArgument", "DSAUnsupported", "ENGINE_DEFAULT", "ENGINE_CUBLAS", "ENGINE_FUSED"]
 
 ENGINE_DEFAULT = _capi.DSA_INDEXER_ENGINE_DEFAULT
@@ -90,3 +91,32 @@ def pad_heads(q: Tensor, attn_sink: Optional[Tensor], padded_heads: int) -> Tupl
 def padded_head_count(num_heads: int) -> int:
     """The head count the reference module pads to on SM90 (-1 where it rejects H)."""
     return int(library().so.dsa_padded_head_count(int(num_heads)))
+
+
+def set_option(name: str, value: int, device=None) -> None:
+    """Sets a tuning option (include/dsa_tune.h: fwd_kernel, bwd_kernel, topk_kernel, fwd_kv_l2_hint,
+    indexer_fused_kernel, ...; values as there) on the libdsa context of a CUDA device (default: the
+    current one). Options are per device context here, for research and A/B runs."""
+    from .ops import _ctx_stream
+    _require_option(name)
+    ctx, _ = _ctx_stream(torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda"))
+    lib = library()
+    lib.check(lib.so.dsa_context_set_option(ctx, _capi.OPTIONS[name], int(value)), "dsa_context_set_option")
+
+
+def get_option(name: str, device=None) -> int:
+    """The value of a tuning option on the libdsa context of a CUDA device."""
+    import ctypes
+    from .ops import _ctx_stream
+    _require_option(name)
+    ctx, _ = _ctx_stream(torch.device("cuda", device) if isinstance(device, int) else torch.device(device or "cuda"))
+    lib = library()
+    v = ctypes.c_int64(0)
+    lib.check(lib.so.dsa_context_get_option(ctx, _capi.OPTIONS[name], ctypes.byref(v)), "dsa_context_get_option")
+    return v.value
+
+
+def _require_option(name):
+    if name not in _capi.OPTIONS:
+        raise DSAInvalidArgument(f"unknown option {name!r}; options: {', '.join(_capi.OPTIONS)}",
+                                 _capi.DSA_ERROR_INVALID_ARGUMENT)

@@ -29,6 +29,12 @@ DSA_INDEXER_ENGINE_DEFAULT = 0
 DSA_INDEXER_ENGINE_CUBLAS = 1
 DSA_INDEXER_ENGINE_FUSED = 2
 
+# dsa_tune.h's options (ids pinned): name -> id
+OPTIONS = {"fwd_kernel": 1, "fwd_sm90_handoff": 2, "fwd_kv_l2_hint": 3, "fwd_small_auto_max": 4,
+           "bwd_kernel": 5, "bwd_det_chunk_tokens": 6, "topk_kernel": 7, "topk_compact_long_rows": 8,
+           "indexer_fused_kernel": 9, "indexer_scores_budget": 10, "indexer_logits_budget": 11,
+           "indexer_key_tile": 12}
+
 
 class PlanDesc(C.Structure):
     _fields_ = [("cu_seqlens", P), ("cu_seqlens_padded", P), ("num_seqs", I64),
@@ -137,12 +143,15 @@ class Lib:
         so.dsa_ref_pad_heads.argtypes = [C.POINTER(PadHeadsParams)]
         so.dsa_padded_head_count.argtypes = [C.c_int]
         so.dsa_padded_head_count.restype = C.c_int
+        so.dsa_context_set_option.argtypes = [P, C.c_int, I64]
+        so.dsa_context_get_option.argtypes = [P, C.c_int, C.POINTER(I64)]
         so.dsa_ref_topk.argtypes = [C.POINTER(TopkParams)]
         so.dsa_ref_indexer_topk.argtypes = [C.POINTER(IndexerParams)]
         so.dsa_ref_sparse_attn_fwd.argtypes = [C.POINTER(AttnFwdParams)]
         so.dsa_ref_sparse_attn_bwd.argtypes = [C.POINTER(AttnBwdParams)]
         for f in (so.dsa_context_create, so.dsa_plan_create, so.dsa_plan_upload, so.dsa_topk,
-                  so.dsa_compact_indices, so.dsa_pad_heads, so.dsa_ref_compact_indices, so.dsa_ref_pad_heads,
+                  so.dsa_compact_indices, so.dsa_pad_heads, so.dsa_context_set_option,
+                  so.dsa_context_get_option, so.dsa_ref_compact_indices, so.dsa_ref_pad_heads,
                   so.dsa_indexer_topk, so.dsa_sparse_attn_fwd, so.dsa_sparse_attn_bwd,
                   so.dsa_ref_topk, so.dsa_ref_indexer_topk, so.dsa_ref_sparse_attn_fwd,
                   so.dsa_ref_sparse_attn_bwd):

@@ -209,3 +209,20 @@ def test_topk_compact_and_pad_heads(device):
     assert torch.equal(qp[:, :3].cpu(), q) and bool((qp[:, 3:] == 0).all())
     assert torch.equal(sp[:3].cpu(), sink) and bool(torch.isneginf(sp[3:]).all())
     assert libdsa.padded_head_count(16) == 64 and libdsa.padded_head_count(128) == 128
+
+
+def test_options_are_checked():
+    with pytest.raises(libdsa.DSAInvalidArgument, match="unknown option"):
+        libdsa.set_option("no_such_option", 1)
+    lib = libdsa.library()
+    import ctypes
+    # the option's value is checked before the context (so no device is needed for this)
+    assert lib.so.dsa_context_set_option(None, libdsa._capi.OPTIONS["fwd_kernel"], 99) == 1
+    assert "fwd" in lib.so.dsa_last_error_message().decode().lower()
+
+
+@gpu_only
+def test_options_on_the_device_context():
+    libdsa.set_option("bwd_kernel", 1)
+    assert libdsa.get_option("bwd_kernel") == 1
+    libdsa.set_option("bwd_kernel", 0)
