@@ -233,12 +233,8 @@ static int gpu_run(ix_env *e, const ix_case *c, const ix_data *x, dsa_indexer_en
 /* Reference of one local row t through a one-query view of the host plan. */
 static void ref_row(const ix_case *c, const ix_data *x, int64_t t, int32_t *want, int32_t *wlen) {
   dsa_indexer_params p = params_of(c, x, 0);
-  dsa_plan_view v = *x->hv;
+  dsa_plan_view v = tc_view_row(x->hv, t);
   const size_t welem = c->wdt == DSA_DTYPE_F32 ? 4 : 2;
-  v.num_queries = 1;
-  v.starts = x->hv->starts + t;
-  v.causal_lengths = x->hv->causal_lengths + t;
-  v.query_valid = x->hv->query_valid + t;
   p.plan = &v;
   p.index_q = x->q + t * x->qst;
   p.weights = (const char *)x->w + (size_t)(t * x->wst) * welem;
