@@ -6,7 +6,7 @@
  *
  * Both engines run every case, the fused one with each of its kernels (dsa_indexer_fused_variant 1 =
  * mma.sync, 2 = the sm_90a wgmma kernel, which declines off cc 9.0: logged and skipped, a failure
- * with DSA_TEST_REQUIRE_SM90=1). Layouts: semantics section 4 worked examples A-D, one causal sequence, several documents (one of
+ * with DSA_TEST_REQUIRE_SM90=1). Layouts: docs/contract.md section 4 worked examples A-D, one causal sequence, several documents (one of
  * length 1), padded storage, a context-parallel query range, a padding mask, T_q > 65535 (short
  * documents). H_idx in {1, 12, 20, 32, 40, 64}, K in {1, 7, 64, 100, 2048}, fp32 and bf16 weights, q layouts
  * cuBLAS reads directly and ones that are packed first, the default budgets and shrunken ones (many
