@@ -13,7 +13,8 @@
 static void example_path(const char *name, char *out, size_t n) {
   const char *env = getenv("DSA_EXAMPLES_DIR");
   if (env != NULL && env[0] != '\0') {
-    snprintf(out, n, "%s/%s", env, name);
+    const int w = snprintf(out, n, "%s/%s", env, name);
+    cr_assert(w > 0 && (size_t)w < n, "DSA_EXAMPLES_DIR is too long");
     return;
   }
   char self[PATH_MAX];
@@ -24,13 +25,15 @@ static void example_path(const char *name, char *out, size_t n) {
   if (slash != NULL) *slash = '\0'; /* <build>/tests */
   slash = strrchr(self, '/');
   if (slash != NULL) *slash = '\0'; /* <build> */
-  snprintf(out, n, "%s/examples/%s", self, name);
+  const int w = snprintf(out, n, "%s/examples/%s", self, name);
+  cr_assert(w > 0 && (size_t)w < n, "the example's path is too long");
 }
 
 /* Runs `path`, returns its exit status and its stdout + stderr (truncated to n - 1 bytes). */
 static int run_capture(const char *path, char *out, size_t n) {
   char cmd[PATH_MAX + 16];
-  snprintf(cmd, sizeof cmd, "'%s' 2>&1", path);
+  const int w = snprintf(cmd, sizeof cmd, "'%s' 2>&1", path);
+  cr_assert(w > 0 && (size_t)w < sizeof cmd, "path too long");
   FILE *f = popen(cmd, "r");
   cr_assert_not_null(f, "popen %s", path);
   size_t used = 0, got;

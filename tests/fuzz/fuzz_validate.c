@@ -473,7 +473,7 @@ static void gpu_null_ctx(fz_in *in) {
         v.all_rows_nonempty = fz_u8(in) < 250 ? 1 : (int32_t)fz_size(in, 3);
         v.num_valid = v.all_rows_nonempty ? v.num_queries : fz_size(in, 1 << 16);
         v.valid_row_indices = v.all_rows_nonempty ? NULL : (const int64_t *)fake_ptr(in);
-        v.num_segments = 1 + fz_size(in, 4);
+        v.num_segments = 1 + fz_u8(in) % 4;
         v.segment_cu_q = v.segment_cu_k = v.q_causal_offsets = (const int32_t *)fake_ptr(in);
         v.max_seqlen_q = (int32_t)fz_size(in, 1 << 16);
       }
