@@ -1,6 +1,9 @@
 # libdsa - GNU Make build. `make` builds build/libdsa.a and build/libdsa.so; `make test` runs every
-# Criterion suite; `make run` runs the end-to-end DSA layer; `make install PREFIX=...` installs.
-# Usual variables: CUDA_HOME NVCC CC CFLAGS NVCCFLAGS PREFIX DESTDIR LIBDIR INCLUDEDIR ARCH.
+# Criterion suite; `make run` runs the end-to-end DSA layer; `make examples` builds examples/;
+# `make install PREFIX=...` installs (headers, both libraries, dsa.pc and dsa-static.pc).
+# Usual variables: CUDA_HOME NVCC CC CFLAGS NVCCFLAGS PREFIX DESTDIR LIBDIR INCLUDEDIR ARCH JOBS.
+# Every target builds with JOBS parallel jobs (default: every core); -jN on the command line wins,
+# -j1 means one job.
 
 CUDA_HOME  ?= /usr/local/cuda
 NVCC       ?= $(CUDA_HOME)/bin/nvcc
@@ -14,6 +17,16 @@ BUILD      ?= build
 # sm_90a machine code (wgmma, setmaxnreg) plus compute_90 PTX so newer cards can JIT the portable paths.
 ARCH       ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+
+# Parallel by default (GNU Make 4.3 and newer): only the top-level make sets -j, so an explicit -jN
+# (or -j1) on the command line overrides it, and sub-makes share the top level's job server (or run
+# serially under -j1); a make that includes this one as a sub-make keeps its own setting.
+# `make clean <targets>` stays serial (a parallel clean would race the build).
+ifeq ($(MAKELEVEL),0)
+ifeq ($(filter clean uninstall,$(MAKECMDGOALS)),)
+MAKEFLAGS += -j$(JOBS)
+endif
+endif
 
 VERSION := $(shell sed -n 's/^\#define DSA_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' include/dsa.h | paste -sd. -)
 
@@ -65,7 +78,8 @@ $(LIB_A): $(OBJ_STATIC)
 	@rm -f $@
 	$(AR) rcs $@ $^
 $(LIB_SO): $(OBJ_SHARED)
-	$(CC) -shared -o $@ $^ -Wl,-soname,libdsa.so.$(firstword $(subst ., ,$(VERSION))) $(LDLIBS_CUDA)
+	$(CC) -shared -o $@ $^ -Wl,-soname,libdsa.so.$(firstword $(subst ., ,$(VERSION))) $(LDLIBS_CUDA) \
+	  $(RPATH_CUDA)
 
 # ---- tests -------------------------------------------------------------------------------------
 # Criterion comes from apt-get when missing (as root), else we print the command to run.
@@ -86,6 +100,19 @@ $(TEST_BIN): $(TEST_SRC) tests/test_common.h $(LIB_A)
 test: check-criterion
 	@$(MAKE) --no-print-directory $(TEST_BIN)
 	$(TEST_BIN) --jobs $(JOBS) $(TEST_ARGS)
+	@$(MAKE) --no-print-directory test-python
+
+# The Python package's suites (python/tests, pytest): the installed package when there is one
+# (pip install ./python), else the checkout's python/libdsa with $(LIB_SO). They need torch and
+# pytest (.ci/run installs both); without them make test says so and skips them.
+PYTHON ?= python3
+.PHONY: test-python
+test-python: $(LIB_SO)
+	@if $(PYTHON) -c "import torch, pytest" >/dev/null 2>&1; then \
+	  cd python/tests && $(PYTHON) -m pytest -q -p no:cacheprovider; \
+	else \
+	  echo "make test: the Python suites (python/tests) need torch and pytest: $(PYTHON) -m pip install torch pytest"; \
+	fi
 
 # GPU suites under compute-sanitizer (needs a GPU machine). Every (tool, gpu_* test) pair is its own
 # process, SANITIZE_JOBS at a time (racecheck first: it is the slowest), each under SANITIZE_TIMEOUT
@@ -175,12 +202,29 @@ plots:
 	bench/plot.sh
 
 # ---- install -------------------------------------------------------------------------------------
-$(BUILD)/dsa.pc: Makefile
+# Two pkg-config files: dsa.pc links libdsa.so (with an rpath to LIBDIR, so the program starts without
+# LD_LIBRARY_PATH), dsa-static.pc names the archive itself (a -ldsa would pick the .so sitting in
+# the same folder) plus the CUDA libraries. Both are regenerated whenever PREFIX, LIBDIR, INCLUDEDIR,
+# CUDA_HOME or the version change: they depend on a stamp that is rewritten only when those differ.
+PC_STAMP := $(BUILD)/pc.stamp
+PC_VARS  := prefix=$(PREFIX) libdir=$(LIBDIR) includedir=$(INCLUDEDIR) cuda=$(CUDA_HOME) version=$(VERSION)
+$(PC_STAMP): FORCE
 	@mkdir -p $(dir $@)
-	@printf 'prefix=%s\nlibdir=%s\nincludedir=%s\ncudalibdir=%s\n\nName: dsa\nDescription: DeepSeek Sparse Attention kernels for Hopper\nVersion: %s\nCflags: -I$${includedir} -I%s\nLibs: -L$${libdir} -ldsa\nLibs.private: -L$${cudalibdir} -lcublas -lcudart -lstdc++ -lm -Wl,-rpath,$${cudalibdir}\n' \
-	  '$(PREFIX)' '$(LIBDIR)' '$(INCLUDEDIR)' '$(CUDA_HOME)/lib64' '$(VERSION)' '$(CUDA_HOME)/include' > $@
+	@[ -f $@ ] && [ "$$(cat $@)" = '$(PC_VARS)' ] || printf '%s\n' '$(PC_VARS)' > $@
+.PHONY: FORCE
+FORCE:
+PC_FMT_HEAD := prefix=%s\nlibdir=%s\nincludedir=%s\ncudalibdir=%s\n\n
+PC_FMT_BODY := Version: %s\nCflags: -I$${includedir} -I%s\n
+PC_ARGS = '$(PREFIX)' '$(LIBDIR)' '$(INCLUDEDIR)' '$(CUDA_HOME)/lib64' '$(VERSION)' '$(CUDA_HOME)/include'
+PC_CUDA_LIBS := -L$${cudalibdir} -lcublas -lcudart -lstdc++ -lm -Wl,-rpath,$${cudalibdir}
+$(BUILD)/dsa.pc: $(PC_STAMP) Makefile
+	@printf '$(PC_FMT_HEAD)Name: dsa\nDescription: DeepSeek Sparse Attention kernels for Hopper (shared library)\n$(PC_FMT_BODY)Libs: -L$${libdir} -Wl,-rpath,$${libdir} -ldsa\nLibs.private: $(PC_CUDA_LIBS)\n' \
+	  $(PC_ARGS) > $@
+$(BUILD)/dsa-static.pc: $(PC_STAMP) Makefile
+	@printf '$(PC_FMT_HEAD)Name: dsa-static\nDescription: DeepSeek Sparse Attention kernels for Hopper (static library)\n$(PC_FMT_BODY)Libs: $${libdir}/libdsa.a $(PC_CUDA_LIBS)\n' \
+	  $(PC_ARGS) > $@
 
-install: all $(BUILD)/dsa.pc
+install: all $(BUILD)/dsa.pc $(BUILD)/dsa-static.pc
 	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR)
 	install -m 644 include/dsa.h $(DESTDIR)$(INCLUDEDIR)/dsa.h
 	install -m 644 include/dsa_tune.h $(DESTDIR)$(INCLUDEDIR)/dsa_tune.h
@@ -189,22 +233,51 @@ install: all $(BUILD)/dsa.pc
 	ln -sf libdsa.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libdsa.so.$(firstword $(subst ., ,$(VERSION)))
 	ln -sf libdsa.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libdsa.so
 	install -m 644 $(BUILD)/dsa.pc $(DESTDIR)$(PKGCONFIGDIR)/dsa.pc
+	install -m 644 $(BUILD)/dsa-static.pc $(DESTDIR)$(PKGCONFIGDIR)/dsa-static.pc
 
-# Installs into a scratch prefix and builds a strict C99 program against libdsa.a through
-# `pkg-config --static --libs dsa` (the shared library is removed from the scratch prefix so -ldsa
-# can only resolve to the static archive).
+# A fresh install into a scratch prefix, then the README's own two link lines (the lines of README.md
+# that start with `gcc -std=c99 app.c`, with /opt/dsa -> the scratch prefix, app.c ->
+# tests/install/example.c, app -> example-<kind>, plus -Wall -Wextra -Wpedantic -Werror): the
+# static program must not depend on libdsa.so, the shared one must resolve it from the prefix
+# through its rpath; both run (without LD_LIBRARY_PATH; example.c needs no GPU).
 CHECK_PREFIX = $(abspath $(BUILD)/install-check)
 check-install:
 	@rm -rf $(CHECK_PREFIX)
 	@$(MAKE) --no-print-directory install PREFIX=$(CHECK_PREFIX) >/dev/null
-	rm -f $(CHECK_PREFIX)/lib/libdsa.so*
-	gcc -std=c99 -Wall -Wextra -Wpedantic -Werror tests/install/example.c -o $(CHECK_PREFIX)/example \
-	  $$(PKG_CONFIG_PATH=$(CHECK_PREFIX)/lib/pkgconfig pkg-config --cflags --static --libs dsa)
-	@! ldd $(CHECK_PREFIX)/example | grep -q libdsa || { echo "example linked libdsa dynamically"; exit 1; }
-	$(CHECK_PREFIX)/example
+	@for kind in static shared; do \
+	  pc=dsa; [ $$kind = static ] && pc=dsa-static; \
+	  line=$$(grep -E "^gcc -std=c99 app\.c .*pkg-config --cflags --libs $$pc\)" README.md | head -1); \
+	  [ -n "$$line" ] || { echo "check-install: README.md has no 'gcc -std=c99 app.c ... --libs $$pc)' line"; exit 1; }; \
+	  cmd=$$(printf '%s\n' "$$line" | sed -e 's|/opt/dsa|$(CHECK_PREFIX)|g' -e 's|app\.c|tests/install/example.c|' \
+	    -e "s|-o app |-o $(CHECK_PREFIX)/example-$$kind |"); \
+	  echo "== $$kind, README line: $$line"; \
+	  echo "   $$cmd -Wall -Wextra -Wpedantic -Werror"; \
+	  sh -c "$$cmd -Wall -Wextra -Wpedantic -Werror" || exit 1; \
+	done
+	@if ldd $(CHECK_PREFIX)/example-static | grep -q libdsa; then echo "check-install: the static example needs libdsa.so:"; ldd $(CHECK_PREFIX)/example-static; exit 1; fi
+	@ldd $(CHECK_PREFIX)/example-shared | grep -q "libdsa.so.[0-9]* => $(CHECK_PREFIX)/lib/libdsa.so" || \
+	  { echo "check-install: the shared example does not resolve libdsa.so from $(CHECK_PREFIX)/lib:"; ldd $(CHECK_PREFIX)/example-shared; exit 1; }
+	@echo "== ldd: example-static has no libdsa.so dependency; example-shared loads $$(ldd $(CHECK_PREFIX)/example-shared | grep -o '$(CHECK_PREFIX)/lib/libdsa.so[.0-9]*')"
+	env -u LD_LIBRARY_PATH $(CHECK_PREFIX)/example-static
+	env -u LD_LIBRARY_PATH $(CHECK_PREFIX)/example-shared
+
+# ---- examples ----------------------------------------------------------------------------------
+# examples/*.c: plain C99 programs against the public header and build/libdsa.a (the CUDA headers
+# are -isystem: they are not pedantic-C99 clean). `make test` builds them first (suite gpu_examples
+# runs them).
+EXAMPLES_SRC := $(sort $(wildcard examples/*.c))
+EXAMPLES_BIN := $(EXAMPLES_SRC:examples/%.c=$(BUILD)/examples/%)
+.PHONY: examples
+examples: $(EXAMPLES_BIN)
+$(BUILD)/examples/%: examples/%.c include/dsa.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O2 -g -Wall -Wextra -Wpedantic -Werror -Iinclude -isystem $(CUDA_HOME)/include -o $@ $< \
+	  $(LIB_A) $(LDLIBS_CUDA) $(RPATH_CUDA)
+test test-asan: examples
 
 uninstall:
-	rm -f $(DESTDIR)$(INCLUDEDIR)/dsa.h $(DESTDIR)$(INCLUDEDIR)/dsa_tune.h $(DESTDIR)$(LIBDIR)/libdsa.a $(DESTDIR)$(LIBDIR)/libdsa.so* $(DESTDIR)$(PKGCONFIGDIR)/dsa.pc
+	rm -f $(DESTDIR)$(INCLUDEDIR)/dsa.h $(DESTDIR)$(INCLUDEDIR)/dsa_tune.h $(DESTDIR)$(LIBDIR)/libdsa.a \
+	  $(DESTDIR)$(LIBDIR)/libdsa.so* $(DESTDIR)$(PKGCONFIGDIR)/dsa.pc $(DESTDIR)$(PKGCONFIGDIR)/dsa-static.pc
 
 clean:
 	rm -rf $(BUILD)

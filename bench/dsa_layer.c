@@ -1,9 +1,9 @@
 /*
  * dsa_layer.c - `make run`: one DSA attention layer end to end at the GLM-5 training shape, the way
- * the model calls the library (semantics.md section 10): plan the packed batch on the host, upload
+ * the model calls the library (docs/contract.md section 10): plan the packed batch on the host, upload
  * the plan, indexer top-k, sparse forward with topk_length from the indexer, sparse backward.
  * Each stage is timed (CUDA events after an L2 flush, median of --reps) and reports its rate by the
- * counting rules of targets.md, and a sample of rows is checked against the CPU reference.
+ * counting rules of docs/perf.md, and a sample of rows is checked against the CPU reference.
  *
  *   (a) packed:  one micro-batch of 4096 tokens in 4 documents (1536, 1024, 900, 636)
  *   (b) cp8:     the last of eight context-parallel ranks of one 32768-token sequence

@@ -1,7 +1,7 @@
 #!/bin/sh
 # plot.sh - `make plots`: charts of the newest bench/results/*.json (or the file given) into docs/img/.
 #   bench-fwd.png bench-bwd.png bench-idx.png bench-topk.png: per op, the rate of each shape and
-#     variant (bars), the peer of targets.md (points) and the same-run ceiling (line);
+#     variant (bars), the peer of docs/perf.md's targets (points) and the same-run ceiling (line);
 #   bench-peer-ratio.png: every row's speed relative to its peer (1.0 = as fast as the peer).
 # Needs python3 (standard library only) and gnuplot.
 #   bench/plot.sh [results.json] [outdir]
@@ -62,13 +62,13 @@ for op, tag in ops:
             f.write("%d\t%s\t%s\t%s\n" % (i, label, fmt(rate), fmt(peer)))
     ceil_name = "copy ceiling (read+write)" if is_bytes else "cuBLAS bf16 GEMM ceiling"
     gp += ['set output "%s/bench-%s.png"' % (out, tag),
-           'set title "%s: %s per shape  (%s, commit %s, %s; ceilings and peers as in targets.md)"' % (op, unit, card, commit, date),
+           'set title "%s: %s per shape  (%s, commit %s, %s; ceilings and peers as in docs/perf.md)"' % (op, unit, card, commit, date),
            'set ylabel "%s"' % unit, 'set xrange [-0.7:%f]' % (len(sel) - 0.3),
            'set yrange [0:%f]' % (ymax * 1.15 if ymax > 0 else 1)]
     plot = ['"%s" using 1:(0):xtic(2) with dots lc rgb "#ffffff" notitle' % dat,
             '"%s" using 1:3 with boxes lc rgb "#4a7bb7" title "libdsa"' % dat,
             '"%s" using 1:3:(sprintf("%%.0f", $3)) with labels offset 0,0.8 notitle' % dat,
-            '"%s" using 1:4 with points pt 7 ps 1.6 lc rgb "#d62728" title "peer (targets.md)"' % dat]
+            '"%s" using 1:4 with points pt 7 ps 1.6 lc rgb "#d62728" title "peer (docs/perf.md)"' % dat]
     if ceil is not None:
         plot.append('%f with lines lw 2 dt 2 lc rgb "#2ca02c" title "%s %.0f %s (same run)"' % (ceil, ceil_name, ceil, unit))
     gp.append("plot " + ", \\\n     ".join(plot))
@@ -93,7 +93,7 @@ with open(dat, "w") as f:
         n += 1
 if n:
     gp += ['set output "%s/bench-peer-ratio.png"' % out,
-           'set title "speed relative to the peer of targets.md, same work (>1: libdsa faster)  (%s, commit %s, %s)"' % (card, commit, date),
+           'set title "speed relative to the peer of docs/perf.md, same work (>1: libdsa faster)  (%s, commit %s, %s)"' % (card, commit, date),
            'set ylabel "x peer (log scale)"', 'set logscale y', 'set xrange [-0.7:%f]' % (n - 0.3),
            'set yrange [%f:%f]' % (min(0.1, ymin / 2), ymax * 2),
            'plot "%s" using 1:(0):xtic(2) with dots lc rgb "#ffffff" notitle, \\\n'

@@ -12,12 +12,26 @@
  *  - Ops that need scratch memory follow CUB's two-phase contract: call with workspace == NULL and
  *    the size is written to *workspace_bytes (always >= 1) and DSA_SUCCESS is returned, nothing else
  *    happens; call again with a workspace of at least that many bytes (any alignment is accepted).
+ *    workspace == NULL is a size query and ctx may be NULL for it, in every op (dsa_topk,
+ *    dsa_indexer_topk, dsa_sparse_attn_bwd, dsa_plan_upload). The size with ctx == NULL is valid on
+ *    any device and equals the size with a context, except for dsa_indexer_topk with
+ *    DSA_INDEXER_ENGINE_DEFAULT, where it is the larger engine's (>= the size with any context;
+ *    docs/contract.md section 13.2). The workspace must not overlap any tensor of the call.
+ *  - Outputs may not alias inputs, nor each other: every op compares the byte ranges
+ *    [ptr, ptr + extent) of its tensors (extent from sizes and strides) and rejects an overlap
+ *    with DSA_ERROR_INVALID_ARGUMENT naming both. Inputs may alias each other. The one exception
+ *    is dsa_compact_indices' in-place mode (out == indices with equal strides). docs/contract.md
+ *    section 13.3 lists the pairs per op.
+ *  - Enum-like fields must hold one of their values (a dsa_dtype, a dsa_indexer_engine,
+ *    deterministic 0 / 1, a plan view's all_rows_nonempty 0 / 1); anything else is
+ *    DSA_ERROR_INVALID_ARGUMENT.
  *  - The hot path never allocates, synchronises, queries the device or prints. All work is enqueued
  *    on the caller's stream. Zero-size work succeeds without a launch.
  *  - A failed call returns a status, writes nothing to any output, and leaves a message naming the
  *    argument and the offending value in dsa_last_error_message() (thread-local).
  *
- * The math of every op, with the symbols used here, is in docs/design.md.
+ * What every op computes, its coordinates, edge cases and errors: docs/contract.md (the contract,
+ * cited below by section). How the kernels meet it: docs/design.md.
  */
 #ifndef DSA_H
 #define DSA_H
@@ -82,7 +96,7 @@ typedef enum dsa_dtype {
   DSA_DTYPE_BF16 = 1
 } dsa_dtype;
 
-/* Fixed dimensions of the model family (semantics.md section 1). */
+/* Fixed dimensions of the model family (docs/contract.md section 1). */
 #define DSA_INDEX_HEAD_DIM 128  /* indexer q / k dimension */
 #define DSA_HEAD_DIM 576        /* attention q / kv dimension: 512 latent + 64 rope */
 #define DSA_VALUE_DIM 512       /* value = the first 512 dims of each kv row */
@@ -95,9 +109,11 @@ typedef enum dsa_dtype {
  * ------------------------------------------------------------------------------------------- */
 typedef struct dsa_context dsa_context;
 
-/* Returns DSA_ERROR_NO_DEVICE when the machine has no CUDA device (never crashes), and
- * DSA_ERROR_INVALID_ARGUMENT for a device ordinal out of range. Selects nothing on the caller's
- * thread beyond what cudaSetDevice does inside each call. */
+/* Returns DSA_ERROR_NO_DEVICE when the machine has no CUDA device (never crashes),
+ * DSA_ERROR_INVALID_ARGUMENT for a device ordinal out of range, and DSA_ERROR_UNSUPPORTED for a
+ * device this build has no device code for (the message names its compute capability and the
+ * architectures the library was built for; the default build runs on compute capability 9.0 and
+ * newer). Selects nothing on the caller's thread beyond what cudaSetDevice does inside each call. */
 DSA_API dsa_status dsa_context_create(dsa_context **ctx, int device);
 DSA_API void dsa_context_destroy(dsa_context *ctx); /* NULL is a no-op */
 /* Compute capability and SM count of the context's device (for callers choosing variants). */
@@ -105,7 +121,7 @@ DSA_API dsa_status dsa_context_device_info(const dsa_context *ctx, int *cc_major
                                            int *sm_count);
 
 /* ---------------------------------------------------------------------------------------------
- * Packed-sequence metadata (semantics.md section 4): planned once on the host, uploaded once,
+ * Packed-sequence metadata (docs/contract.md section 4): planned once on the host, uploaded once,
  * reused by every layer.
  *
  * Coordinates: keys are rows of the padded storage [0, T_k). Document d occupies [P[d], P[d+1])
@@ -123,7 +139,12 @@ typedef struct dsa_plan_desc {
   int64_t max_seqlen;               /* optional check against max(R); <= 0 means not given */
 } dsa_plan_desc;
 
-/* A view of a plan: the same struct describes the host plan and its uploaded device copy. */
+/* A view of a plan: the same struct describes the host plan and its uploaded device copy. An op
+ * handed a view checks its scalars and the presence of its arrays (docs/contract.md section 5:
+ * with num_queries > 0, e.g. max_seqlen_k in 1..total_key_tokens, num_segments in 1..num_queries,
+ * all_rows_nonempty 0 or 1 and consistent with valid_row_indices / num_valid); a device view's
+ * arrays are never read on the host, so their contents are the caller's (views from
+ * dsa_plan_upload are always consistent). */
 typedef struct dsa_plan_view {
   int64_t num_queries;      /* T_q */
   int64_t total_key_tokens; /* T_k */
@@ -147,7 +168,7 @@ typedef struct dsa_plan_view {
 
 typedef struct dsa_plan dsa_plan; /* opaque host plan, one allocation */
 
-/* Plans on the host from host arrays; every check of semantics.md section 4 is a status with a
+/* Plans on the host from host arrays; every check of docs/contract.md section 4 is a status with a
  * message. Allocates host memory once (this is not a hot-path call). */
 DSA_API dsa_status dsa_plan_create(const dsa_plan_desc *desc, dsa_plan **plan);
 DSA_API void dsa_plan_destroy(dsa_plan *plan); /* NULL is a no-op */
@@ -162,11 +183,13 @@ DSA_API dsa_status dsa_plan_upload(dsa_context *ctx, const dsa_plan *plan, void 
                                    dsa_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
- * Index compaction (semantics.md section 8) and head padding (section 3).
+ * Index compaction (docs/contract.md section 8) and head padding (section 3).
  * ------------------------------------------------------------------------------------------- */
 /* Per row: keep entries with 0 <= idx < key_count (stable), sort them ascending, fill the rest
  * with -1; lengths[r] = number kept. Duplicates are kept. out may equal indices (in place) when
- * the strides are equal. lengths may be NULL. */
+ * the strides are equal (rows interleaved with equal strides are allowed where no element is shared);
+ * any other overlap of out with indices, and any overlap of lengths with either, is rejected.
+ * lengths may be NULL. */
 typedef struct dsa_compact_params {
   int64_t rows;
   int32_t k;                /* row width, 1..DSA_MAX_TOPK */
@@ -196,7 +219,7 @@ typedef struct dsa_pad_heads_params {
 } dsa_pad_heads_params;
 DSA_API dsa_status dsa_pad_heads(dsa_context *ctx, const dsa_pad_heads_params *p,
                                  dsa_stream_t stream);
-/* The head count the reference would pad to on SM90 (semantics.md section 3): H if H % 64 == 0,
+/* The head count the reference would pad to on SM90 (docs/contract.md section 3): H if H % 64 == 0,
  * else 64 if 64 % H == 0; otherwise -1 (the reference rejects it). Interop helper only: libdsa
  * runs every H natively. */
 DSA_API int dsa_padded_head_count(int num_heads);
@@ -216,6 +239,8 @@ typedef struct dsa_topk_params {
   int32_t *indices;         /* [rows, k] out, row stride indices_stride (0: k) */
   int64_t indices_stride;
 } dsa_topk_params;
+/* workspace == NULL: a size query (always 1 byte); ctx may be NULL. Output indices may not overlap
+ * scores or lengths. */
 DSA_API dsa_status dsa_topk(dsa_context *ctx, const dsa_topk_params *p, void *workspace,
                             size_t *workspace_bytes, dsa_stream_t stream);
 
@@ -228,7 +253,8 @@ typedef enum dsa_indexer_engine {
 /* score[t, s] = sum_h w[t, h] * ReLU(q[t, h, :] . k[s, :]) over the keys visible to query t
  * (plan), then its K best keys in global storage coordinates. */
 typedef struct dsa_indexer_params {
-  const dsa_plan_view *plan; /* device view (dsa_plan_upload) for the GPU, host view for dsa_ref_ */
+  const dsa_plan_view *plan; /* device view (dsa_plan_upload) for the GPU, host view for dsa_ref_;
+                                checked as docs/contract.md section 5 says */
   int32_t num_heads;         /* H_idx, 1..64 */
   int32_t topk;              /* K, 1..DSA_MAX_TOPK */
   const uint16_t *index_q;   /* [T_q, H_idx, 128] bf16; strides (0: H_idx*128 and 128) */
@@ -243,12 +269,17 @@ typedef struct dsa_indexer_params {
   int32_t *lengths;          /* [T_q] out: min(K, causal_length), 0 for invalid queries */
   dsa_indexer_engine engine;
 } dsa_indexer_params;
+/* workspace == NULL: a size query; ctx may be NULL. With a context the size is that of the engine
+ * that runs on its device; with ctx == NULL it is valid on any device: the same size for
+ * DSA_INDEXER_ENGINE_CUBLAS / _FUSED, the larger engine's (cuBLAS) for _DEFAULT. The outputs
+ * (indices, lengths) may not overlap index_q, index_k, weights, the plan's starts / causal_lengths,
+ * or each other. */
 DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *p,
                                     void *workspace, size_t *workspace_bytes,
                                     dsa_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
- * Sparse MLA attention (semantics.md section 9, with this project's rules):
+ * Sparse MLA attention (docs/contract.md section 9, with this project's rules):
  * slot j of row t counts iff (topk_length == NULL || j < topk_length[t]) && 0 <= idx < T_kv.
  * Duplicate slots are separate softmax terms. Rows with no valid slot: out = 0, lse = +inf,
  * max_logits = -inf, dq = 0.
@@ -273,6 +304,7 @@ typedef struct dsa_attn_fwd_params {
   float *lse;                /* [T, H] fp32 out, natural log, sink excluded; contiguous */
   float *max_logits;         /* [T, H] fp32 out, optional; contiguous */
 } dsa_attn_fwd_params;
+/* out, lse and max_logits may not overlap q, kv, indices, topk_length, sink, or each other. */
 DSA_API dsa_status dsa_sparse_attn_fwd(dsa_context *ctx, const dsa_attn_fwd_params *p,
                                        dsa_stream_t stream);
 
@@ -283,7 +315,8 @@ typedef struct dsa_attn_bwd_params {
   int64_t num_kv;            /* T_kv */
   int32_t topk;              /* K */
   float softmax_scale;
-  int32_t deterministic;     /* 1: dkv bitwise identical run to run */
+  int32_t deterministic;     /* 0: fp32 atomics; 1: dkv bitwise identical run to run; other values
+                                are rejected */
   const uint16_t *q;         /* [T, H, D] bf16; strides (0: H*D and D) */
   int64_t q_stride_token, q_stride_head;
   const uint16_t *kv;        /* [T_kv, D] bf16; row stride (0: D) */
@@ -303,6 +336,9 @@ typedef struct dsa_attn_bwd_params {
   int64_t dkv_stride;
   float *dsink;              /* [H] fp32 out, optional */
 } dsa_attn_bwd_params;
+/* workspace == NULL: a size query; ctx may be NULL (the deterministic size needs a CUDA device
+ * for CUB's sort scratch: DSA_ERROR_NO_DEVICE without one). dq, dkv and dsink may not overlap any
+ * input (q, kv, indices, topk_length, sink, out, dout, lse) or each other. */
 DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_params *p,
                                        void *workspace, size_t *workspace_bytes,
                                        dsa_stream_t stream);

@@ -1,4 +1,4 @@
-/* compact.c - index compaction (semantics.md section 8) and attention head padding (section 3):
+/* compact.c - index compaction (docs/contract.md section 8) and attention head padding (section 3):
  * the argument checks shared by the GPU ops and their CPU references, the references themselves,
  * the public entry points, and dsa_padded_head_count. The kernels are in cuda/compact.cu and
  * cuda/pad_heads.cu. */
@@ -90,6 +90,15 @@ dsa_status dsa_check_compact(const dsa_compact_params *p, const char *fn, dsa_co
                   fn, (void *)r.out, (const void *)r.indices, (long long)r.out_stride,
                   (long long)r.indices_stride);
     }
+    /* lengths is written too: it may not overlap the indices read or the rows written */
+    if (r.lengths != NULL) {
+      uintptr_t c = (uintptr_t)r.lengths;
+      uint64_t cn = (uint64_t)r.rows * 4u;
+      DSA_REQUIRE(!ranges_intersect(c, cn, a, an), "%s: lengths = %p overlaps indices = %p", fn,
+                  (void *)r.lengths, (const void *)r.indices);
+      DSA_REQUIRE(!ranges_intersect(c, cn, b, bn), "%s: lengths = %p overlaps out = %p", fn,
+                  (void *)r.lengths, (void *)r.out);
+    }
   }
   if (resolved) *resolved = r;
   return DSA_SUCCESS;
@@ -119,6 +128,11 @@ dsa_status dsa_check_pad_heads(const dsa_pad_heads_params *p, const char *fn,
               "%s: sink_out = %p is not 4-byte aligned", fn, (void *)r.sink_out);
   DSA_REQUIRE(r.sink == NULL || !misaligned(r.sink, 4), "%s: sink = %p is not 4-byte aligned", fn,
               (const void *)r.sink);
+  /* sink_out is written even without tokens: it may not overlap the sink it copies */
+  DSA_REQUIRE(r.sink == NULL || r.sink_out == NULL ||
+                  !ranges_intersect((uintptr_t)r.sink_out, (uint64_t)r.padded_heads * 4u,
+                                    (uintptr_t)r.sink, (uint64_t)r.num_heads * 4u),
+              "%s: sink_out = %p overlaps sink = %p", fn, (void *)r.sink_out, (const void *)r.sink);
   if (r.num_tokens == 0) {
     if (resolved) *resolved = r;
     return DSA_SUCCESS;
@@ -164,6 +178,18 @@ dsa_status dsa_check_pad_heads(const dsa_pad_heads_params *p, const char *fn,
     uint64_t on = (uint64_t)r.num_tokens * (uint64_t)r.padded_heads * (uint64_t)r.head_dim * 2u;
     DSA_REQUIRE(!ranges_intersect((uintptr_t)r.q, qn, (uintptr_t)r.q_out, on),
                 "%s: q_out = %p overlaps q = %p", fn, (void *)r.q_out, (const void *)r.q);
+    /* sink_out [Hp] is written as well: disjoint from q, sink and q_out */
+    if (r.sink_out != NULL) {
+      uintptr_t so = (uintptr_t)r.sink_out;
+      uint64_t son = (uint64_t)r.padded_heads * 4u;
+      DSA_REQUIRE(!ranges_intersect(so, son, (uintptr_t)r.q, qn), "%s: sink_out = %p overlaps q = %p",
+                  fn, (void *)r.sink_out, (const void *)r.q);
+      DSA_REQUIRE(!ranges_intersect(so, son, (uintptr_t)r.q_out, on),
+                  "%s: sink_out = %p overlaps q_out = %p", fn, (void *)r.sink_out, (void *)r.q_out);
+    }
+    DSA_REQUIRE(r.sink == NULL || !ranges_intersect((uintptr_t)r.sink, (uint64_t)r.num_heads * 4u,
+                                                    (uintptr_t)r.q_out, on),
+                "%s: q_out = %p overlaps sink = %p", fn, (void *)r.q_out, (const void *)r.sink);
   }
   if (resolved) *resolved = r;
   return DSA_SUCCESS;

@@ -1,8 +1,32 @@
-/* context.c - the per-device context: cached device attributes and a lazily created cuBLAS handle. */
+/* context.c - the per-device context: cached device attributes, a check that this build has
+ * device code for the device (docs/contract.md section 13.4), and a lazily created cuBLAS handle. */
 #include <stdlib.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include "internal.h"
+
+dsa_status dsa_device_code_status(int cuda_error, int device, const char *name,
+                                             int cc_major, int cc_minor) {
+  static const char fn[] = "dsa_context_create";
+  const cudaError_t e = (cudaError_t)cuda_error;
+  const char *targets = dsa_device_code_targets();
+  if (e == cudaSuccess) return DSA_SUCCESS;
+  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: device %d (%s) has compute capability %d.%d, for which this build of libdsa "
+                    "has no device code: it was built for the CUDA architectures %s (the default ARCH "
+                    "is sm_90a machine code, which runs on 9.0 only, plus compute_90 PTX for 9.0 and "
+                    "newer); rebuild with an ARCH that covers this device (%s)",
+                    fn, device, name, cc_major, cc_minor, targets, cudaGetErrorString(e));
+  if (e == cudaErrorUnsupportedPtxVersion || e == cudaErrorInvalidPtx ||
+      e == cudaErrorJitCompilerNotFound || e == cudaErrorJitCompilationDisabled)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: device %d (%s, compute capability %d.%d) would run libdsa's PTX (built for "
+                    "the CUDA architectures %s), but the driver cannot compile it: %s (a driver older "
+                    "than the CUDA toolkit that built the library?)",
+                    fn, device, name, cc_major, cc_minor, targets, cudaGetErrorString(e));
+  return dsa_cuda_status(cuda_error, fn);
+}
 
 DSA_API dsa_status dsa_context_create(dsa_context **ctx, int device) {
   int count = 0;
@@ -32,6 +56,19 @@ DSA_API dsa_status dsa_context_create(dsa_context **ctx, int device) {
   if (e != cudaSuccess) {
     free(c);
     return dsa_cuda_status(e, "dsa_context_create");
+  }
+  {
+    /* the fatbin must have code for this device: report it here, not as a launch failure later */
+    const int probe = dsa_device_code_probe();
+    if (probe != (int)cudaSuccess) {
+      struct cudaDeviceProp prop;
+      const char *name = "unknown name";
+      if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) name = prop.name;
+      else (void)cudaGetLastError();
+      dsa_status st = dsa_device_code_status(probe, device, name, c->cc_major, c->cc_minor);
+      free(c);
+      return st;
+    }
   }
   *ctx = c;
   return DSA_SUCCESS;

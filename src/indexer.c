@@ -244,6 +244,17 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
   int fused;
   DSA_TRY(dsa_check_indexer(p, fn, &r));
   DSA_REQUIRE(workspace_bytes != NULL, "%s: workspace_bytes is NULL", fn);
+  if (workspace == NULL && ctx == NULL) {
+    /* a size query without a context (docs/contract.md section 13.2): valid on every device. The
+     * cuBLAS layout holds the fused one (same scores buffer, plus logits and packed q), so DEFAULT
+     * gets the cuBLAS size, CUBLAS and FUSED their own (the same as with a context). */
+    bud.scores = dsa_option_default(DSA_OPTION_INDEXER_SCORES_BUDGET);
+    bud.logits = dsa_option_default(DSA_OPTION_INDEXER_LOGITS_BUDGET);
+    bud.key_tile = dsa_option_default(DSA_OPTION_INDEXER_KEY_TILE);
+    plan_layout(&r, r.engine == DSA_INDEXER_ENGINE_FUSED, &bud, &l);
+    *workspace_bytes = (size_t)l.total;
+    return DSA_SUCCESS;
+  }
   DSA_TRY(dsa_context_enter(ctx, fn));
   /* DEFAULT: the fused engine where it runs (sm_80+; on the H200 it is correct and 1.6-1.9x faster
    * than cuBLAS on every bench shape), else cuBLAS */

@@ -30,6 +30,9 @@ struct dsa_context {
 };
 /* Sets every option of ctx to its default (dsa_context_create; src/options.c). */
 DSA_HIDDEN void dsa_context_options_init(dsa_context *ctx);
+/* The default value of option opt (0 for an id that is not an option): what a call without a
+ * context (a size query) uses. */
+DSA_HIDDEN int64_t dsa_option_default(int opt);
 
 /* Records a formatted message for dsa_last_error_message() and returns `status`. */
 DSA_HIDDEN dsa_status dsa_fail(dsa_status status, const char *fmt, ...)
@@ -71,6 +74,15 @@ DSA_HIDDEN dsa_status dsa_kernel_smem_once(const void *fn, int bytes, int max_ca
 
 /* Context checks for GPU entry points: non-NULL, and the calling thread bound to its device. */
 DSA_HIDDEN dsa_status dsa_context_enter(dsa_context *ctx, const char *fn);
+/* Device code for the context's device (cuda/common/device_check.cu, src/context.c): the cudaError_t
+ * of cudaFuncGetAttributes on a probe kernel built like every other, the build's CUDA architectures
+ * ("900, ..."), and the status a probe result maps to: DSA_SUCCESS, or DSA_ERROR_UNSUPPORTED with a
+ * message naming the device, its compute capability and the build's targets (separate from the
+ * probe so that the CPU tests check the mapping and the message). */
+DSA_HIDDEN int dsa_device_code_probe(void);
+DSA_HIDDEN const char *dsa_device_code_targets(void);
+DSA_HIDDEN dsa_status dsa_device_code_status(int cuda_error, int device, const char *name,
+                                             int cc_major, int cc_minor);
 /* Lazily creates the cuBLAS handle of the context. */
 DSA_HIDDEN dsa_status dsa_context_cublas(dsa_context *ctx, void **handle);
 

@@ -37,6 +37,11 @@ static const option_row *option_find(int opt) {
   return &option_table[opt];
 }
 
+int64_t dsa_option_default(int opt) {
+  const option_row *r = option_find(opt);
+  return r ? r->def : 0;
+}
+
 void dsa_context_options_init(dsa_context *ctx) {
   for (int i = 0; i < DSA_OPTION_COUNT; ++i) ctx->options[i] = option_find(i) ? option_table[i].def : 0;
 }

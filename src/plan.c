@@ -1,6 +1,6 @@
 /*
- * plan.c - the host planner for packed-sequence metadata (semantics.md sections 2, 4 and 5) and its
- * upload to the device.
+ * plan.c - the host planner for packed-sequence metadata (docs/contract.md sections 2, 4 and 5) and
+ * its upload to the device.
  *
  *  - dsa_plan_create validates a dsa_plan_desc (every check of section 4, int64 arithmetic
  *    throughout) and computes the per-segment and per-query metadata of section 4 on the host.
@@ -11,7 +11,8 @@
  *    view's pointers into it. The copy reads the host blob asynchronously, so the plan must outlive
  *    the copy (synchronise the stream, or record an event, before dsa_plan_destroy).
  *  - dsa_check_plan_view is the section 5 check of a view handed to an op (host or device view):
- *    scalars and pointer presence only, it never dereferences.
+ *    scalars and pointer presence only, it never dereferences. dsa_check_indexer (src/validate.c)
+ *    runs it for dsa_indexer_topk and its references.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -339,49 +340,67 @@ DSA_API dsa_status dsa_plan_upload(dsa_context *ctx, const dsa_plan *plan, void 
   return DSA_SUCCESS;
 }
 
-/* Section 5 (_unpack_packed_metadata): the checks an op runs on the view it is handed, before any
- * launch. Scalars and pointer presence only: a device view is never dereferenced on the host.
- * num_queries / total_key_tokens < 0 skip the comparison with the op's own sizes. */
+/* Contract section 5: the checks an op runs on the view it is handed, before anything else runs.
+ * Scalars and pointer presence only: a device view is never dereferenced on the host. Every
+ * message names the field as plan-><field>. num_queries = 0 is zero-size work (only the scalars'
+ * ranges are checked). num_queries / total_key_tokens < 0 skip the comparison with the op's own
+ * sizes. */
 dsa_status dsa_check_plan_view(const dsa_plan_view *v, int64_t num_queries,
                                int64_t total_key_tokens, const char *fn) {
+  int64_t tq, tk;
   DSA_REQUIRE(v != NULL, "%s: plan is NULL", fn);
-  DSA_REQUIRE(v->num_queries >= 1, "%s: plan->num_queries = %lld is below 1", fn,
-              (long long)v->num_queries);
-  DSA_REQUIRE(v->total_key_tokens > 0 && v->total_key_tokens < PLAN_MAX_TOKENS,
-              "%s: plan->total_key_tokens = %lld is outside 1..%lld", fn,
-              (long long)v->total_key_tokens, (long long)(PLAN_MAX_TOKENS - 1));
-  DSA_REQUIRE(num_queries < 0 || v->num_queries == num_queries,
-              "%s: plan->num_queries = %lld differs from the op's query count %lld", fn,
-              (long long)v->num_queries, (long long)num_queries);
-  DSA_REQUIRE(total_key_tokens < 0 || v->total_key_tokens == total_key_tokens,
-              "%s: plan->total_key_tokens = %lld differs from the op's key count %lld", fn,
-              (long long)v->total_key_tokens, (long long)total_key_tokens);
-  DSA_REQUIRE(v->starts != NULL && v->causal_lengths != NULL && v->query_valid != NULL,
-              "%s: plan->starts / causal_lengths / query_valid must all be non-NULL", fn);
+  tq = v->num_queries;
+  tk = v->total_key_tokens;
+  DSA_REQUIRE(tq >= 0 && tq <= INT32_MAX, "%s: plan->num_queries = %lld is outside 0..%d", fn,
+              (long long)tq, INT32_MAX);
+  DSA_REQUIRE(tk >= 0 && tk < PLAN_MAX_TOKENS, "%s: plan->total_key_tokens = %lld is outside 0..%lld",
+              fn, (long long)tk, (long long)(PLAN_MAX_TOKENS - 1));
   DSA_REQUIRE(v->all_rows_nonempty == 0 || v->all_rows_nonempty == 1,
               "%s: plan->all_rows_nonempty = %d is not 0 or 1", fn, (int)v->all_rows_nonempty);
+  DSA_REQUIRE(num_queries < 0 || tq == num_queries,
+              "%s: plan->num_queries = %lld differs from the op's query count %lld", fn,
+              (long long)tq, (long long)num_queries);
+  DSA_REQUIRE(total_key_tokens < 0 || tk == total_key_tokens,
+              "%s: plan->total_key_tokens = %lld differs from the op's key count %lld", fn,
+              (long long)tk, (long long)total_key_tokens);
+  if (tq == 0) return DSA_SUCCESS;
+  DSA_REQUIRE(tk >= 1, "%s: plan->total_key_tokens = 0 with plan->num_queries = %lld (the queries are "
+              "rows of the keys)", fn, (long long)tq);
+  DSA_REQUIRE(v->query_start >= 0 && v->query_start <= tk - tq,
+              "%s: plan->query_start = %lld with plan->num_queries = %lld: the query rows "
+              "[query_start, query_start + num_queries) are outside [0, plan->total_key_tokens = %lld)",
+              fn, (long long)v->query_start, (long long)tq, (long long)tk);
+  DSA_REQUIRE(v->starts != NULL, "%s: plan->starts is NULL", fn);
+  DSA_REQUIRE(v->causal_lengths != NULL, "%s: plan->causal_lengths is NULL", fn);
+  DSA_REQUIRE(v->query_valid != NULL, "%s: plan->query_valid is NULL", fn);
   if (v->all_rows_nonempty) {
     DSA_REQUIRE(v->valid_row_indices == NULL,
                 "%s: plan->valid_row_indices is set although plan->all_rows_nonempty = 1", fn);
-    DSA_REQUIRE(v->num_valid == v->num_queries,
-                "%s: plan->num_valid = %lld differs from plan->num_queries = %lld although all rows are valid",
-                fn, (long long)v->num_valid, (long long)v->num_queries);
+    DSA_REQUIRE(v->num_valid == tq,
+                "%s: plan->num_valid = %lld differs from plan->num_queries = %lld although "
+                "plan->all_rows_nonempty = 1", fn, (long long)v->num_valid, (long long)tq);
   } else {
     DSA_REQUIRE(v->valid_row_indices != NULL,
                 "%s: plan->valid_row_indices is NULL although plan->all_rows_nonempty = 0", fn);
-    DSA_REQUIRE(v->num_valid >= 0 && v->num_valid < v->num_queries,
-                "%s: plan->num_valid = %lld is outside 0..%lld", fn, (long long)v->num_valid,
-                (long long)(v->num_queries - 1));
+    DSA_REQUIRE(v->num_valid >= 0 && v->num_valid < tq,
+                "%s: plan->num_valid = %lld is outside 0..%lld (plan->all_rows_nonempty = 0)", fn,
+                (long long)v->num_valid, (long long)(tq - 1));
   }
-  DSA_REQUIRE(v->num_segments >= 1 && v->num_segments <= v->num_queries,
-              "%s: plan->num_segments = %lld is outside 1..%lld", fn, (long long)v->num_segments,
-              (long long)v->num_queries);
-  DSA_REQUIRE(v->segment_cu_q != NULL && v->segment_cu_k != NULL && v->q_causal_offsets != NULL,
-              "%s: plan->segment_cu_q / segment_cu_k / q_causal_offsets must all be non-NULL", fn);
-  DSA_REQUIRE(v->max_seqlen_q > 0 && v->max_seqlen_k > 0,
-              "%s: plan->max_seqlen_q = %d and plan->max_seqlen_k = %d must be positive", fn,
-              (int)v->max_seqlen_q, (int)v->max_seqlen_k);
-  DSA_REQUIRE((v->key_source_indices == NULL) == (v->num_key_sources == 0) && v->num_key_sources >= 0,
+  DSA_REQUIRE(v->num_segments >= 1 && v->num_segments <= tq,
+              "%s: plan->num_segments = %lld is outside 1..%lld (plan->num_queries)", fn,
+              (long long)v->num_segments, (long long)tq);
+  DSA_REQUIRE(v->segment_cu_q != NULL, "%s: plan->segment_cu_q is NULL", fn);
+  DSA_REQUIRE(v->segment_cu_k != NULL, "%s: plan->segment_cu_k is NULL", fn);
+  DSA_REQUIRE(v->q_causal_offsets != NULL, "%s: plan->q_causal_offsets is NULL", fn);
+  DSA_REQUIRE(v->max_seqlen_q >= 1 && v->max_seqlen_q <= tq,
+              "%s: plan->max_seqlen_q = %d is outside 1..%lld (plan->num_queries)", fn,
+              (int)v->max_seqlen_q, (long long)tq);
+  DSA_REQUIRE(v->max_seqlen_k >= 1 && v->max_seqlen_k <= tk,
+              "%s: plan->max_seqlen_k = %d is outside 1..%lld (plan->total_key_tokens)", fn,
+              (int)v->max_seqlen_k, (long long)tk);
+  DSA_REQUIRE(v->num_key_sources >= 0, "%s: plan->num_key_sources = %lld is negative", fn,
+              (long long)v->num_key_sources);
+  DSA_REQUIRE((v->key_source_indices == NULL) == (v->num_key_sources == 0),
               "%s: plan->key_source_indices is %s but plan->num_key_sources = %lld", fn,
               v->key_source_indices == NULL ? "NULL" : "set", (long long)v->num_key_sources);
   return DSA_SUCCESS;

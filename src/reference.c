@@ -1,6 +1,6 @@
 /*
  * reference.c - the CPU oracle for top-k, the indexer and sparse attention forward/backward
- * (semantics.md sections 6, 7, 9.2, 9.3, with this project's rules). Every GPU kernel is tested
+ * (docs/contract.md sections 6, 7, 9.2, 9.3, with this project's rules). Every GPU kernel is tested
  * against these. Host pointers; each function runs the same dsa_check_* as its GPU twin first;
  * accumulation in double; bf16 inputs converted exactly; each bf16 output rounded once, from the
  * double value, to nearest even. Slow by design.
@@ -17,7 +17,7 @@
  *    causal_lengths[t] = n: score[c] = sum_h w[t,h] * ReLU(sum_d q[t,h,d] * k[s0 + c, d]) for
  *    c < n, in double, weights used exactly as given (bf16 converted exactly, no extra scaling).
  *    ReLU(x) = x for x > 0, 0 for x <= 0, and NaN stays NaN. Selection: if n <= K every visible
- *    key is taken (no scoring: the "select all" shortcut of semantics 6.4); otherwise the K best by
+ *    key is taken (no scoring: the "select all" shortcut of docs/contract.md section 6); otherwise the K best by
  *    (score descending, key ascending, NaN lowest). Output: global keys s0 + c ascending, then -1
  *    up to K; lengths[t] = min(K, n), 0 for invalid queries (n = 0) whose row is all -1.
  *    The reference reads the host plan, so it also rejects a window [s0, s0 + n) outside [0, T_k).

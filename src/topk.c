@@ -11,11 +11,11 @@ DSA_API dsa_status dsa_topk(dsa_context *ctx, const dsa_topk_params *p, void *wo
   dsa_topk_launch a;
   DSA_TRY(dsa_check_topk(p, fn, &r));
   DSA_REQUIRE(workspace_bytes != NULL, "%s: workspace_bytes is NULL", fn);
-  DSA_TRY(dsa_context_enter(ctx, fn));
-  if (workspace == NULL) {
+  if (workspace == NULL) { /* a size query: no context needed (docs/contract.md section 13.2) */
     *workspace_bytes = 1;
     return DSA_SUCCESS;
   }
+  DSA_TRY(dsa_context_enter(ctx, fn));
   if (*workspace_bytes < 1)
     return dsa_fail(DSA_ERROR_WORKSPACE_TOO_SMALL, "%s: workspace_bytes = %zu is below 1", fn,
                     *workspace_bytes);

@@ -17,6 +17,10 @@
  *    index_k) are 16-byte aligned with strides that are multiples of 8 elements; fp32 and int32
  *    tensors are 4-byte aligned.
  *  - The byte extent of every tensor fits int64 (checked multiplication).
+ *  - No output overlaps an input or another output: their byte ranges [ptr, ptr + extent) are
+ *    compared (docs/contract.md section 13.3); inputs may alias each other.
+ *  - Enum-like fields hold one of their values (weights_dtype, engine, deterministic, and the plan
+ *    view's all_rows_nonempty); the indexer's plan view gets the checks of contract section 5.
  */
 #include <limits.h>
 #include <math.h>
@@ -117,6 +121,56 @@ static dsa_status check_extent(const char *fn, const char *name, int64_t e0, int
   return DSA_SUCCESS;
 }
 
+/* ---- aliasing (docs/contract.md section 13.3) -------------------------------------------------- */
+/* The byte range [lo, hi) a tensor covers; lo == hi for an absent or empty tensor. */
+typedef struct {
+  const char *name;
+  uintptr_t lo, hi;
+} span;
+
+/* The span of a tensor whose extent check_extent has already accepted (so the byte count fits
+ * int64): ((e0 - 1) * s0 + (e1 - 1) * s1 + inner) * elem bytes from ptr. */
+static span span_of(const char *name, const void *ptr, int64_t e0, int64_t s0, int64_t e1, int64_t s1,
+                    int64_t inner, int64_t elem) {
+  span r;
+  r.name = name;
+  r.lo = r.hi = (uintptr_t)ptr;
+  if (ptr == NULL || e0 <= 0 || e1 <= 0 || inner <= 0) return r;
+  {
+    const uint64_t bytes = ((uint64_t)(e0 - 1) * (uint64_t)s0 + (uint64_t)(e1 - 1) * (uint64_t)s1 +
+                            (uint64_t)inner) * (uint64_t)elem;
+    r.hi = bytes > UINTPTR_MAX - r.lo ? UINTPTR_MAX : r.lo + (uintptr_t)bytes;
+  }
+  return r;
+}
+/* A 1-D array of n elements. */
+static span span_1d(const char *name, const void *ptr, int64_t n, int64_t elem) {
+  return span_of(name, ptr, 1, 0, 1, 0, n, elem);
+}
+
+static int spans_overlap(const span *a, const span *b) {
+  return a->lo < a->hi && b->lo < b->hi && a->lo < b->hi && b->lo < a->hi;
+}
+
+/* Every output against every input and every other output. */
+static dsa_status check_no_alias(const char *fn, const span *outs, int nout, const span *ins, int nin) {
+  for (int i = 0; i < nout; ++i) {
+    for (int j = 0; j < nin; ++j)
+      if (spans_overlap(&outs[i], &ins[j]))
+        return dsa_fail(DSA_ERROR_INVALID_ARGUMENT,
+                        "%s: output %s [%p, %p) overlaps input %s [%p, %p): an output may not alias "
+                        "an input", fn, outs[i].name, (void *)outs[i].lo, (void *)outs[i].hi,
+                        ins[j].name, (void *)ins[j].lo, (void *)ins[j].hi);
+    for (int j = i + 1; j < nout; ++j)
+      if (spans_overlap(&outs[i], &outs[j]))
+        return dsa_fail(DSA_ERROR_INVALID_ARGUMENT,
+                        "%s: output %s [%p, %p) overlaps output %s [%p, %p): outputs may not alias "
+                        "each other", fn, outs[i].name, (void *)outs[i].lo, (void *)outs[i].hi,
+                        outs[j].name, (void *)outs[j].lo, (void *)outs[j].hi);
+  }
+  return DSA_SUCCESS;
+}
+
 static dsa_status check_scale(const char *fn, float scale) {
   if (!isfinite(scale) || !(scale > 0.0f))
     return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: softmax_scale = %g is not finite and > 0", fn,
@@ -147,6 +201,10 @@ dsa_status dsa_check_topk(const dsa_topk_params *p, const char *fn, dsa_topk_par
     if (c.columns > 0) DSA_TRY(check_ptr(fn, "scores", c.scores, 4));
     DSA_TRY(check_opt_ptr(fn, "lengths", c.lengths, 4));
     DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
+    const span ins[] = {span_of("scores", c.scores, c.rows, c.scores_stride, 1, 0, c.columns, 4),
+                        span_1d("lengths", c.lengths, c.rows, 4)};
+    const span outs[] = {span_of("indices", c.indices, c.rows, c.indices_stride, 1, 0, c.k, 4)};
+    DSA_TRY(check_no_alias(fn, outs, 1, ins, 2));
   }
   *r = c;
   return DSA_SUCCESS;
@@ -159,10 +217,8 @@ dsa_status dsa_check_indexer(const dsa_indexer_params *p, const char *fn, dsa_in
   if (p == NULL) return fail(fn, "p is NULL");
   dsa_indexer_params c = *p;
   const int64_t D = DSA_INDEX_HEAD_DIM;
-  if (c.plan == NULL) return fail(fn, "plan is NULL");
+  DSA_TRY(dsa_check_plan_view(c.plan, -1, -1, fn)); /* contract section 5 */
   const int64_t Tq = c.plan->num_queries, Tk = c.plan->total_key_tokens;
-  DSA_TRY(check_range(fn, "plan->num_queries", Tq, 0, DSA_MAX_ROWS));
-  DSA_TRY(check_range(fn, "plan->total_key_tokens", Tk, 0, DSA_MAX_KEYS));
   DSA_TRY(check_range(fn, "num_heads", c.num_heads, 1, 64));
   DSA_TRY(check_range(fn, "topk", c.topk, 1, DSA_MAX_TOPK));
   if (c.weights_dtype != DSA_DTYPE_F32 && c.weights_dtype != DSA_DTYPE_BF16)
@@ -187,13 +243,19 @@ dsa_status dsa_check_indexer(const dsa_indexer_params *p, const char *fn, dsa_in
   DSA_TRY(check_extent(fn, "weights", Tq, c.weights_stride, 1, 0, H, wsize));
   DSA_TRY(check_extent(fn, "indices", Tq, c.indices_stride, 1, 0, K, 4));
   if (Tq > 0) {
-    if (c.plan->starts == NULL) return fail(fn, "plan->starts is NULL");
-    if (c.plan->causal_lengths == NULL) return fail(fn, "plan->causal_lengths is NULL");
     DSA_TRY(check_ptr(fn, "index_q", c.index_q, 16));
     if (Tk > 0) DSA_TRY(check_ptr(fn, "index_k", c.index_k, 16));
     DSA_TRY(check_ptr(fn, "weights", c.weights, (size_t)wsize));
     DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
     DSA_TRY(check_ptr(fn, "lengths", c.lengths, 4));
+    const span ins[] = {span_of("index_q", c.index_q, Tq, c.q_stride_token, H, c.q_stride_head, D, 2),
+                        span_of("index_k", c.index_k, Tk, c.k_stride, 1, 0, D, 2),
+                        span_of("weights", c.weights, Tq, c.weights_stride, 1, 0, H, wsize),
+                        span_1d("plan->starts", c.plan->starts, Tq, 4),
+                        span_1d("plan->causal_lengths", c.plan->causal_lengths, Tq, 4)};
+    const span outs[] = {span_of("indices", c.indices, Tq, c.indices_stride, 1, 0, K, 4),
+                         span_1d("lengths", c.lengths, Tq, 4)};
+    DSA_TRY(check_no_alias(fn, outs, 2, ins, 5));
   }
   *r = c;
   return DSA_SUCCESS;
@@ -254,6 +316,15 @@ dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const char *fn,
     DSA_TRY(check_ptr(fn, "out", c.out, 16));
     DSA_TRY(check_ptr(fn, "lse", c.lse, 4));
     DSA_TRY(check_opt_ptr(fn, "max_logits", c.max_logits, 4));
+    const int64_t T = c.num_tokens, H = c.num_heads;
+    const span ins[] = {span_of("q", c.q, T, c.q_stride_token, H, c.q_stride_head, c.head_dim, 2),
+                        span_of("kv", c.kv, c.num_kv, c.kv_stride, 1, 0, c.head_dim, 2),
+                        span_of("indices", c.indices, T, c.indices_stride, 1, 0, c.topk, 4),
+                        span_1d("topk_length", c.topk_length, T, 4), span_1d("sink", c.sink, H, 4)};
+    const span outs[] = {span_of("out", c.out, T, c.out_stride_token, H, c.out_stride_head,
+                                 DSA_VALUE_DIM, 2),
+                         span_1d("lse", c.lse, T * H, 4), span_1d("max_logits", c.max_logits, T * H, 4)};
+    DSA_TRY(check_no_alias(fn, outs, 3, ins, 5));
   }
   *r = c;
   return DSA_SUCCESS;
@@ -266,6 +337,9 @@ dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
   DSA_TRY(check_attn_common(fn, c.num_tokens, c.num_heads, c.head_dim, c.num_kv, c.topk,
                             c.softmax_scale, &c.q_stride_token, &c.q_stride_head, &c.kv_stride,
                             &c.indices_stride));
+  if (c.deterministic != 0 && c.deterministic != 1)
+    return dsa_fail(DSA_ERROR_INVALID_ARGUMENT, "%s: deterministic = %d is not 0 or 1", fn,
+                    (int)c.deterministic);
   DSA_TRY(check_value_tensor(fn, "out", "out_stride_token", "out_stride_head", c.num_tokens,
                              c.num_heads, &c.out_stride_token, &c.out_stride_head));
   DSA_TRY(check_value_tensor(fn, "dout", "dout_stride_token", "dout_stride_head", c.num_tokens,
@@ -295,6 +369,24 @@ dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
     /* no tokens still writes the gradients (dkv = 0, dsink = 0) through the pointers given */
     if (c.num_kv > 0) DSA_TRY(check_opt_ptr(fn, "dkv", c.dkv, 16));
     DSA_TRY(check_opt_ptr(fn, "dsink", c.dsink, 4));
+  }
+  {
+    /* with no tokens nothing is read: only the two written gradients are compared */
+    const int64_t T = c.num_tokens, H = c.num_heads, Tr = c.num_tokens > 0 ? c.num_tokens : 0;
+    const span ins[] = {span_of("q", c.q, Tr, c.q_stride_token, H, c.q_stride_head, c.head_dim, 2),
+                        span_of("kv", c.kv, Tr > 0 ? c.num_kv : 0, c.kv_stride, 1, 0, c.head_dim, 2),
+                        span_of("indices", c.indices, Tr, c.indices_stride, 1, 0, c.topk, 4),
+                        span_1d("topk_length", c.topk_length, Tr, 4),
+                        span_1d("sink", c.sink, Tr > 0 ? H : 0, 4),
+                        span_of("out", c.out, Tr, c.out_stride_token, H, c.out_stride_head,
+                                DSA_VALUE_DIM, 2),
+                        span_of("dout", c.dout, Tr, c.dout_stride_token, H, c.dout_stride_head,
+                                DSA_VALUE_DIM, 2),
+                        span_1d("lse", c.lse, Tr * H, 4)};
+    const span outs[] = {span_of("dq", c.dq, T, c.dq_stride_token, H, c.dq_stride_head, c.head_dim, 2),
+                         span_of("dkv", c.dkv, c.num_kv, c.dkv_stride, 1, 0, c.head_dim, 2),
+                         span_1d("dsink", c.dsink, H, 4)};
+    DSA_TRY(check_no_alias(fn, outs, 3, ins, 8));
   }
   *r = c;
   return DSA_SUCCESS;

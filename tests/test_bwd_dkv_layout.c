@@ -3,7 +3,7 @@
  * and the convert pass use):
  *  - at D = 576 and D = 512 every real column maps to exactly one slot in [0, D) and back (bijection,
  *    dsa_bwd_dkv_col the inverse of dsa_bwd_dkv_slot), and every slot stays in its 16-column group;
- *  - the wgmma m64nNk16 accumulator fragment (hopper-notes 2: register i of lane l holds column
+ *  - the wgmma m64nNk16 accumulator fragment (docs/hopper.md section 2: register i of lane l holds column
  *    8 (i >> 2) + 2 (l % 4) + (i & 1) of row l / 4 + 8 ((i >> 1) & 1)) lands as the kernels store it:
  *    for row half hr and 16-column group g, lane q's registers 8 g + 2 hr + {0, 1, 4, 5} go to the 4
  *    consecutive slots 16 g + 4 q + {0, 1, 2, 3} (one 16-B red.global.add.v4.f32), and the quad's 4

@@ -192,4 +192,51 @@ static inline int tc_experimental(void) {
               "message \"%s\" does not name \"%s\"", dsa_last_error_message(), (word));      \
   } while (0)
 
+/* ---- hand-made plan views (docs/contract.md section 5) ----
+ * Every op checks the view it is handed: counts, segments, validity fields consistent. Tests that
+ * build a view by hand from host starts / causal_lengths / query_valid (num_queries and
+ * total_key_tokens set) complete it with tc_view_complete: the validity fields from query_valid,
+ * one segment (the segment arrays point at a static placeholder the ops never read), max_seqlen_q
+ * = T_q, max_seqlen_k = the longest visible window (at least 1, at most T_k). */
+static inline const int32_t *tc_view_placeholder_i32(void) {
+  static const int32_t z[2] = {0, 0};
+  return z;
+}
+static inline const int64_t *tc_view_placeholder_i64(void) {
+  static const int64_t z[1] = {0};
+  return z;
+}
+static inline void tc_view_complete(dsa_plan_view *v) {
+  int64_t nvalid = 0, msk = 1;
+  for (int64_t t = 0; t < v->num_queries; ++t) {
+    nvalid += v->query_valid[t] != 0;
+    if (v->causal_lengths[t] > msk) msk = v->causal_lengths[t];
+  }
+  if (msk > v->total_key_tokens) msk = v->total_key_tokens;
+  v->num_valid = nvalid;
+  v->all_rows_nonempty = nvalid == v->num_queries;
+  v->valid_row_indices = v->all_rows_nonempty ? NULL : tc_view_placeholder_i64();
+  v->num_segments = 1;
+  v->segment_cu_q = v->segment_cu_k = v->q_causal_offsets = tc_view_placeholder_i32();
+  v->max_seqlen_q = (int32_t)v->num_queries;
+  v->max_seqlen_k = (int32_t)msk;
+}
+/* The one-query view of row t of a host plan view (for the reference of a single row): the row's
+ * arrays, its global position, its validity, one segment; max_seqlen_k and the key sources kept. */
+static inline dsa_plan_view tc_view_row(const dsa_plan_view *hv, int64_t t) {
+  dsa_plan_view v = *hv;
+  const int ok = hv->query_valid[t] != 0;
+  v.num_queries = 1;
+  v.query_start = hv->query_start + t;
+  v.starts = hv->starts + t;
+  v.causal_lengths = hv->causal_lengths + t;
+  v.query_valid = hv->query_valid + t;
+  v.num_valid = ok;
+  v.all_rows_nonempty = ok;
+  v.valid_row_indices = ok ? NULL : (hv->valid_row_indices ? hv->valid_row_indices : tc_view_placeholder_i64());
+  v.num_segments = 1;
+  v.max_seqlen_q = 1;
+  return v;
+}
+
 #endif /* DSA_TEST_COMMON_H */

@@ -1,4 +1,4 @@
-/* test_compact.c - CPU suite for index compaction (semantics.md section 8, the section 6 unit-test
+/* test_compact.c - CPU suite for index compaction (docs/contract.md section 8, the section 6 unit-test
  * examples) and head padding (section 3): the references against hand-computed cases,
  * dsa_padded_head_count, and every argument check (for the references and for the public ops with
  * ctx NULL, since params are checked first). */

@@ -14,8 +14,27 @@
 #include <stddef.h>
 #include "test_common.h"
 
-/* A fake device address: never dereferenced (ctx = NULL stops every call after the checks). */
+/* A fake device address: never dereferenced (ctx = NULL stops every call after the checks).
+ * Outputs must not overlap inputs (contract section 13.3), so fake outputs sit OUT(n) = n * 2^50
+ * bytes above the inputs, past any input extent these tests use (< 2^49 bytes). */
 #define FAKE(type, off) ((type)(uintptr_t)(0x7f0000000000ull + (off)))
+#define OUT(n) ((uint64_t)(n) << 50)
+
+/* A fake view of tq queries over tk keys that passes the section 5 checks (one segment, every
+ * query valid); its arrays are fake addresses. */
+static void fake_view(dsa_plan_view *v, int64_t tq, int64_t tk) {
+  memset(v, 0, sizeof *v);
+  v->num_queries = tq;
+  v->total_key_tokens = tk;
+  v->num_segments = 1;
+  v->num_valid = tq;
+  v->all_rows_nonempty = 1;
+  v->max_seqlen_q = (int32_t)tq;
+  v->max_seqlen_k = (int32_t)tk;
+  v->starts = v->causal_lengths = v->segment_cu_q = v->segment_cu_k = v->q_causal_offsets =
+      FAKE(const int32_t *, 0);
+  v->query_valid = FAKE(const uint8_t *, 0);
+}
 
 static void *ct_alloc(size_t bytes) {
   void *p = aligned_alloc(64, (bytes + 64 + 63) / 64 * 64); /* 64 spare bytes for shifted starts */
@@ -41,8 +60,8 @@ Test(contract, int32_product_sizes_reach_the_context) {
   f.q = FAKE(const uint16_t *, 0);
   f.kv = FAKE(const uint16_t *, 0);
   f.indices = FAKE(const int32_t *, 0);
-  f.out = FAKE(uint16_t *, 0);
-  f.lse = FAKE(float *, 0);
+  f.out = FAKE(uint16_t *, OUT(1));
+  f.lse = FAKE(float *, OUT(2));
   TC_FAILS(dsa_sparse_attn_fwd(NULL, &f, 0), DSA_ERROR_INVALID_ARGUMENT, "dsa_sparse_attn_fwd: ctx is NULL");
 
   dsa_attn_bwd_params b = {0};
@@ -55,7 +74,8 @@ Test(contract, int32_product_sizes_reach_the_context) {
   b.q = b.kv = b.out = b.dout = FAKE(const uint16_t *, 0);
   b.indices = FAKE(const int32_t *, 0);
   b.lse = FAKE(const float *, 0);
-  b.dq = b.dkv = FAKE(uint16_t *, 0);
+  b.dq = FAKE(uint16_t *, OUT(1));
+  b.dkv = FAKE(uint16_t *, OUT(2));
   char ws[16];
   size_t bytes = 777;
   TC_FAILS(dsa_sparse_attn_bwd(NULL, &b, ws, &bytes, 0), DSA_ERROR_INVALID_ARGUMENT, "dsa_sparse_attn_bwd: ctx is NULL");
@@ -70,22 +90,22 @@ Test(contract, int32_product_sizes_reach_the_context) {
   TC_OK(dsa_sparse_attn_bwd(NULL, &b, NULL, &again, 0));
   cr_assert_eq(again, bytes, "size query not stable");
 
-  /* indexer: T_q * H_idx * 128 = 2^31 * 2^13 */
-  dsa_plan_view v = {0};
-  v.num_queries = INT32_MAX;
-  v.total_key_tokens = INT32_MAX - 1;
-  v.starts = FAKE(const int32_t *, 0);
-  v.causal_lengths = FAKE(const int32_t *, 0);
+  /* indexer: T_q * H_idx * 128 = (2^31 - 2) * 2^13 (the queries are rows of the T_k < 2^31 - 1 keys) */
+  dsa_plan_view v;
+  fake_view(&v, INT32_MAX - 1, INT32_MAX - 1);
   dsa_indexer_params ip = {0};
   ip.plan = &v;
   ip.num_heads = 64;
   ip.topk = 2048;
   ip.index_q = ip.index_k = FAKE(const uint16_t *, 0);
   ip.weights = FAKE(const void *, 0);
-  ip.indices = ip.lengths = FAKE(int32_t *, 0);
+  ip.indices = FAKE(int32_t *, OUT(1));
+  ip.lengths = FAKE(int32_t *, OUT(2));
   bytes = 777;
-  TC_FAILS(dsa_indexer_topk(NULL, &ip, NULL, &bytes, 0), DSA_ERROR_INVALID_ARGUMENT, "dsa_indexer_topk: ctx is NULL");
+  TC_FAILS(dsa_indexer_topk(NULL, &ip, ws, &bytes, 0), DSA_ERROR_INVALID_ARGUMENT, "dsa_indexer_topk: ctx is NULL");
   cr_assert_eq(bytes, 777);
+  TC_OK(dsa_indexer_topk(NULL, &ip, NULL, &bytes, 0)); /* the size query needs no context */
+  cr_assert_geq(bytes, 1);
 
   /* head padding: T * Hp * D = (2^31 - 1) * 1024 * 576 */
   dsa_pad_heads_params ph = {0};
@@ -112,9 +132,12 @@ Test(contract, int32_product_sizes_reach_the_context) {
   tp.columns = (int64_t)1 << 30;
   tp.k = 2048;
   tp.scores = FAKE(const float *, 0);
-  tp.indices = FAKE(int32_t *, 0);
+  tp.indices = (int32_t *)(uintptr_t)0x10000; /* below the 2^63-byte scores: 2^44 bytes end well under */
   bytes = 777;
-  TC_FAILS(dsa_topk(NULL, &tp, NULL, &bytes, 0), DSA_ERROR_INVALID_ARGUMENT, "dsa_topk: ctx is NULL");
+  TC_FAILS(dsa_topk(NULL, &tp, ws, &bytes, 0), DSA_ERROR_INVALID_ARGUMENT, "dsa_topk: ctx is NULL");
+  cr_assert_eq(bytes, 777);
+  TC_OK(dsa_topk(NULL, &tp, NULL, &bytes, 0));
+  cr_assert_eq(bytes, 1);
 }
 
 Test(contract, int64_byte_extent_overflow_is_rejected) {
@@ -151,10 +174,8 @@ Test(contract, int64_byte_extent_overflow_is_rejected) {
   f.q_stride_head = INT64_MAX / 8 * 8;
   TC_FAILS(dsa_sparse_attn_fwd(NULL, &f, 0), DSA_ERROR_INVALID_ARGUMENT, "rows overlap");
   /* the indexer's q with the extent just past int64 */
-  dsa_plan_view v = {0};
-  v.num_queries = 2;
-  v.total_key_tokens = 4;
-  v.starts = v.causal_lengths = FAKE(const int32_t *, 0);
+  dsa_plan_view v;
+  fake_view(&v, 2, 4);
   dsa_indexer_params ip = {0};
   ip.plan = &v;
   ip.num_heads = 1;
@@ -232,6 +253,7 @@ static void problems_init(problems *pb) {
   pb->view.starts = pb->starts;
   pb->view.causal_lengths = pb->causal;
   pb->view.query_valid = pb->valid;
+  tc_view_complete(&pb->view);
   pb->idx.plan = &pb->view;
   pb->idx.num_heads = 2;
   pb->idx.topk = 2;
@@ -427,8 +449,9 @@ Test(contract, stride_layouts_at_the_overlap_edges) {
 }
 
 /* =============================================================================================
- * Workspace size queries without a device: top-k and the indexer enter the context first (their
- * size depends on it: NULL ctx -> error naming ctx, size untouched); the backward's
+ * Workspace size queries without a device (contract section 13.2): every op answers with
+ * ctx = NULL. Top-k: 1 byte. The indexer: CUBLAS and FUSED their own size, DEFAULT the larger (the
+ * cuBLAS one), each >= 1 and stable; a real call still needs the context. The backward's
  * non-deterministic size needs none (>= 1, stable, the same for explicit default strides); its
  * deterministic size needs a device (CUB's radix sort) and says so where there is none.
  * =========================================================================================== */
@@ -442,12 +465,35 @@ Test(contract, workspace_size_queries_without_a_context) {
   tp.k = 2;
   tp.scores = (const float *)pb.fwd.lse;
   tp.indices = (int32_t *)pb.idx.indices;
-  TC_FAILS(dsa_topk(NULL, &tp, NULL, &bytes, 0), DSA_ERROR_INVALID_ARGUMENT, "dsa_topk: ctx is NULL");
-  cr_assert_eq(bytes, 777);
-  TC_FAILS(dsa_indexer_topk(NULL, &pb.idx, NULL, &bytes, 0), DSA_ERROR_INVALID_ARGUMENT,
-           "dsa_indexer_topk: ctx is NULL");
+  TC_OK(dsa_topk(NULL, &tp, NULL, &bytes, 0));
+  cr_assert_eq(bytes, 1, "top-k size %zu", bytes);
+  char ws1[16];
+  bytes = 777;
+  TC_FAILS(dsa_topk(NULL, &tp, ws1, &bytes, 0), DSA_ERROR_INVALID_ARGUMENT, "dsa_topk: ctx is NULL");
   cr_assert_eq(bytes, 777);
   TC_FAILS(dsa_topk(NULL, &tp, NULL, NULL, 0), DSA_ERROR_INVALID_ARGUMENT, "workspace_bytes is NULL");
+  {
+    /* a window longer than K so that the engines' sizes differ (the cuBLAS one adds logits) */
+    dsa_indexer_params ip = pb.idx;
+    ip.topk = 1;
+    size_t def = 0, cub = 0, fus = 0, again = 0;
+    ip.engine = DSA_INDEXER_ENGINE_DEFAULT;
+    TC_OK(dsa_indexer_topk(NULL, &ip, NULL, &def, 0));
+    TC_OK(dsa_indexer_topk(NULL, &ip, NULL, &again, 0));
+    cr_assert_eq(again, def, "indexer size query not stable");
+    ip.engine = DSA_INDEXER_ENGINE_CUBLAS;
+    TC_OK(dsa_indexer_topk(NULL, &ip, NULL, &cub, 0));
+    ip.engine = DSA_INDEXER_ENGINE_FUSED;
+    TC_OK(dsa_indexer_topk(NULL, &ip, NULL, &fus, 0));
+    cr_assert(fus >= 1 && cub > fus && def == cub, "indexer sizes: default %zu, cublas %zu, fused %zu",
+              def, cub, fus);
+    bytes = 777;
+    TC_FAILS(dsa_indexer_topk(NULL, &ip, ws1, &bytes, 0), DSA_ERROR_INVALID_ARGUMENT,
+             "dsa_indexer_topk: ctx is NULL");
+    cr_assert_eq(bytes, 777);
+    TC_FAILS(dsa_indexer_topk(NULL, &ip, NULL, NULL, 0), DSA_ERROR_INVALID_ARGUMENT,
+             "workspace_bytes is NULL");
+  }
 
   dsa_attn_bwd_params b = pb.bwd;
   size_t first = 0, again = 0, explicit_strides = 0;

@@ -6,7 +6,7 @@
  *
  * Both engines run every case, the fused one with each of its kernels (DSA_OPTION_INDEXER_FUSED_KERNEL
  * 1 = mma.sync, 2 = the sm_90a wgmma kernel, which declines off cc 9.0: logged and skipped, a failure
- * with DSA_TEST_REQUIRE_SM90=1). Layouts: semantics section 4 worked examples A-D, one causal sequence, several documents (one of
+ * with DSA_TEST_REQUIRE_SM90=1). Layouts: docs/contract.md section 4 worked examples A-D, one causal sequence, several documents (one of
  * length 1), padded storage, a context-parallel query range, a padding mask, T_q > 65535 (short
  * documents). H_idx in {1, 12, 20, 32, 40, 64}, K in {1, 7, 64, 100, 2048}, fp32 and bf16 weights, q layouts
  * cuBLAS reads directly and ones that are packed first, the default budgets and shrunken ones
@@ -232,12 +232,8 @@ static int gpu_run(ix_env *e, const ix_case *c, const ix_data *x, dsa_indexer_en
 /* Reference of one local row t through a one-query view of the host plan. */
 static void ref_row(const ix_case *c, const ix_data *x, int64_t t, int32_t *want, int32_t *wlen) {
   dsa_indexer_params p = params_of(c, x, 0);
-  dsa_plan_view v = *x->hv;
+  dsa_plan_view v = tc_view_row(x->hv, t);
   const size_t welem = c->wdt == DSA_DTYPE_F32 ? 4 : 2;
-  v.num_queries = 1;
-  v.starts = x->hv->starts + t;
-  v.causal_lengths = x->hv->causal_lengths + t;
-  v.query_valid = x->hv->query_valid + t;
   p.plan = &v;
   p.index_q = x->q + t * x->qst;
   p.weights = (const char *)x->w + (size_t)(t * x->wst) * welem;

@@ -765,12 +765,8 @@ static void lg_indexer_check(lg_env *e, const lg_plan *x, dsa_indexer_params hp,
   for (int64_t i = 0; i < nrows; ++i) {
     const int64_t t = rows[i];
     dsa_indexer_params p = hp;
-    dsa_plan_view v = *x->hv;
+    dsa_plan_view v = tc_view_row(x->hv, t);
     const size_t welem = hp.weights_dtype == DSA_DTYPE_F32 ? 4 : 2;
-    v.num_queries = 1;
-    v.starts = x->hv->starts + t;
-    v.causal_lengths = x->hv->causal_lengths + t;
-    v.query_valid = x->hv->query_valid + t;
     p.plan = &v;
     p.index_q = hp.index_q + t * hp.q_stride_token;
     p.weights = (const char *)hp.weights + (size_t)(t * hp.weights_stride) * welem;

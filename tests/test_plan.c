@@ -1,4 +1,4 @@
-/* test_plan.c - the host planner (semantics.md sections 2, 4, 5): the four worked examples of
+/* test_plan.c - the host planner (docs/contract.md sections 2, 4, 5): the four worked examples of
  * section 4 field by field, every validation error, random layouts against a naive per-query
  * recomputation written independently here, and the upload's size query and argument errors
  * (all without a GPU). */

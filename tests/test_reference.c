@@ -176,6 +176,7 @@ static void idx_case_init(idx_case *c, int32_t K, int bf16_weights) {
   c->view.starts = c->starts;
   c->view.causal_lengths = c->causal;
   c->view.query_valid = c->valid;
+  tc_view_complete(&c->view); /* the segment fields of contract section 5 */
   c->q = ref_alloc(sizeof(uint16_t) * 5 * H * D);
   c->k = ref_alloc(sizeof(uint16_t) * 5 * D);
   memset(c->q, 0, sizeof(uint16_t) * 5 * H * D);

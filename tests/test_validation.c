@@ -214,6 +214,7 @@ static void idx_init(idx_fix *f) {
   f->view.starts = f->starts;
   f->view.causal_lengths = f->causal;
   f->view.query_valid = f->valid;
+  tc_view_complete(&f->view); /* the segment fields of contract section 5 */
   f->q = val_alloc(sizeof(uint16_t) * 3 * 2 * 128);
   f->k = val_alloc(sizeof(uint16_t) * 4 * 128);
   f->wf = val_alloc(sizeof(float) * 3 * 2);
@@ -266,6 +267,63 @@ Test(validation_indexer, null_params_and_plan) {
   IDX_CASE("plan->causal_lengths is NULL", f.view.causal_lengths = NULL);
 }
 
+/* Contract section 5: the view's scalars and arrays, each named in the message; nothing written. */
+Test(validation_indexer, plan_view_section_5) {
+  static const int64_t vri[3] = {0, 1, 2};
+  static const int64_t ksi[4] = {0, 1, 2, 3};
+  IDX_CASE("plan->all_rows_nonempty = 2 is not 0 or 1", f.view.all_rows_nonempty = 2);
+  IDX_CASE("plan->all_rows_nonempty = -1 is not 0 or 1", f.view.all_rows_nonempty = -1);
+  IDX_CASE("plan->max_seqlen_k = 0 is outside 1..4", f.view.max_seqlen_k = 0);
+  IDX_CASE("plan->max_seqlen_k = -5 is outside 1..4", f.view.max_seqlen_k = -5);
+  IDX_CASE("plan->max_seqlen_k = 5 is outside 1..4", f.view.max_seqlen_k = 5);
+  IDX_CASE("plan->max_seqlen_q = 0 is outside 1..3", f.view.max_seqlen_q = 0);
+  IDX_CASE("plan->max_seqlen_q = 4 is outside 1..3", f.view.max_seqlen_q = 4);
+  IDX_CASE("plan->num_segments = 0 is outside 1..3", f.view.num_segments = 0);
+  IDX_CASE("plan->num_segments = 4 is outside 1..3", f.view.num_segments = 4);
+  IDX_CASE("plan->query_valid is NULL", f.view.query_valid = NULL);
+  IDX_CASE("plan->segment_cu_q is NULL", f.view.segment_cu_q = NULL);
+  IDX_CASE("plan->segment_cu_k is NULL", f.view.segment_cu_k = NULL);
+  IDX_CASE("plan->q_causal_offsets is NULL", f.view.q_causal_offsets = NULL);
+  IDX_CASE("plan->valid_row_indices is set although plan->all_rows_nonempty = 1",
+           f.view.valid_row_indices = vri);
+  IDX_CASE("plan->num_valid = 2 differs from plan->num_queries = 3", f.view.num_valid = 2);
+  IDX_CASE("plan->valid_row_indices is NULL although plan->all_rows_nonempty = 0",
+           f.view.all_rows_nonempty = 0);
+  IDX_CASE("plan->num_valid = 3 is outside 0..2", f.view.all_rows_nonempty = 0;
+           f.view.valid_row_indices = vri);
+  IDX_CASE("plan->key_source_indices is NULL but plan->num_key_sources = 4",
+           f.view.num_key_sources = 4);
+  IDX_CASE("plan->key_source_indices is set but plan->num_key_sources = 0",
+           f.view.key_source_indices = ksi);
+  IDX_CASE("plan->num_key_sources = -1 is negative", f.view.num_key_sources = -1);
+  IDX_CASE("plan->query_start = 2 with plan->num_queries = 3", f.view.query_start = 2);
+  IDX_CASE("plan->query_start = -1", f.view.query_start = -1);
+  IDX_CASE("plan->total_key_tokens = 0 with plan->num_queries = 3", f.view.total_key_tokens = 0);
+  /* the consistent variants are accepted */
+  idx_fix f;
+  idx_init(&f);
+  dsa_indexer_params p = f.p;
+  f.view.query_start = 1; /* rows 1..3 of 4 keys */
+  f.view.num_key_sources = 4;
+  f.view.key_source_indices = ksi;
+  expect_ok(&INDEXER, &p);
+  f.view.all_rows_nonempty = 0; /* one query invalid */
+  f.view.num_valid = 2;
+  f.view.valid_row_indices = vri;
+  f.valid[1] = 0;
+  f.causal[1] = 0;
+  expect_ok(&INDEXER, &p);
+  /* zero queries: only the scalars' ranges and all_rows_nonempty matter */
+  dsa_plan_view z = {0};
+  z.total_key_tokens = 9;
+  p.plan = &z;
+  expect_ok(&INDEXER, &p);
+  z.all_rows_nonempty = 3;
+  out_poison(&f.outs);
+  TC_FAILS(dsa_ref_indexer_topk(&p), DSA_ERROR_INVALID_ARGUMENT, "plan->all_rows_nonempty = 3");
+  idx_free(&f);
+}
+
 Test(validation_indexer, scalars) {
   IDX_CASE("num_heads = 0 is outside 1..64", p.num_heads = 0);
   IDX_CASE("num_heads = 65", p.num_heads = 65);
@@ -291,8 +349,8 @@ Test(validation_indexer, strides) {
   IDX_CASE("weights_stride = 1", p.weights_stride = 1);
   IDX_CASE("weights_stride = -2", p.weights_stride = -2);
   IDX_CASE("indices_stride = 1", p.indices_stride = 1);
-  IDX_CASE("byte size of weights overflows", f.view.num_queries = INT32_MAX;
-           p.weights_stride = INT64_MAX / 4);
+  IDX_CASE("byte size of weights overflows", f.view.num_queries = f.view.num_valid = INT32_MAX - 1;
+           f.view.total_key_tokens = INT32_MAX - 1; p.weights_stride = INT64_MAX / 4);
   IDX_CASE("byte size of index_k overflows", f.view.total_key_tokens = INT32_MAX - 1;
            p.k_stride = INT64_MAX / 8 / 8 * 8);
 }
@@ -586,6 +644,9 @@ Test(validation_attn_bwd, scalars) {
   BWD_CASE("softmax_scale = 0", p.softmax_scale = 0.0f);
   BWD_CASE("softmax_scale", p.softmax_scale = NAN);
   BWD_CASE("softmax_scale = -inf", p.softmax_scale = -INFINITY);
+  BWD_CASE("deterministic = 2 is not 0 or 1", p.deterministic = 2);
+  BWD_CASE("deterministic = 7 is not 0 or 1", p.deterministic = 7);
+  BWD_CASE("deterministic = -1 is not 0 or 1", p.deterministic = -1);
 }
 
 Test(validation_attn_bwd, strides) {
