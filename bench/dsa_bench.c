@@ -394,7 +394,7 @@ static dsa_status idx_setup_create(bench *b, idx_setup *s, int64_t T_q, int64_t 
   s->w = bc_dmalloc(nw * 4);
   bc_fill_bf16_device(&b->rng, s->q, nq, -1.0f, 1.0f);
   bc_fill_bf16_device(&b->rng, s->k, nk, -1.0f, 1.0f);
-  /* Weights arrive already scaled by H_idx^-0.5 * 128^-0.5 (semantics.md 10.2). */
+  /* Weights arrive already scaled by H_idx^-0.5 * 128^-0.5 (docs/contract.md section 6). */
   float wscale = (float)(1.0 / sqrt((double)idx_heads * 128.0));
   bc_fill_f32_device(&b->rng, s->w, nw, -wscale, wscale);
 

@@ -4,10 +4,10 @@
     python3 bench/merge_results.py A.json B.json ... -o OUT.json [--sort]
 
 Concatenates the rows in the order given (--sort: by the canonical shape order of
-shared/reference/targets.md, files' order kept within a shape), warns when the files name different
+docs/perf.md's canonical shapes, files' order kept within a shape), warns when the files name different
 cards, commits or dates (a ratio between two of them is not a same-run ratio), and prints a summary:
 shape / variant / ms / peer / peer_ms / peer_ratio. A row whose peer was not measured in its own
-process (dsa_bench's peers copied from targets.md: "peer_same_run" false or absent) shows its ratio
+process (older files' peers copied from another run: "peer_same_run" false or absent) shows its ratio
 in parentheses. Each row gets "source" (the file it came from) unless it has one.
 """
 import argparse
