@@ -124,6 +124,8 @@ static const shape shapes[] = {
     {"fwd-tp-h48", OP_FWD, 4096, 48, 2048, 32768, 0, "T=4096 (last CP rank) H=48 K=2048 s_kv=32768 (not canonical)", 0},
     {"fwd-tp-h56", OP_FWD, 4096, 56, 2048, 32768, 0, "T=4096 (last CP rank) H=56 K=2048 s_kv=32768 (not canonical)", 0},
     {"fwd-v32-8k-h96", OP_FWD, 4096, 96, 2048, 8192, 1, "T=4096 H=96 K=2048 s_kv=8192, V3.2 indices (not canonical)", 0},
+    {"fwd-glm-cp8-k4096", OP_FWD, 4096, 64, 4096, 32768, 0, "fwd-glm-cp8 at K=4096 (DSA_MAX_ATTN_TOPK; constructed indices; not canonical)", 0},
+    {"bwd-glm-16k-k2051", OP_BWD, 4096, 64, 2051, 16384, 0, "bwd-glm-16k at K=2051 (a pooled indexer's width; constructed indices; not canonical)", 0},
     {"bwd-glm-4k-d512", OP_BWD, 4096, 64, 2048, 4096, 0, "bwd-glm-4k at head dim 512 (not canonical)", 512},
 };
 #define NUM_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))

@@ -100,7 +100,9 @@ typedef enum dsa_dtype {
 #define DSA_INDEX_HEAD_DIM 128  /* indexer q / k dimension */
 #define DSA_HEAD_DIM 576        /* attention q / kv dimension: 512 latent + 64 rope */
 #define DSA_VALUE_DIM 512       /* value = the first 512 dims of each kv row */
-#define DSA_MAX_TOPK 2048       /* largest K */
+#define DSA_MAX_TOPK 2048       /* largest K the top-k, the indexer and compaction select */
+#define DSA_MAX_ATTN_TOPK 4096  /* largest K of the sparse attention (forward, backward, slot target):
+                                 * index rows from any selector, e.g. a pooled indexer's 2051 keys */
 #define DSA_MAX_HEADS 128       /* largest attention head count */
 
 /* ---------------------------------------------------------------------------------------------
@@ -289,7 +291,7 @@ typedef struct dsa_attn_fwd_params {
   int32_t num_heads;         /* H, 1..128 */
   int32_t head_dim;          /* D: 576 (or 512) */
   int64_t num_kv;            /* T_kv */
-  int32_t topk;              /* K, 1..2048 */
+  int32_t topk;              /* K, 1..DSA_MAX_ATTN_TOPK */
   float softmax_scale;       /* finite, > 0 */
   const uint16_t *q;         /* [T, H, D] bf16; strides (0: H*D and D) */
   int64_t q_stride_token, q_stride_head;
@@ -313,7 +315,7 @@ typedef struct dsa_attn_bwd_params {
   int32_t num_heads;         /* H, 1..128 */
   int32_t head_dim;          /* D: 576 (or 512) */
   int64_t num_kv;            /* T_kv */
-  int32_t topk;              /* K */
+  int32_t topk;              /* K, 1..DSA_MAX_ATTN_TOPK */
   float softmax_scale;
   int32_t deterministic;     /* 0: fp32 atomics; 1: dkv bitwise identical run to run; other values
                                 are rejected */
@@ -358,7 +360,7 @@ typedef struct dsa_slot_target_params {
   int32_t num_heads;         /* H, 1..DSA_MAX_HEADS (the heads this rank holds: ranks sum a) */
   int32_t head_dim;          /* D: 576 (or 512) */
   int64_t num_kv;            /* T_kv */
-  int32_t topk;              /* K, 1..DSA_MAX_TOPK */
+  int32_t topk;              /* K, 1..DSA_MAX_ATTN_TOPK */
   float softmax_scale;       /* finite, > 0 */
   const uint16_t *q;         /* [T, H, D] bf16; strides (0: H*D and D) */
   int64_t q_stride_token, q_stride_head;

@@ -272,7 +272,7 @@ static dsa_status check_attn_common(const char *fn, int64_t T, int32_t H, int32_
   DSA_TRY(check_range(fn, "num_heads", H, 1, DSA_MAX_HEADS));
   DSA_TRY(check_head_dim(fn, Dh));
   DSA_TRY(check_range(fn, "num_kv", Tkv, 0, DSA_MAX_KEYS));
-  DSA_TRY(check_range(fn, "topk", K, 1, DSA_MAX_TOPK));
+  DSA_TRY(check_range(fn, "topk", K, 1, DSA_MAX_ATTN_TOPK));
   DSA_TRY(check_scale(fn, scale));
   DSA_TRY(resolve_3d_strides(fn, "q_stride_token", "q_stride_head", T, H, Dh, q_st, q_sh));
   DSA_TRY(check_vec_stride(fn, "q_stride_token", *q_st));

@@ -357,6 +357,24 @@ static void shapes_for_heads(int H, int D) {
   }
 }
 
+/* K above the selectors' 2048: 2051 and 4096 (DSA_MAX_ATTN_TOPK), both modes through run_case. */
+Test(gpu_attn_bwd, topk_above_2048) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_attn_bwd/topk_above_2048");
+  static const int heads[] = {1, 16, 64, 128};
+  static const int Ks[] = {2051, 4096};
+  for (int hi = 0; hi < 4; ++hi)
+    for (int ki = 0; ki < 2; ++ki) {
+      const int H = heads[hi], K = Ks[ki], D = (hi == 2 && ki == 1) ? 512 : 576;
+      bwd_case c = {.T = pick_T(H, K), .H = H, .D = D, .Tkv = 5003, .K = K,
+                    .len = ki ? LEN_RANDOM : LEN_NULL, .sink = hi % 2 ? SINK_FINITE : SINK_NULL,
+                    .p_invalid = 0.05, .p_dup = 0.05, .p_empty = 0.1};
+      char name[64];
+      snprintf(name, sizeof name, "D=%d H=%d K=%d", D, H, K);
+      run_case(&c, &rng, name);
+    }
+}
+
 Test(gpu_attn_bwd, heads_1) { TC_REQUIRE_GPU(); shapes_for_heads(1, 576); }
 Test(gpu_attn_bwd, heads_3) { TC_REQUIRE_GPU(); shapes_for_heads(3, 576); }
 Test(gpu_attn_bwd, heads_8) { TC_REQUIRE_GPU(); shapes_for_heads(8, 576); }

@@ -448,6 +448,27 @@ ParameterizedTest(int *heads, gpu_attn_fwd, heads_by_topk) {
   }
 }
 
+/* ---- K above the selectors' 2048: 2051 (a pooled indexer's width, not a tile multiple) and 4096
+ * (DSA_MAX_ATTN_TOPK), every kernel family by head count ---- */
+Test(gpu_attn_fwd, topk_above_2048) {
+  TC_REQUIRE_GPU();
+  tc_rng rng = tc_seed("gpu_attn_fwd/topk_above_2048");
+  static const int heads[] = {1, 16, 48, 64, 100, 128};
+  static const int ks[] = {2051, 4096};
+  for (int hi = 0; hi < 6; ++hi)
+    for (int ki = 0; ki < 2; ++ki) {
+      attn_case c = base_case(heads[hi] >= 64 ? 3 : 5, heads[hi], ks[ki]);
+      c.Tkv = 5003;
+      c.len = (hi + ki) % 2 ? LEN_RANDOM : LEN_NULL;
+      c.sink = (sink_mode)((hi + ki) % SINK_MODES);
+      c.p_invalid = 0.05;
+      c.p_empty = 0.1;
+      char name[64];
+      snprintf(name, sizeof name, "H=%d K=%d", heads[hi], ks[ki]);
+      run_case(&c, &rng, name);
+    }
+}
+
 /* ---- topk_length NULL / 0 / K / random x sink NULL / finite / +inf / -inf / per-head mix ---- */
 Test(gpu_attn_fwd, topk_length_and_sink_modes) {
   TC_REQUIRE_GPU();

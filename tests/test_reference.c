@@ -437,6 +437,37 @@ Test(reference_attn_fwd, duplicates_count_twice) {
   attn_free(&c);
 }
 
+/* K above the selectors' 2048 (DSA_MAX_ATTN_TOPK = 4096): a row of 4096 slots whose second half
+ * repeats its first half is the same softmax with every term twice: out and max_logits equal the
+ * 2048-slot row's, lse is larger by ln 2. */
+Test(reference_attn_fwd, topk_4096_is_two_copies_of_2048) {
+  enum { T = 2, H = 3, D = 576, NKV = 5003, K = 2048 };
+  tc_rng r = tc_seed("reference_attn_fwd/topk_4096");
+  attn_case a, b;
+  attn_init(&a, T, H, D, NKV, K, 0.04f);
+  attn_init(&b, T, H, D, NKV, 2 * K, 0.04f);
+  tc_fill_bf16(&r, a.q, (size_t)T * H * D, -1, 1);
+  tc_fill_bf16(&r, a.kv, (size_t)NKV * D, -1, 1);
+  memcpy(b.q, a.q, sizeof(uint16_t) * T * H * D);
+  memcpy(b.kv, a.kv, sizeof(uint16_t) * NKV * D);
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < K; ++j) {
+      a.idx[t * K + j] = (int32_t)tc_below(&r, NKV);
+      b.idx[t * 2 * K + j] = b.idx[t * 2 * K + K + j] = a.idx[t * K + j];
+    }
+  attn_run(&a);
+  attn_run(&b);
+  for (int64_t i = 0; i < (int64_t)T * H * 512; ++i)
+    cr_assert(fabs(F(a.out[i]) - F(b.out[i])) <= 1e-2 * fabs(F(a.out[i])) + 1e-6, "out[%lld]: %g vs %g",
+              (long long)i, F(a.out[i]), F(b.out[i]));
+  for (int64_t i = 0; i < (int64_t)T * H; ++i) {
+    cr_assert_float_eq(b.lse[i], a.lse[i] + (float)log(2.0), 1e-5, "lse[%lld]", (long long)i);
+    cr_assert_eq(b.mx[i], a.mx[i]);
+  }
+  attn_free(&a);
+  attn_free(&b);
+}
+
 Test(reference_attn_fwd, invalid_slots_are_skipped) {
   attn_case c;
   attn_init(&c, 1, 1, 576, 3, 7, 1.0f);

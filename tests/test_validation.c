@@ -517,8 +517,8 @@ Test(validation_attn_fwd, scalars) {
   FWD_CASE("head_dim = 575", p.head_dim = 575);
   FWD_CASE("num_kv = -1", p.num_kv = -1);
   FWD_CASE("num_kv = 2147483647", p.num_kv = INT32_MAX);
-  FWD_CASE("topk = 0 is outside 1..2048", p.topk = 0);
-  FWD_CASE("topk = 2049", p.topk = 2049);
+  FWD_CASE("topk = 0 is outside 1..4096", p.topk = 0);
+  FWD_CASE("topk = 4097", p.topk = 4097);
   FWD_CASE("softmax_scale = 0", p.softmax_scale = 0.0f);
   FWD_CASE("softmax_scale = -1", p.softmax_scale = -1.0f);
   FWD_CASE("softmax_scale", p.softmax_scale = NAN);
@@ -639,8 +639,8 @@ Test(validation_attn_bwd, scalars) {
   BWD_CASE("head_dim = 64 is not 576 or 512", p.head_dim = 64);
   BWD_CASE("num_kv = -1", p.num_kv = -1);
   BWD_CASE("num_kv = 2147483647", p.num_kv = INT32_MAX);
-  BWD_CASE("topk = 0 is outside 1..2048", p.topk = 0);
-  BWD_CASE("topk = 4096", p.topk = 4096);
+  BWD_CASE("topk = 0 is outside 1..4096", p.topk = 0);
+  BWD_CASE("topk = 4097", p.topk = 4097);
   BWD_CASE("softmax_scale = 0", p.softmax_scale = 0.0f);
   BWD_CASE("softmax_scale", p.softmax_scale = NAN);
   BWD_CASE("softmax_scale = -inf", p.softmax_scale = -INFINITY);

@@ -39,8 +39,8 @@
 /* Up to 8 warps x 2 heads: 16 heads share each gathered row, 256 threads keep the gather fed. */
 #define FWD_MAX_WARPS 8
 #define FWD_MAX_HPW 2
-/* Per-chunk (32 slots) valid counts used by the compaction: K <= 2048 -> 64 chunks. */
-#define FWD_MAX_CHUNKS (DSA_MAX_TOPK / 32)
+/* Per-chunk (32 slots) valid counts used by the compaction: K <= 4096 -> 128 chunks. */
+#define FWD_MAX_CHUNKS (DSA_MAX_ATTN_TOPK / 32)
 #define FWD_LOG2E 1.4426950408889634f
 
 typedef struct fwd_args {
@@ -146,7 +146,7 @@ static __global__ void __launch_bounds__(FWD_MAX_WARPS * 32)
   extern __shared__ __align__(16) unsigned char smem[];
   uint16_t *tiles = (uint16_t *)smem;                                          /* [2][32][D] */
   int32_t *rows = (int32_t *)(smem + 2 * FWD_TILE * D * sizeof(uint16_t));     /* [K] */
-  int32_t *chunk_count = rows + a.p.topk;                                      /* [64] */
+  int32_t *chunk_count = rows + a.p.topk;                                      /* [K / 32] */
 
   const dsa_attn_fwd_params &p = a.p;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -174,7 +174,8 @@ static __global__ void __launch_bounds__(FWD_MAX_WARPS * 32)
   }
   __syncthreads();
   for (int c = warp; c < nchunks; c += nwarps) {
-    int before = (lane < c ? chunk_count[lane] : 0) + (lane + 32 < c ? chunk_count[lane + 32] : 0);
+    int before = 0; /* valid slots of the chunks before c */
+    for (int q = lane; q < c; q += 32) before += chunk_count[q];
     before = warp_sum_int(before);
     const int j = c * 32 + lane;
     int32_t i = -1;
@@ -186,7 +187,8 @@ static __global__ void __launch_bounds__(FWD_MAX_WARPS * 32)
     const unsigned b = __ballot_sync(0xFFFFFFFFu, v);
     if (v) rows[before + __popc(b & ((1u << lane) - 1u))] = i;
   }
-  int n = (lane < nchunks ? chunk_count[lane] : 0) + (lane + 32 < nchunks ? chunk_count[lane + 32] : 0);
+  int n = 0;
+  for (int q = lane; q < nchunks; q += 32) n += chunk_count[q];
   n = warp_sum_int(n);
   __syncthreads();
 
@@ -381,7 +383,7 @@ extern "C" dsa_status dsa_launch_attn_fwd_simple(const dsa_context *ctx,
     fn = hpw == 2 ? attn_fwd_simple_kernel<576, 2> : attn_fwd_simple_kernel<576, 1>;
   else
     fn = hpw == 2 ? attn_fwd_simple_kernel<512, 2> : attn_fwd_simple_kernel<512, 1>;
-  DSA_TRY(dsa_kernel_smem_once((const void *)fn, (int)fwd_smem_bytes(D, DSA_MAX_TOPK), 0,
+  DSA_TRY(dsa_kernel_smem_once((const void *)fn, (int)fwd_smem_bytes(D, DSA_MAX_ATTN_TOPK), 0,
                                ctx != NULL ? ctx->device : -1, prepared[D == 576][hpw == 2],
                                "dsa_sparse_attn_fwd: cudaFuncSetAttribute"));
 
