@@ -24,6 +24,39 @@ def attention(q, kv, idx, scale, topk_length=None, sink=None):
     return out, lse
 
 
+def attention_backward(q, kv, idx, scale, out, dout, topk_length=None, sink=None):
+    """dq [T, H, D], dkv [T_kv, D], dsink [H] in float64 by the contract's formulas (docs/contract.md
+    section 9): Delta = sum_d out * dout with `out` the forward output as given (bf16, as libdsa's
+    backward takes it), P = exp(s - L'), L' = logaddexp(lse, sink), dS = P (dP - Delta)."""
+    q, kv, out, dout = q.double(), kv.double(), out.double(), dout.double()
+    T, H, D = q.shape
+    Tkv, K = kv.shape[0], idx.shape[1]
+    idx = idx.long()
+    valid = (idx >= 0) & (idx < Tkv)
+    if topk_length is not None:
+        valid &= torch.arange(K)[None, :] < topk_length.long()[:, None]
+    safe = idx.clamp(0, max(Tkv - 1, 0))
+    g = kv[safe]
+    s = (scale * torch.einsum("thd,tkd->thk", q, g)).masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    den = lse if sink is None else torch.logaddexp(lse, sink.double()[None, :].expand_as(lse))
+    P = torch.where(valid[:, None, :], torch.exp(s - den[..., None]).nan_to_num(0.0), torch.zeros_like(s))
+    delta = (out[..., :512] * dout).sum(-1)
+    dP = torch.einsum("thd,tkd->thk", dout, g[..., :512])
+    dS = P * (dP - delta[..., None])
+    dq = scale * torch.einsum("thk,tkd->thd", dS, g)
+    dg = scale * torch.einsum("thk,thd->tkd", dS, q)
+    dg[..., :512] += torch.einsum("thk,thd->tkd", P, dout)
+    dg = dg * valid[..., None]
+    dkv = torch.zeros(Tkv, D, dtype=torch.float64).index_add_(0, safe.reshape(-1), dg.reshape(-1, D))
+    dsink = torch.zeros(H, dtype=torch.float64)
+    if sink is not None:
+        sk = sink.double()
+        live = torch.isfinite(lse) & torch.isfinite(sk)[None, :]
+        dsink = -(torch.where(live, torch.exp(sk[None, :] - den) * delta, torch.zeros_like(delta))).sum(0)
+    return dq, dkv, dsink
+
+
 def indexer_scores(index_q, index_k, weights, starts, causal_lengths):
     """Per local query t: scores over its visible keys starts[t] .. starts[t] + causal_lengths[t] - 1."""
     rows = []
