@@ -302,7 +302,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
           for (int cc = 0; cc < 8; ++cc) __stcs((float2 *)(row + 8 * cc), make_float2(acc[4 * cc + 2], acc[4 * cc + 3]));
         }
       } else {
-        bwd_sm90_red_lay2<kD>(args.acc, acc, b, lane, kr0, kr1, kp0, kp1);
+        bwd_sm90_dkv_red<kD>(args.acc, acc, b, lane, kr0, kr1, kp0, kp1);
       }
     }
   }
@@ -347,13 +347,7 @@ __device__ __forceinline__ void attn_bwd_sm90_main(const MainArgs &args) {
         sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
       if (j == 0) sidx[r] = ok ? idx : -1;
     }
-    if (tid < kBlockM) {
-      const int h = h0 + tid;
-      float *slp = (float *)(smem + L::kLp), *sdelta = (float *)(smem + L::kDelta);
-      const bool live = h < p.num_heads;
-      slp[tid] = live ? args.lp[tok * p.num_heads + h] * kLog2e : INFINITY; /* +inf * log2e = +inf */
-      sdelta[tid] = live ? args.delta[tok * p.num_heads + h] : 0.f;
-    }
+    bwd_sm90_load_lp_delta<NBT>(args, smem, tid, tok, h0);
   }
   if (wg == 0)
     bwd_sm90_consumer<NBT, 4, 0, kDet>(args, smem, 0, ntiles, tok, h0, klen);
@@ -419,16 +413,7 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   if (p->num_kv > 0)
     DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(acc, 0, (size_t)p->num_kv * kD * 4, stream), fn));
 
-  MainArgs args;
-  args.p = *p;
-  args.delta = delta;
-  args.lp = lp;
-  args.acc = acc;
-  args.contrib = nullptr;
-  args.tok0 = 0;
-  args.scale = p->softmax_scale;
-  args.scale_log2 = p->softmax_scale * kLog2e;
-  args.num_hblocks = num_hblocks;
+  MainArgs args = bwd_sm90_main_args(p, R, num_hblocks);
   if (!det) {
     attn_bwd_sm90_kernel<NBT, false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));

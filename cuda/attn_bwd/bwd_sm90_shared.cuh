@@ -9,12 +9,14 @@
  *  - the tile constants and the shared-memory map Smem<NB> (NB = D / 64 64-column blocks per row);
  *  - MainArgs, the kernels' argument block;
  *  - bwd_sm90_p_ds: P and dS of an S / dP accumulator pair (heads on M, keys on N);
- *  - bwd_sm90_red_lay2: the fp32 dKV reductions of one 64-dim block (keys on M) into the permuted
- *    accumulator, 128-B row segments per warp instruction (the non-deterministic mode's only layout);
+ *  - bwd_sm90_dkv_red: the fp32 dKV reductions of one 64-dim block (keys on M) into the permuted
+ *    accumulator, 128-B row segments per warp instruction (the non-deterministic mode; was "layout 2");
  *  - bwd_sm90_load_q_do: the token's Q / dO rows into smem (cp.async, 256 threads);
+ *  - bwd_sm90_load_lp_delta: the head block's L' log2e and Delta into smem;
  *  - bwd_sm90_dq_ss: the SS wgmmas of dQ += dS K over a range of 64-dim blocks;
  *  - bwd_sm90_store_dq: a warpgroup's dQ accumulator to bf16 dq rows;
- *  - bwd_sm90_check: the launch checks both launchers share (cc 9.0, D, H, alignment, grid, smem).
+ *  - bwd_sm90_check: the launch checks both launchers share (cc 9.0, D, H, alignment, grid, smem);
+ *  - bwd_sm90_main_args: MainArgs of a launch over the workspace's base regions.
  * Fragment maps are those of docs/hopper.md section 2.
  */
 #ifndef DSA_ATTN_BWD_SM90_SHARED_CUH
@@ -26,6 +28,7 @@
 
 #include "internal.h"
 #include "common/sm90_common.cuh"
+#include "attn_bwd/bwd_common.cuh" /* BwdBaseRegions */
 
 namespace {
 
@@ -107,7 +110,7 @@ __device__ __forceinline__ void bwd_sm90_p_ds(const float *sacc, const float *dp
  * values of the group it does not write (shfl.xor 4). 8 v4 per thread per block plus 16 shuffles.
  * Row stride 2304 / 2048 B and the 256-B aligned acc keep every vector 16-B aligned. */
 template <int kD>
-__device__ __forceinline__ void bwd_sm90_red_lay2(float *gacc, const float *acc, int b, int lane, int32_t kr0,
+__device__ __forceinline__ void bwd_sm90_dkv_red(float *gacc, const float *acc, int b, int lane, int32_t kr0,
                                                   int32_t kr1, int32_t kp0, int32_t kp1) {
   const int odd = (lane >> 2) & 1;
   float *const abase = gacc + 64 * b + 16 * odd + 4 * (lane & 3);
@@ -154,6 +157,22 @@ __device__ __forceinline__ void bwd_sm90_load_q_do(const dsa_attn_bwd_params &p,
 #pragma unroll
     for (int b = 0; b < kNBV; ++b)
       sm90_cp_async16(sdo + b * kBlkBytes + sm90_sw128_chunk_off(r, j), gs + b * 64, ok ? 16u : 0u);
+  }
+}
+
+/* L' log2e (+inf for heads past H: P = dS = 0 there) and Delta of heads [h0, h0 + 64) of token tok into
+ * the Smem<NBT> map, by threads 0..63. */
+template <int NBT>
+__device__ __forceinline__ void bwd_sm90_load_lp_delta(const MainArgs &args, uint8_t *smem, int tid, int64_t tok,
+                                                       int h0) {
+  typedef Smem<NBT> L;
+  const dsa_attn_bwd_params &p = args.p;
+  if (tid < kBlockM) {
+    const int h = h0 + tid;
+    float *slp = (float *)(smem + L::kLp), *sdelta = (float *)(smem + L::kDelta);
+    const bool live = h < p.num_heads;
+    slp[tid] = live ? args.lp[tok * p.num_heads + h] * kLog2e : INFINITY; /* +inf * log2e = +inf */
+    sdelta[tid] = live ? args.delta[tok * p.num_heads + h] : 0.f;
   }
 }
 
@@ -231,6 +250,23 @@ inline dsa_status bwd_sm90_check(const dsa_context *ctx, const dsa_attn_bwd_para
                     fn, smem_bytes, ctx->max_smem_optin);
   *num_hblocks = nhb;
   return DSA_SUCCESS;
+}
+
+/* The kernels' arguments for params p over the workspace's delta / lp / acc regions (bwd_base_regions,
+ * cuda/attn_bwd/bwd_common.cuh): no contrib buffer, first token 0 (the deterministic mode sets both per
+ * chunk). */
+inline MainArgs bwd_sm90_main_args(const dsa_attn_bwd_params *p, const BwdBaseRegions &R, int num_hblocks) {
+  MainArgs args;
+  args.p = *p;
+  args.delta = R.delta;
+  args.lp = R.lp;
+  args.acc = R.acc;
+  args.contrib = nullptr;
+  args.tok0 = 0;
+  args.scale = p->softmax_scale;
+  args.scale_log2 = p->softmax_scale * kLog2e;
+  args.num_hblocks = num_hblocks;
+  return args;
 }
 
 }  // namespace
