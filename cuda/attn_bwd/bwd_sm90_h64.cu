@@ -12,9 +12,9 @@
  * passes (prep, convert, dsink, and the deterministic mode's keys / offsets) are the portable
  * launcher's own, defined once in cuda/attn_bwd/bwd_common.cuh (same layout: delta, lp, part, acc, each
  * 256-B aligned); only the main pass (and the deterministic mode's reduction) differ.
- * The tile constants, Smem map, MainArgs, P / dS, the dKV reductions, Q / dO load, dQ wgmmas and
- * store, and the launch checks are shared with the warp-specialised kernel (bwd_sm90_ws.cu) through
- * cuda/attn_bwd/bwd_sm90_shared.cuh.
+ * The tile constants, Smem map, MainArgs and its fill, P / dS, the dKV reductions, Q / dO and L' /
+ * Delta loads, dQ wgmmas and store, and the launch checks are shared with the warp-specialised kernel
+ * (bwd_sm90_ws.cu) through cuda/attn_bwd/bwd_sm90_shared.cuh.
  *
  * Head dims: D = 576 and D = 512, one instantiation each of a template parameter NBT = D / 64 (9 or
  * 8 64-column blocks per q / kv row). At D = 512 there is no rope part: the KV tile is V itself, S
