@@ -89,7 +89,10 @@ typedef enum dsa_bwd_kernel {
   DSA_BWD_KERNEL_AUTO = 0,      /* docs/design.md section 6 */
   DSA_BWD_KERNEL_PORTABLE = 1,  /* the CUDA-core kernels */
   DSA_BWD_KERNEL_SM90_H64 = 2,  /* the 64-head sm_90a kernel */
-  DSA_BWD_KERNEL_SM90_SMALL = 3 /* the small-H sm_90a kernel (H <= 32) */
+  DSA_BWD_KERNEL_SM90_SMALL = 3, /* the small-H sm_90a kernel (H <= 32) */
+  /* the warp-specialised 64-head sm_90a kernel, non-deterministic mode only (deterministic = 1
+   * returns DSA_ERROR_UNSUPPORTED); opt-in while it is measured: the automatic choice does not pick it */
+  DSA_BWD_KERNEL_SM90_WS = 4
 } dsa_bwd_kernel;
 
 typedef enum dsa_topk_kernel {

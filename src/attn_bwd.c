@@ -48,6 +48,8 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
   if (kernel == DSA_BWD_KERNEL_SM90_H64) return dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
   if (kernel == DSA_BWD_KERNEL_SM90_SMALL)
     return dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, (cudaStream_t)stream);
+  /* opt-in, forced only (no fallback where it declines); the automatic choice below never takes it */
+  if (kernel == DSA_BWD_KERNEL_SM90_WS) return dsa_launch_attn_bwd_sm90_ws(ctx, &r, workspace, (cudaStream_t)stream);
   if (kernel == DSA_BWD_KERNEL_AUTO && ctx->cc_major == 9 && ctx->cc_minor == 0) {
     /* The sm_90a kernels decline configurations they do not run with DSA_ERROR_UNSUPPORTED (before
      * any launch); the call then succeeds on the next one, so a decline's message must not outlive

@@ -167,6 +167,13 @@ DSA_HIDDEN dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn
  * the same workspace layout (deterministic mode: below); DSA_ERROR_UNSUPPORTED for anything else. */
 DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                void *workspace, cudaStream_t stream);
+/* The warp-specialised variant of the 64-head sm_90a kernel (cuda/attn_bwd/bwd_sm90_ws.cu, issue 19):
+ * the non-deterministic mode only, D = 576 / 512, H 1..128, cc 9.0, the same checks, workspace and
+ * small passes as dsa_launch_attn_bwd_sm90; DSA_ERROR_UNSUPPORTED before any launch otherwise
+ * (deterministic = 1 included). Opt-in: DSA_BWD_KERNEL_SM90_WS forces it, the automatic choice never
+ * takes it. Not yet run on a GPU. */
+DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                                  void *workspace, cudaStream_t stream);
 /* The small-H sm_90a kernel (cuda/attn_bwd/bwd_sm90_small.cu, keys on the wgmma M, heads on N): H
  * 1..32, D 576 / 512, both modes, the same workspace (deterministic: the 64-head kernel's layout with
  * one head block, which dsa_attn_bwd_sm90_det_workspace_size covers); DSA_ERROR_UNSUPPORTED

@@ -20,7 +20,10 @@
  * slot, head block) order whatever the chunk size, so with chunk_sweep its reruns with 1, 2 and 5
  * tokens per chunk (DSA_OPTION_BWD_DET_CHUNK_TOKENS) must be bitwise identical to the one-chunk run.
  * The non-deterministic mode of the sm_90a kernels (fp32 atomics into their permuted dKV
- * accumulators, src/internal.h) is also held against the same kernel's deterministic mode. */
+ * accumulators, src/internal.h) is also held against the same kernel's deterministic mode.
+ * The ws_* tests run the same cases on the warp-specialised 64-head sm_90a kernel
+ * (DSA_BWD_KERNEL_SM90_WS, 4; cuda/attn_bwd/bwd_sm90_ws.cu, non-deterministic mode only): one pass
+ * per case (only_kernel), checked as above (reference, poison, gaps, dsink). */
 #include <limits.h>
 #include "test_common.h"
 #include "internal.h"
@@ -98,6 +101,10 @@ static double rel_err_f32(const float *g, const float *r, int n) {
   }
   return sqrt(num) / (den > 1e-300 ? sqrt(den) : 1.0);
 }
+
+/* Nonzero: run_case runs one pass only, non-deterministic on this DSA_OPTION_BWD_KERNEL value (the
+ * ws_* tests: DSA_BWD_KERNEL_SM90_WS). */
+static int only_kernel = 0;
 
 typedef struct gpu_result {
   uint16_t *dq, *dkv; /* host copies of the whole allocations */
@@ -228,10 +235,12 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   cr_assert(dq_host && dkv_host && dq_c && dkv_c);
 
   /* passes 0, 1, 2: non-deterministic on kernel 1 (DSA_BWD_KERNEL_PORTABLE), 2 (SM90_H64), 3
-   * (SM90_SMALL, H <= 32 only); passes 3, 4, 5: the same, deterministic */
+   * (SM90_SMALL, H <= 32 only); passes 3, 4, 5: the same, deterministic. only_kernel: pass 0 alone,
+   * on that kernel */
   static const int sweep[4] = {0, 1, 2, 5};
   for (int pass = 0; pass < 6; ++pass) {
-    const int mode = pass >= 3, variant = 1 + pass % 3;
+    if (only_kernel && pass != 0) continue;
+    const int mode = pass >= 3, variant = only_kernel ? only_kernel : 1 + pass % 3;
     if (variant == 3 && H > 32) continue; /* the small-H kernel runs H <= 32 */
     const int sweep_pass = mode && variant != 1 && c->chunk_sweep; /* sm_90a deterministic chunks */
     p.deterministic = mode;
@@ -433,8 +442,7 @@ static void len_sink_cases(int D) {
 Test(gpu_attn_bwd, topk_length_and_sink_modes) { TC_REQUIRE_GPU(); len_sink_cases(576); }
 Test(gpu_attn_bwd, d512_topk_length_and_sink_modes) { TC_REQUIRE_GPU(); len_sink_cases(512); }
 
-Test(gpu_attn_bwd, strided_and_d512) {
-  TC_REQUIRE_GPU();
+static void strided_cases(void) {
   tc_rng rng = tc_seed("gpu_attn_bwd/strided");
   bwd_case a = {.T = 17, .H = 19, .D = 576, .Tkv = 70, .K = 90, .len = LEN_RANDOM,
                 .sink = SINK_MIX, .p_invalid = 0.1, .p_dup = 0.2, .p_empty = 0.1, .strided = 1};
@@ -449,6 +457,8 @@ Test(gpu_attn_bwd, strided_and_d512) {
   d.no_dsink = 1;
   run_case(&d, &rng, "dsink NULL");
 }
+
+Test(gpu_attn_bwd, strided_and_d512) { TC_REQUIRE_GPU(); strided_cases(); }
 
 Test(gpu_attn_bwd, many_tokens) {
   TC_REQUIRE_GPU();
@@ -496,8 +506,7 @@ static void det_chunk_cases(int D) {
 Test(gpu_attn_bwd, det_chunks) { TC_REQUIRE_GPU(); det_chunk_cases(576); }
 Test(gpu_attn_bwd, d512_det_chunks) { TC_REQUIRE_GPU(); det_chunk_cases(512); }
 
-Test(gpu_attn_bwd, zero_sizes) {
-  TC_REQUIRE_GPU();
+static void zero_size_cases(void) {
   tc_rng rng = tc_seed("gpu_attn_bwd/zero");
   bwd_case a = {.T = 0, .H = 4, .D = 576, .Tkv = 37, .K = 8, .len = LEN_FULL, .sink = SINK_FINITE};
   run_case(&a, &rng, "T=0: dkv = 0, dsink = 0");
@@ -509,6 +518,49 @@ Test(gpu_attn_bwd, zero_sizes) {
   bwd_case d = b;
   d.D = 512;
   run_case(&d, &rng, "D=512 T_kv=0");
+}
+
+Test(gpu_attn_bwd, zero_sizes) { TC_REQUIRE_GPU(); zero_size_cases(); }
+
+/* ---- the warp-specialised sm_90a kernel (DSA_BWD_KERNEL_SM90_WS): the cases above, one
+ * non-deterministic pass each (reference, poison, gaps, dsink as for the other kernels). Both head
+ * dims; H = 1, 16, 63 (one head block with zero rows), 64, 100 (two blocks, the second with 28 zero
+ * rows), 128; K = 1, 63, 64, 100, 2048 (not multiples of the 64-key tile but 64); invalid / -1 /
+ * out-of-range slots, duplicates, empty rows, topk_length NULL / 0 / K / random, sinks NULL / finite /
+ * +inf / -inf / mixed, strided q / out / dout / dq / kv / dkv / indices, dsink NULL, T = 0 and
+ * T_kv = 0. */
+static void ws_heads(int H) {
+  only_kernel = DSA_BWD_KERNEL_SM90_WS;
+  shapes_for_heads(H, 576);
+  shapes_for_heads(H, 512);
+  only_kernel = 0;
+}
+Test(gpu_attn_bwd, ws_heads_1) { TC_REQUIRE_GPU(); ws_heads(1); }
+Test(gpu_attn_bwd, ws_heads_16) { TC_REQUIRE_GPU(); ws_heads(16); }
+Test(gpu_attn_bwd, ws_heads_63) { TC_REQUIRE_GPU(); ws_heads(63); }
+Test(gpu_attn_bwd, ws_heads_64) { TC_REQUIRE_GPU(); ws_heads(64); }
+Test(gpu_attn_bwd, ws_heads_100) { TC_REQUIRE_GPU(); ws_heads(100); }
+Test(gpu_attn_bwd, ws_heads_128) { TC_REQUIRE_GPU(); ws_heads(128); }
+Test(gpu_attn_bwd, ws_invalid_duplicate_and_empty_slots) {
+  TC_REQUIRE_GPU();
+  only_kernel = DSA_BWD_KERNEL_SM90_WS;
+  invalid_cases(576);
+  invalid_cases(512);
+  only_kernel = 0;
+}
+Test(gpu_attn_bwd, ws_topk_length_and_sink_modes) {
+  TC_REQUIRE_GPU();
+  only_kernel = DSA_BWD_KERNEL_SM90_WS;
+  len_sink_cases(576);
+  len_sink_cases(512);
+  only_kernel = 0;
+}
+Test(gpu_attn_bwd, ws_strided_and_zero_sizes) {
+  TC_REQUIRE_GPU();
+  only_kernel = DSA_BWD_KERNEL_SM90_WS;
+  strided_cases();
+  zero_size_cases();
+  only_kernel = 0;
 }
 
 Test(gpu_attn_bwd, workspace_contract) {

@@ -20,7 +20,7 @@ static const struct {
     {DSA_OPTION_FWD_SM90_HANDOFF, 0, 1, DSA_FWD_HANDOFF_NAMED_BARRIER},
     {DSA_OPTION_FWD_KV_L2_HINT, 0, 2, DSA_FWD_KV_L2_EVICT_LAST},
     {DSA_OPTION_FWD_SMALL_AUTO_MAX, 0, 63, 56},
-    {DSA_OPTION_BWD_KERNEL, 0, 3, DSA_BWD_KERNEL_AUTO},
+    {DSA_OPTION_BWD_KERNEL, 0, 4, DSA_BWD_KERNEL_AUTO},
     {DSA_OPTION_BWD_DET_CHUNK_TOKENS, 0, INT32_MAX, 0},
     {DSA_OPTION_TOPK_KERNEL, 0, 2, DSA_TOPK_KERNEL_AUTO},
     {DSA_OPTION_TOPK_COMPACT_LONG_ROWS, 0, 1, 1},
@@ -53,6 +53,7 @@ Test(options, ids_are_pinned) {
   cr_assert_eq(NOPT, DSA_OPTION_COUNT - 1, "every option id has a row in this test");
   cr_assert_eq(DSA_FWD_KERNEL_SM90_SPLIT, 4);
   cr_assert_eq(DSA_BWD_KERNEL_SM90_SMALL, 3);
+  cr_assert_eq(DSA_BWD_KERNEL_SM90_WS, 4);
   cr_assert_eq(DSA_TOPK_KERNEL_FILTER, 2);
   cr_assert_eq(DSA_INDEXER_FUSED_WGMMA, 2);
   cr_assert_eq(DSA_FWD_HANDOFF_MBARRIER, 1);

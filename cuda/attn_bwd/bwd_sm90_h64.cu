@@ -12,6 +12,9 @@
  * passes (prep, convert, dsink, and the deterministic mode's keys / offsets) are the portable
  * launcher's own, defined once in cuda/attn_bwd/bwd_common.cuh (same layout: delta, lp, part, acc, each
  * 256-B aligned); only the main pass (and the deterministic mode's reduction) differ.
+ * The tile constants, Smem map, MainArgs and its fill, P / dS, the dKV reductions, Q / dO and L' /
+ * Delta loads, dQ wgmmas and store, and the launch checks are shared with the warp-specialised kernel
+ * (bwd_sm90_ws.cu) through cuda/attn_bwd/bwd_sm90_shared.cuh.
  *
  * Head dims: D = 576 and D = 512, one instantiation each of a template parameter NBT = D / 64 (9 or
  * 8 64-column blocks per q / kv row). At D = 512 there is no rope part: the KV tile is V itself, S
@@ -104,48 +107,11 @@
 #include "internal.h"
 #include "common/sm90_common.cuh"
 #include "attn_bwd/bwd_common.cuh" /* prep, convert, dsink, keys, offsets, det layout */
+#include "attn_bwd/bwd_sm90_shared.cuh" /* Smem, MainArgs, P / dS, reductions, dq store, checks */
 
 namespace {
 
-constexpr int kThreads = 256;        /* two warpgroups */
-constexpr int kBlockM = 64;          /* heads per CTA: the M of one wgmma */
-constexpr int kBlockN = 64;          /* keys per KV tile */
-/* Head dims: NB 64-column blocks per q / kv row, a template parameter: 9 (D = 576: 512 latent + 64
- * rope) or 8 (D = 512: no rope part, every dim is a value dim). */
-constexpr int kNBV = DSA_VALUE_DIM / 64; /* 8 value blocks */
-constexpr int kBlkBytes = 64 * 128;  /* one 64 x 64 bf16 SW128 block: 8 atoms of 1024 B */
-constexpr float kLog2e = 1.4426950408889634f;
 [[maybe_unused]] constexpr int kBar = 1; /* named barrier over the CTA's 256 threads */
-
-/* Shared-memory layout for NB 64-column blocks per row (byte offsets from the 1024-B aligned base):
- * 231424 B at NB = 9, 215040 B at NB = 8 (each with 1024 B of alignment slack). */
-template <int NB>
-struct Smem {
-  static constexpr int kQ = 0;
-  static constexpr int kDO = kQ + NB * kBlkBytes;
-  static constexpr int kKV = kDO + kNBV * kBlkBytes;
-  static constexpr int kP = kKV + NB * kBlkBytes;
-  static constexpr int kDS = kP + kBlkBytes;
-  static constexpr int kIdx = kDS + kBlkBytes;       /* int32 [2][64]: kv row or -1 */
-  static constexpr int kLp = kIdx + 2 * kBlockN * 4; /* f32 [64]: L' * log2e, +inf for dead rows */
-  static constexpr int kDelta = kLp + kBlockM * 4;   /* f32 [64] */
-  static constexpr int kEnd = kDelta + kBlockM * 4;
-  static constexpr int kBytes = kEnd + 1024;         /* + slack to align the base */
-};
-static_assert(Smem<9>::kKV % 1024 == 0 && Smem<9>::kP % 1024 == 0 && Smem<9>::kDS % 1024 == 0, "1024-B tiles");
-static_assert(Smem<8>::kKV % 1024 == 0 && Smem<8>::kP % 1024 == 0 && Smem<8>::kDS % 1024 == 0, "1024-B tiles");
-static_assert(Smem<9>::kBytes == 231424 && Smem<8>::kBytes == 215040, "the sizes the comments quote");
-static_assert(Smem<9>::kBytes <= 232448 && Smem<8>::kBytes <= 232448, "fits the 227 KB opt-in");
-
-struct MainArgs {
-  dsa_attn_bwd_params p;
-  const float *delta, *lp; /* [T, H] from the prep pass */
-  float *acc;              /* [T_kv, D] fp32 (non-deterministic mode: the atomics' target) */
-  float *contrib;          /* deterministic mode: [chunk CTAs][K][D] fp32 per-slot dKV rows */
-  int64_t tok0;            /* deterministic mode: first token of this chunk (0 otherwise) */
-  float scale, scale_log2;
-  int num_hblocks;
-};
 
 /* One consumer warpgroup's share of a tile loop: dQ and dKV over NB 64-dim blocks starting at block
  * B0 of the NBT blocks of a row (NBT = 9: WG0 <4, 0>, WG1 <5, 4>; NBT = 8: WG0 <4, 0>, WG1 <4, 4>).
@@ -231,20 +197,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
     const float dl[2] = {sdelta[r0], sdelta[r0 + 8]};
     const int32_t *tidx = sidx + s * kBlockN;
     float pv[16], dsv[16];
-#pragma unroll
-    for (int cc = 0; cc < 4; ++cc) {
-      const int col = key0 + 8 * cc + 2 * (lane & 3);
-      const bool v0 = tidx[col] >= 0, v1 = tidx[col + 1] >= 0;
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int i = 4 * cc + 2 * hr + e;
-          const float pr = (e ? v1 : v0) ? exp2f(sacc[i] * scale_log2 - lp2[hr]) : 0.f;
-          pv[i] = pr;
-          dsv[i] = scale * pr * (dpacc[i] - dl[hr]);
-        }
-    }
+    bwd_sm90_p_ds<4>(sacc, dpacc, tidx, key0, lane, lp2, dl, scale, scale_log2, pv, dsv);
     /* stmatrix x4 per k16 slice kk of this WG's 32 keys: register q = the pair (8 kk + 2 q, +1);
      * lane l addresses row 16 warp + l % 8 + 8 ((l / 8) % 2), 16-B chunk 2 (key0 / 16 + kk) + l / 16
      * of the K-major SW128 tile (docs/hopper.md section 2, probe test F). */
@@ -273,15 +226,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 #pragma unroll
     for (int i = 0; i < kDQ; ++i) sm90_fence_operand(dq[i]);
     sm90_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t da = sm90_make_desc_sw128(sds + kk * 32, 16, 1024);
-      sm90_wgmma_ss_m64n256k16<1>(dq, da, sm90_make_desc_sw128(skv + B0 * kBlkBytes + kk * 2048, kBlkBytes, 1024),
-                                   1);
-      if constexpr (NB == 5)
-        sm90_wgmma_ss_m64n64k16<0, 1>(dq + 128, da,
-                                   sm90_make_desc_sw128(skv + (B0 + 4) * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
-    }
+    bwd_sm90_dq_ss<NB, B0>(dq, sds, skv);
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
 #pragma unroll
@@ -357,55 +302,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
           for (int cc = 0; cc < 8; ++cc) __stcs((float2 *)(row + 8 * cc), make_float2(acc[4 * cc + 2], acc[4 * cc + 3]));
         }
       } else {
-        /* the permuted accumulator (src/internal.h dsa_bwd_dkv_slot: for 16-column group g the
-         * registers 8 g + {0, 1, 4, 5} (row r0; + 2 for row r0 + 8) are real columns 64 b + 16 g +
-         * {2 q, 2 q + 1, 8 + 2 q, 9 + 2 q}, q = lane % 4, at slots 64 b + 16 g + 4 q + {0..3}), each
-         * warp instruction 4 rows x 128 contiguous bytes: the quads q and q ^ 1 (lanes l, l ^ 4) pair up. Per 32-column pair G (groups 2G,
-         * 2G + 1 of this block) the even quad's lanes write group 2G, the odd quad's group 2G + 1: one
-         * instruction for the even quad's row, one for the odd quad's row; each quad hands its peer the
-         * 4 values of the group it does not write (shfl.xor 4). 8 v4 per thread per block plus 16
-         * shuffles. Row stride 2304 / 2048 B and the 256-B aligned acc keep every vector 16-B aligned. */
-        const int odd = (lane >> 2) & 1;
-        float *const abase = args.acc + 64 * b + 16 * odd + 4 * (lane & 3);
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int32_t kme = hr ? kr1 : kr0, kpe = hr ? kp1 : kp0;
-          const int32_t ka = odd ? kpe : kme, kb = odd ? kme : kpe; /* the even / the odd quad's row */
-#pragma unroll
-          for (int G = 0; G < 2; ++G) {
-            /* the group written (2G + odd) and the one handed over (2G + 1 - odd), by selects: a
-             * run-time register index would put acc in local memory */
-            float own[4], rcv[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int ri = (e & 1) + 4 * (e >> 1) + 2 * hr; /* {0, 1, 4, 5} (+ 2 for row r0 + 8) */
-              const float lo = acc[16 * G + ri], hi = acc[16 * G + 8 + ri]; /* groups 2G, 2G + 1 */
-              own[e] = odd ? hi : lo;
-              rcv[e] = __shfl_xor_sync(0xffffffffu, odd ? lo : hi, 4);
-            }
-            const float4 va = odd ? make_float4(rcv[0], rcv[1], rcv[2], rcv[3]) : make_float4(own[0], own[1], own[2], own[3]);
-            const float4 vb = odd ? make_float4(own[0], own[1], own[2], own[3]) : make_float4(rcv[0], rcv[1], rcv[2], rcv[3]);
-            if (ka >= 0) atomicAdd((float4 *)(abase + (int64_t)ka * kD + 32 * G), va);
-            if (kb >= 0) atomicAdd((float4 *)(abase + (int64_t)kb * kD + 32 * G), vb);
-          }
-        }
+        bwd_sm90_dkv_red<kD>(args.acc, acc, b, lane, kr0, kr1, kp0, kp1);
       }
     }
   }
 
   /* ---- dQ out: bf16 pairs, head rows h0 + r0 (+ 8) that exist. */
-  const int r0 = 16 * warp + (lane >> 2);
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int h = h0 + r0 + 8 * hr;
-    if (h >= p.num_heads) continue;
-    uint16_t *orow = p.dq + tok * p.dq_stride_token + (int64_t)h * p.dq_stride_head + 64 * B0 + 2 * (lane & 3);
-#pragma unroll
-    for (int cc = 0; cc < kDQ / 4; ++cc) {
-      const int i = 4 * cc + 2 * hr;
-      *(uint32_t *)(orow + 8 * cc) = sm90_pack_bf16x2(dq[i], dq[i + 1]);
-    }
-  }
+  bwd_sm90_store_dq<kDQ, B0>(p, dq, tok, h0, warp, lane);
 #endif
 }
 
@@ -430,20 +333,7 @@ __device__ __forceinline__ void attn_bwd_sm90_main(const MainArgs &args) {
     const uint32_t skv = sm90_smem_addr(smem + L::kKV);
     int32_t *sidx = (int32_t *)(smem + L::kIdx);
     /* Q and dO rows (heads past H: zero rows) */
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = g + 32 * i, h = h0 + r;
-      const bool ok = h < p.num_heads;
-      const int hh = ok ? h : h0;
-      const uint16_t *qs = p.q + tok * p.q_stride_token + (int64_t)hh * p.q_stride_head + j * 8;
-      const uint16_t *gs = p.dout + tok * p.dout_stride_token + (int64_t)hh * p.dout_stride_head + j * 8;
-#pragma unroll
-      for (int b = 0; b < NBT; ++b)
-        sm90_cp_async16(sq + b * kBlkBytes + sm90_sw128_chunk_off(r, j), qs + b * 64, ok ? 16u : 0u);
-#pragma unroll
-      for (int b = 0; b < kNBV; ++b)
-        sm90_cp_async16(sdo + b * kBlkBytes + sm90_sw128_chunk_off(r, j), gs + b * 64, ok ? 16u : 0u);
-    }
+    bwd_sm90_load_q_do<NBT>(p, sq, sdo, tok, h0, g, j);
     /* tile 0 */
     const int32_t *irow = p.indices + tok * p.indices_stride;
 #pragma unroll
@@ -457,13 +347,7 @@ __device__ __forceinline__ void attn_bwd_sm90_main(const MainArgs &args) {
         sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
       if (j == 0) sidx[r] = ok ? idx : -1;
     }
-    if (tid < kBlockM) {
-      const int h = h0 + tid;
-      float *slp = (float *)(smem + L::kLp), *sdelta = (float *)(smem + L::kDelta);
-      const bool live = h < p.num_heads;
-      slp[tid] = live ? args.lp[tok * p.num_heads + h] * kLog2e : INFINITY; /* +inf * log2e = +inf */
-      sdelta[tid] = live ? args.delta[tok * p.num_heads + h] : 0.f;
-    }
+    bwd_sm90_load_lp_delta<NBT>(args, smem, tid, tok, h0);
   }
   if (wg == 0)
     bwd_sm90_consumer<NBT, 4, 0, kDet>(args, smem, 0, ntiles, tok, h0, klen);
@@ -529,16 +413,7 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
   if (p->num_kv > 0)
     DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(acc, 0, (size_t)p->num_kv * kD * 4, stream), fn));
 
-  MainArgs args;
-  args.p = *p;
-  args.delta = delta;
-  args.lp = lp;
-  args.acc = acc;
-  args.contrib = nullptr;
-  args.tok0 = 0;
-  args.scale = p->softmax_scale;
-  args.scale_log2 = p->softmax_scale * kLog2e;
-  args.num_hblocks = num_hblocks;
+  MainArgs args = bwd_sm90_main_args(p, R, num_hblocks);
   if (!det) {
     attn_bwd_sm90_kernel<NBT, false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, smem_bytes, stream>>>(args);
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
@@ -572,35 +447,8 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
 extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                void *workspace, cudaStream_t stream) {
   static const char fn[] = "dsa_sparse_attn_bwd";
-  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
-                    ctx->cc_major, ctx->cc_minor);
-  if (p->head_dim != 576 && p->head_dim != 512)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports head_dim 576 and 512, not %d", fn,
-                    (int)p->head_dim);
-  if (p->num_heads < 1 || p->num_heads > DSA_MAX_HEADS)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports num_heads 1..%d, not %d", fn,
-                    DSA_MAX_HEADS, (int)p->num_heads);
-  /* cp.async moves 16 B: q / kv / dout rows must start 16-B aligned; dq is written as bf16 pairs */
-  if (((uintptr_t)p->q & 15) || ((uintptr_t)p->kv & 15) || ((uintptr_t)p->dout & 15) || (p->q_stride_token & 7) ||
-      (p->q_stride_head & 7) || (p->kv_stride & 7) || (p->dout_stride_token & 7) || (p->dout_stride_head & 7))
-    return dsa_fail(DSA_ERROR_UNSUPPORTED,
-                    "%s: the sm_90a kernel needs 16-byte aligned q / kv / dout rows (q strides %lld, %lld; "
-                    "kv_stride %lld; dout strides %lld, %lld)",
-                    fn, (long long)p->q_stride_token, (long long)p->q_stride_head, (long long)p->kv_stride,
-                    (long long)p->dout_stride_token, (long long)p->dout_stride_head);
-  if (((uintptr_t)p->dq & 3) || (p->dq_stride_token & 1) || (p->dq_stride_head & 1))
-    return dsa_fail(DSA_ERROR_UNSUPPORTED,
-                    "%s: the sm_90a kernel needs 4-byte aligned dq rows (dq strides %lld, %lld)", fn,
-                    (long long)p->dq_stride_token, (long long)p->dq_stride_head);
-  const int num_hblocks = (p->num_heads + kBlockM - 1) / kBlockM;
-  if (p->num_tokens > (int64_t)0x7fffffff / num_hblocks)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
-                    0x7fffffff / num_hblocks, (long long)p->num_tokens);
-  const int smem_bytes = p->head_dim == 576 ? Smem<9>::kBytes : Smem<8>::kBytes;
-  if (smem_bytes > ctx->max_smem_optin)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d",
-                    fn, smem_bytes, ctx->max_smem_optin);
+  int num_hblocks = 0;
+  DSA_TRY(bwd_sm90_check(ctx, p, fn, &num_hblocks));
   return p->head_dim == 576 ? launch_impl<9>(ctx, p, workspace, stream, num_hblocks)
                             : launch_impl<8>(ctx, p, workspace, stream, num_hblocks);
 }

@@ -1,0 +1,457 @@
+/*
+ * bwd_sm90_ws.cu - sparse MLA attention backward on sm_90a, warp-specialised, 64 heads per CTA
+ * (dsa_launch_attn_bwd_sm90_ws, src/internal.h; issue 19, step 1 of its design notes; docs/bwd-sm90-next.md
+ * section 8): DSA_OPTION_BWD_KERNEL = DSA_BWD_KERNEL_SM90_WS (4, include/dsa_tune.h), opt-in (the
+ * automatic choice never takes it), non-deterministic mode only (fp32 L2 reductions into the permuted
+ * dKV accumulator, 128-B row segments per warp instruction). NOT YET RUN ON A GPU.
+ *
+ * Why: the lockstep kernel (cuda/attn_bwd/bwd_sm90_h64.cu) issues each tile's 147 KB of dKV reductions in a
+ * burst after all of its MMAs, so the SM's share of the L2 reduction stream idles ~40% of the tile.
+ * Here one warpgroup (WG1) does nothing but dKV and the upper part of dQ and keeps the reductions
+ * streaming: each chunk's reductions are issued while the next chunk's wgmmas run; the other (WG0)
+ * gathers, computes S / dP / softmax / dS and the lower part of dQ underneath.
+ *
+ * Same math, workspace, small passes and checks as dsa_launch_attn_bwd_sm90 in the non-deterministic
+ * mode (prep: Delta, L', dsink partials; memset of acc; main; bwd_convert_lay1_kernel; dsink; all from
+ * cuda/attn_bwd/bwd_common.cuh), so dsa_attn_bwd_workspace_size holds. Pieces shared with that kernel
+ * (tile constants, Smem map, MainArgs and its fill, P / dS, the dKV reductions, Q / dO and L' / Delta
+ * loads, dQ SS wgmmas, dq store, launch checks) are in cuda/attn_bwd/bwd_sm90_shared.cuh.
+ * Declined with DSA_ERROR_UNSUPPORTED before any launch: deterministic = 1, and everything
+ * bwd_sm90_check declines (a device other than cc 9.0, D not 576 / 512, H outside 1..128, unaligned
+ * rows, too many tokens, smem above the opt-in). No fallback: a forced kernel that declines returns the
+ * error (src/attn_bwd.c).
+ *
+ * Grid: one CTA per (token, block of 64 heads), non-persistent, blockIdx order = token order (H = 128:
+ * the two head blocks of a token adjacent); heads past H are zero rows with L' = +inf (P = dS = 0,
+ * never written). 256 threads, __launch_bounds__(256, 1), templated on NBT = D / 64 (9 or 8).
+ * Tile = 64 heads (wgmma M) x 64 keys.
+ *
+ * Roles, per 64-key tile n (s = n & 1):
+ *   WG0 (threads 0..127, "front"):
+ *     1. cp.async.wait_all + fence.proxy.async + bar.sync kBarKV (128): KV(n), idx[s] landed
+ *        (tile 0: before the role split, with Q / dO).
+ *     2. S = Q K^T: 4 NBT SS m64n64k16; dP = dO V^T: 32 SS m64n64k16 (both K-major; all 64 keys);
+ *        one commit, wait<0>.
+ *     3. P = exp2(S scale log2e - L' log2e) (0 for invalid slots), dS = scale P (dP - Delta); packed to
+ *        bf16 pairs (pp, dsp: 16 registers each, the stmatrix and RS-A register order).
+ *     4. dQ[:, 0:256) += dS K[:, 0:256): 4 RS m64n256k16 (A = dsp, B = KV MN-major), wait<0>.
+ *     5. n > 0: bar.sync kBarPdSFree. stmatrix P, dS (4 x4 each) -> fence.proxy.async ->
+ *        bar.arrive kBarPdSFull.
+ *     6. n + 1 < ntiles: bar.sync kBarKVFree, then gather(n + 1): 4 NBT cp.async.cg 16 B per thread
+ *        (rows g, g + 16, g + 32, g + 48), kv indices to idx[s ^ 1].
+ *     After the loop: dq dims [0, 256) from registers (128 fp32).
+ *   WG1 (threads 128..255, "back"):
+ *     1. bar.sync kBarPdSFull; this thread's key rows kr (idx[s][r0], [r0 + 8]) and lane ^ 4's.
+ *     2. dQ[:, 256:D) += dS K[:, 256:D): 4 SS m64n256k16 (+ 4 SS m64n64k16 at D = 576; A = sdS
+ *        K-major, B = KV MN-major), wait<0>; n + 1 < ntiles: bar.arrive kBarKVFree.
+ *     3. dKV chunks c = 0..NBT-1 (64 dims each; D = 576: c = 8 is the rope block, dS^T Q only): chunk c
+ *        into accumulator c % 2 (acc0 / acc1, 32 fp32 each): 4 SS m64n64k16 dS^T Q[:, c] (+ 4 P^T
+ *        dO[:, c] for c < 8), tA = tB = 1, first one scale-d 0; commit; for c > 0: wait<1> (chunk c - 1
+ *        done, chunk c still running) and chunk c - 1's reductions into the permuted accumulator
+ *        (bwd_sm90_dkv_red: 8 red.global.add.v4.f32 + 16 shfl.xor 4 per thread, 4 rows x 128 B per
+ *        warp instruction). After the last chunk: wait<0>, n + 1 < ntiles: bar.arrive kBarPdSFree,
+ *        its reductions.
+ *     After the loop: dq dims [256, D) from registers (160 / 128 fp32).
+ *
+ * Shared memory (Smem<NBT>, cuda/attn_bwd/bwd_sm90_shared.cuh; 1024-B aligned SW128 tiles
+ * [rows][64-column blocks of 8 KB]): Q [64 x D] 72 / 64 KB at 0, dO [64 x 512] 64 KB, KV [64 x D] 72 / 64 KB (single
+ * buffer), P, dS [64 heads x 64 keys] 8 KB each, idx int32 [2][64], L' log2e [64], Delta [64]:
+ * 230400 / 214016 B + 1024 B alignment slack = 231424 / 215040 B of the 232448 B opt-in. No mbarriers.
+ *
+ * Barrier protocol (named barriers, non-.aligned barrier.sync / barrier.arrive; 256 = both WGs, the
+ * waiting side syncs, the other arrives): kBarPdSFull 1 (WG0 arrives, WG1 syncs, every tile),
+ * kBarPdSFree 2 (WG1 arrives after tile n for n < ntiles - 1; WG0 syncs before storing P / dS of tile
+ * n >= 1), kBarKVFree 3 (WG1 arrives after its dQ wgmmas of tile n for n < ntiles - 1; WG0 syncs before
+ * gather(n + 1)), kBarKV 4 (WG0 only, 128). Arrivals and syncs pair up one to one per tile, so no
+ * barrier is left half-arrived at exit. Why there is no race:
+ *   - P / dS smem: written only by WG0's stmatrix of tile n, after kBarPdSFree(n - 1), which WG1 arrives
+ *     after wait<0> on its last chunk of tile n - 1 (every wgmma reading P / dS(n - 1), the dQ ones
+ *     waited earlier, has completed). Read by WG1 only after kBarPdSFull(n), which WG0 arrives after its
+ *     stmatrix + fence.proxy.async (generic -> async proxy).
+ *   - KV smem and idx[s ^ 1]: written only by WG0's gather(n + 1), after kBarKVFree(n), which WG1
+ *     arrives after wait<0> on its dQ wgmmas of tile n; WG0's own reads of KV(n) (S, dP, dQ RS) are
+ *     waited before. idx[s ^ 1] = idx of tile n - 1: WG0 read it in tile n - 1, WG1 read it right after
+ *     kBarPdSFull(n - 1), before arriving kBarKVFree(n - 1). The copies land before WG0 reads them
+ *     (each thread's cp.async.wait_all + fence.proxy.async, then kBarKV) and before WG1 reads them
+ *     (WG0 arrives kBarPdSFull(n + 1) after that wait: the barrier orders every WG0 thread's landed
+ *     copies and idx stores before WG1's reads).
+ *   - Q, dO, L', Delta: written once before the __syncthreads that precedes the role split.
+ *   - No lapping: WG1 arrives kBarKVFree(n + 1) / kBarPdSFree(n + 1) only after kBarPdSFull(n + 1),
+ *     which WG0 arrives only after it passed kBarKVFree(n) and kBarPdSFree(n); WG0 arrives
+ *     kBarPdSFull(n + 1) only after kBarPdSFree(n), which WG1 arrives after its kBarPdSFull(n). So
+ *     each barrier has at most one phase in flight.
+ *   - Registers: the RS wgmma's A registers (dsp) are read by stmatrix only after its wait<0>; the
+ *     reductions read accumulator (c - 1) % 2 only after wait<1> retired chunk c - 1, and chunk c + 1
+ *     writes that accumulator only after a wgmma.fence that follows those reads.
+ *
+ * Registers (ptxas, nvcc 13, -Xptxas -v, __launch_bounds__(256, 1), both warpgroups share one
+ * allocation): D = 576 254 registers, D = 512 237; 0 spill
+ * bytes, no C7510 / C7511 / C7515 / C7519 (no serialised wgmma, no injected warpgroup.arrive), 5 named
+ * barriers. 254 of 255 leaves no headroom at D = 576: recheck spills after any change to WG1's loop
+ * (the dq store re-reads %ctaid instead of keeping token / head live: that alone was a 4-B spill).
+ * Live fp32 at the peak: WG1 dQ 160 + 2 x 32 dKV = 224 (D = 512: 192); WG0 dQ 128 + S 32 + dP 32 = 192.
+ *
+ * SASS per CTA (D = 576; D = 512 in brackets), counted with cuobjdump -sass on branch i19: 68 [64] HGMMA.64x64x16 (S, dP);
+ * 4 HGMMA.64x256x16.tnspB with A from registers (WG0 dQ); 4 HGMMA.64x256x16.tnspB + 4 [0]
+ * HGMMA.64x64x16.tnspB (WG1 dQ); 68 [64] HGMMA.64x64x16.tnspA.tnspB (dKV); 72 [64] REDG.E.ADD.F32x4;
+ * 8 STSM; 106 [96] LDGSTS; WARPGROUP.DEPBAR.LE gsb0 0x1 8 [7] times. WG1's code runs, in this order:
+ * dQ HGMMAs, wait 0, BAR.ARV 3, chunk 0 (8 HGMMA), chunk 1, wait 1, 8 REDG (chunk 0), chunk 2, wait 1,
+ * 8 REDG (chunk 1), ..., chunk 8 (4 HGMMA), wait 1, 8 REDG (chunk 7), wait 0, BAR.ARV 2, 8 REDG
+ * (chunk 8): every chunk's reductions sit between the next chunk's HGMMA issue and the one after.
+ *
+ * Prediction (issue 19 design notes, step 1: no persistence, TMA or cache hints yet): bwd-glm-4k 6.39 ->
+ * 4.6-4.9 ms. Later steps: persistent LPT grid, kv_full mbarrier instead of WG0's cp.async.wait, Q / dO
+ * by TMA with evict_first, reductions with evict_last, softmax under dP (wait<1>), dQ RS before the
+ * kBarPdSFree wait.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include "common/sm90_common.cuh"
+#include "attn_bwd/bwd_common.cuh"       /* prep, convert (permuted accumulator), dsink, workspace regions */
+#include "attn_bwd/bwd_sm90_shared.cuh" /* Smem, MainArgs, P / dS, reductions, Q / dO load, dq, checks */
+
+namespace {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Named barriers (0 is __syncthreads). The three hand-offs count 256 threads: one warpgroup syncs
+ * (waits), the other arrives (does not wait); kBarKV is WG0's own (128). */
+constexpr int kBarPdSFull = 1; /* WG0 -> WG1: P(n), dS(n) in smem, KV(n) and idx(n) landed */
+constexpr int kBarPdSFree = 2; /* WG1 -> WG0: WG1's wgmmas reading P(n), dS(n) have completed */
+constexpr int kBarKVFree = 3;  /* WG1 -> WG0: WG1's dQ wgmmas reading KV(n) have completed */
+constexpr int kBarKV = 4;      /* WG0: every WG0 thread's copies of KV(n), idx(n) landed and fenced */
+
+/* Arrive on named barrier `id` without waiting (non-.aligned: the two warpgroups reach a barrier from
+ * different code, as sm90_named_bar_sync_any). Release: this thread's earlier memory accesses are
+ * performed relative to the threads that the barrier's completion releases. */
+__device__ __forceinline__ void ws_bar_arrive(int id, int count) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+/* The CTA's (token, first head) for the dq store after the tile loop, re-derived from %ctaid there
+ * (asm volatile: not merged with the kernel's first read): keeping them live across the loop costs WG1
+ * a spilled register at D = 576. */
+__device__ __forceinline__ void ws_cta_token_head(int num_hblocks, int64_t *tok, int *h0) {
+  uint32_t b;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
+  *tok = (int64_t)(b / (uint32_t)num_hblocks);
+  *h0 = (int)(b % (uint32_t)num_hblocks) * kBlockM;
+}
+
+/* WG0's gather of one 64-key tile into the SW128 KV tile at skv: thread (g = t / 8, j = t % 8) copies
+ * 16-B chunk j of each of the NBT 64-column blocks of rows g, g + 16, g + 32, g + 48 (rows 16 apart keep
+ * r % 8, so 8 consecutive threads fill one 128-B piece: conflict free), 4 NBT cp.async per thread; an
+ * invalid slot (idx < 0 or >= T_kv, or past the row's length: idxs -1) copies 0 bytes (zero fill)
+ * from a harmless address. Thread j == 0 of each row writes the row's kv index (or -1) to tidx. */
+template <int NBT>
+__device__ __forceinline__ void ws_gather(const dsa_attn_bwd_params &p, uint32_t skv, int32_t *tidx,
+                                          const int32_t idxs[4], int g, int j) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 16 * i;
+    const int32_t idx = idxs[i];
+    const bool ok = idx >= 0 && (int64_t)idx < p.num_kv;
+    const uint16_t *src = ok ? p.kv + (int64_t)idx * p.kv_stride + j * 8 : p.q + j * 8;
+#pragma unroll
+    for (int b = 0; b < NBT; ++b)
+      sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+    if (j == 0) tidx[r] = ok ? idx : -1;
+  }
+}
+
+/* WG0 ("front"): gather, S, dP, P / dS, dQ dims [0, 256) by RS wgmma, P / dS to smem. */
+template <int NBT>
+__device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, int ntiles, int64_t tok, int h0,
+                                         int klen) {
+  typedef Smem<NBT> L;
+  const dsa_attn_bwd_params &p = args.p;
+  const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
+  const int g = t >> 3, j = t & 7;
+  const uint32_t sq = sm90_smem_addr(smem + L::kQ), sdo = sm90_smem_addr(smem + L::kDO);
+  const uint32_t skv = sm90_smem_addr(smem + L::kKV);
+  const uint32_t sp = sm90_smem_addr(smem + L::kP), sds = sm90_smem_addr(smem + L::kDS);
+  int32_t *sidx = (int32_t *)(smem + L::kIdx);
+  const float *slp = (const float *)(smem + L::kLp), *sdelta = (const float *)(smem + L::kDelta);
+  const int32_t *irow = p.indices + tok * p.indices_stride;
+  const float scale = args.scale, scale_log2 = args.scale_log2;
+  const int r0 = 16 * warp + (lane >> 2);
+  const float lp2[2] = {slp[r0], slp[r0 + 8]};
+  const float dl[2] = {sdelta[r0], sdelta[r0 + 8]};
+
+  float dq[128]; /* dims [0, 256) of the 64 head rows: the m64n256 map */
+#pragma unroll
+  for (int i = 0; i < 128; ++i) dq[i] = 0.f;
+
+  for (int n = 0; n < ntiles; ++n) {
+    const int s = n & 1;
+    /* tile n + 1's indices (-1 past the row's length), read now: the latency hides behind S / dP */
+    int32_t nidx[4];
+    sm90_gather_read_indices(irow, n + 1, g, klen, nidx);
+    if (n > 0) { /* tile 0 landed before the role split */
+      sm90_cp_async_wait_all(); /* this thread's copies of tile n */
+      sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
+      sm90_named_bar_sync_any(kBarKV, 128);
+    }
+
+    /* ---- S = Q K^T, dP = dO V^T over all 64 keys: SS m64n64k16, both K-major SW128 (LBO 16 unused,
+     * SBO 1024, +32 B per k16, +8 KB per 64-column block). */
+    float sacc[32], dpacc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      sacc[i] = 0.f;
+      dpacc[i] = 0.f;
+      sm90_fence_operand(sacc[i]);
+      sm90_fence_operand(dpacc[i]);
+    }
+    sm90_wgmma_fence();
+#pragma unroll
+    for (int b = 0; b < NBT; ++b)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t off = b * kBlkBytes + k * 32;
+        sm90_wgmma_ss_m64n64k16<0, 0>(sacc, sm90_make_desc_sw128(sq + off, 16, 1024),
+                                      sm90_make_desc_sw128(skv + off, 16, 1024), (b | k) != 0);
+      }
+#pragma unroll
+    for (int b = 0; b < kNBV; ++b)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t off = b * kBlkBytes + k * 32;
+        sm90_wgmma_ss_m64n64k16<0, 0>(dpacc, sm90_make_desc_sw128(sdo + off, 16, 1024),
+                                      sm90_make_desc_sw128(skv + off, 16, 1024), (b | k) != 0);
+      }
+    sm90_wgmma_commit();
+    sm90_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      sm90_fence_operand(sacc[i]);
+      sm90_fence_operand(dpacc[i]);
+    }
+
+    /* ---- P, dS (fp32), then bf16 pairs: register 4 kk + m of pp / dsp = accumulator pair
+     * (8 kk + 2 m, + 1), which is both stmatrix register m of k16 slice kk and RS A register m of
+     * k16 slice kk (docs/hopper.md section 2). */
+    float pv[32], dsv[32];
+    bwd_sm90_p_ds<8>(sacc, dpacc, sidx + s * kBlockN, 0, lane, lp2, dl, scale, scale_log2, pv, dsv);
+    uint32_t pp[16], dsp[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      pp[i] = sm90_pack_bf16x2(pv[2 * i], pv[2 * i + 1]);
+      dsp[i] = sm90_pack_bf16x2(dsv[2 * i], dsv[2 * i + 1]);
+    }
+
+    /* ---- dQ[:, 0:256) += dS K[:, 0:256): RS m64n256k16, A = dS from registers, B = KV tile dims
+     * [0, 256) read MN-major (LBO 8192 between 64-dim blocks, SBO 1024 between 8-key groups, +2048 B
+     * per k16 of keys). Waited before the stmatrix below reads dsp (A registers of an unfinished
+     * wgmma must not be accessed); in the steady state WG0 would wait on kBarPdSFree here anyway. */
+#pragma unroll
+    for (int i = 0; i < 128; ++i) sm90_fence_operand(dq[i]);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sm90_fence_operand_u32(dsp[i]);
+    sm90_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      sm90_wgmma_rs_m64n256k16_tb1(dq, dsp + 4 * kk, sm90_make_desc_sw128(skv + kk * 2048, kBlkBytes, 1024), 1);
+    sm90_wgmma_commit();
+    sm90_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 128; ++i) sm90_fence_operand(dq[i]);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sm90_fence_operand_u32(dsp[i]);
+
+    /* ---- P, dS -> smem (K-major SW128 [64 heads][64 keys]) for WG1, once WG1's wgmmas on P(n - 1),
+     * dS(n - 1) have completed. stmatrix x4 per k16 slice kk: lane l addresses row 16 warp + l % 8 +
+     * 8 ((l / 8) % 2), 16-B chunk 2 kk + l / 16 (docs/hopper.md section 2, probe test F). */
+    if (n > 0) sm90_named_bar_sync_any(kBarPdSFree, kThreads);
+    {
+      const int r = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const int chunk = 2 * kk + (lane >> 4);
+        const uint32_t off = r * 128 + (((chunk ^ r) & 7) << 4);
+        sm90_stmatrix_x4(sp + off, pp[4 * kk], pp[4 * kk + 1], pp[4 * kk + 2], pp[4 * kk + 3]);
+        sm90_stmatrix_x4(sds + off, dsp[4 * kk], dsp[4 * kk + 1], dsp[4 * kk + 2], dsp[4 * kk + 3]);
+      }
+    }
+    sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> WG1's wgmma (async proxy) */
+    ws_bar_arrive(kBarPdSFull, kThreads);
+
+    /* ---- gather tile n + 1 into the single KV buffer once WG1's dQ wgmmas on KV(n) have completed
+     * (WG0's own S / dP / dQ reads of it are waited above). Its indices go to the other half of sidx,
+     * whose last readers (WG0's P of tile n - 1, WG1's row reads of tile n - 1) are behind. */
+    if (n + 1 < ntiles) {
+      sm90_named_bar_sync_any(kBarKVFree, kThreads);
+      ws_gather<NBT>(p, skv, sidx + (s ^ 1) * kBlockN, nidx, g, j);
+    }
+  }
+  bwd_sm90_store_dq<128, 0>(p, dq, tok, h0, warp, lane);
+}
+
+/* WG1 ("back"): dQ dims [256, 64 NBT) by SS wgmma, then the NBT 64-dim dKV chunks with two alternating
+ * accumulators, each chunk's dKV reductions issued under the next chunk's wgmmas. */
+template <int NBT>
+__device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int ntiles) {
+  typedef Smem<NBT> L;
+  constexpr int kD = 64 * NBT;          /* row stride of acc */
+  constexpr int kDQ = (NBT - 4) * 32;   /* dQ registers: 160 (D = 576) / 128 (D = 512) */
+  const dsa_attn_bwd_params &p = args.p;
+  const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
+  const uint32_t sq = sm90_smem_addr(smem + L::kQ), sdo = sm90_smem_addr(smem + L::kDO);
+  const uint32_t skv = sm90_smem_addr(smem + L::kKV);
+  const uint32_t sp = sm90_smem_addr(smem + L::kP), sds = sm90_smem_addr(smem + L::kDS);
+  const int32_t *sidx = (const int32_t *)(smem + L::kIdx);
+  const int r0 = 16 * warp + (lane >> 2);
+
+  float dq[kDQ]; /* dims [256, 64 NBT): m64n256 (+ m64n64 at D = 576) */
+#pragma unroll
+  for (int i = 0; i < kDQ; ++i) dq[i] = 0.f;
+
+  for (int n = 0; n < ntiles; ++n) {
+    const int s = n & 1;
+    sm90_named_bar_sync_any(kBarPdSFull, kThreads); /* P(n), dS(n), KV(n), idx(n) */
+    /* this thread's key rows of the dKV chunks (keys on M) and those of lane ^ 4 (quad pairs) */
+    const int32_t kr0 = sidx[s * kBlockN + r0], kr1 = sidx[s * kBlockN + r0 + 8];
+    const int32_t kp0 = __shfl_xor_sync(0xffffffffu, kr0, 4), kp1 = __shfl_xor_sync(0xffffffffu, kr1, 4);
+
+    /* ---- dQ[:, 256:) += dS K[:, 256:): SS, A = dS tile K-major (+32 B per k16 of keys), B = KV tile
+     * dims [256, 64 NBT) MN-major (as WG0's B). Waited at once: KV(n) is then free for gather(n + 1). */
+#pragma unroll
+    for (int i = 0; i < kDQ; ++i) sm90_fence_operand(dq[i]);
+    sm90_wgmma_fence();
+    bwd_sm90_dq_ss<NBT - 4, 4>(dq, sds, skv);
+    sm90_wgmma_commit();
+    sm90_wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kDQ; ++i) sm90_fence_operand(dq[i]);
+    if (n + 1 < ntiles) ws_bar_arrive(kBarKVFree, kThreads);
+
+    /* ---- dKV chunk c = dims [64 c, 64 c + 64) of the tile's 64 key rows: dS^T Q (+ P^T dO for
+     * c < 8), keys on M. A = dS / P tile read M-major (tA = 1: +2048 B per k16 of heads, SBO 1024,
+     * LBO 8192 unused for one 64-key block), B = Q / dO block c read MN-major (tB = 1); the first
+     * wgmma overwrites (scale-d 0). Chunk c runs in accumulator c % 2: issue chunk c, wait until at
+     * most 1 group is pending (chunk c - 1 done), reduce chunk c - 1 while chunk c runs. */
+    float acc0[32], acc1[32];
+#pragma unroll
+    for (int c = 0; c < NBT; ++c) {
+      float *acc = (c & 1) ? acc1 : acc0;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
+      sm90_wgmma_fence(); /* orders the reductions' reads of this accumulator (chunk c - 2) */
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_make_desc_sw128(sds + kk * 2048, kBlkBytes, 1024),
+                                      sm90_make_desc_sw128(sq + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), kk != 0);
+      if (c < kNBV) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_make_desc_sw128(sp + kk * 2048, kBlkBytes, 1024),
+                                        sm90_make_desc_sw128(sdo + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
+      }
+      sm90_wgmma_commit();
+      if (c > 0) {
+        float *prev = (c & 1) ? acc0 : acc1;
+        sm90_wgmma_wait<1>(); /* chunk c - 1 */
+#pragma unroll
+        for (int i = 0; i < 32; ++i) sm90_fence_operand(prev[i]);
+        bwd_sm90_dkv_red<kD>(args.acc, prev, c - 1, lane, kr0, kr1, kp0, kp1);
+      }
+    }
+    float *last = ((NBT - 1) & 1) ? acc1 : acc0;
+    sm90_wgmma_wait<0>(); /* chunk NBT - 1: every wgmma reading P(n), dS(n) has completed */
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sm90_fence_operand(last[i]);
+    if (n + 1 < ntiles) ws_bar_arrive(kBarPdSFree, kThreads);
+    bwd_sm90_dkv_red<kD>(args.acc, last, NBT - 1, lane, kr0, kr1, kp0, kp1);
+  }
+  int64_t tok_e;
+  int h0_e;
+  ws_cta_token_head(args.num_hblocks, &tok_e, &h0_e);
+  bwd_sm90_store_dq<kDQ, 4>(p, dq, tok_e, h0_e, warp, lane);
+}
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
+
+template <int NBT>
+__global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __grid_constant__ MainArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  typedef Smem<NBT> L;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t *smem = sm90_smem_align1024(smem_raw);
+  const dsa_attn_bwd_params &p = args.p;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int64_t tok = blockIdx.x / args.num_hblocks;
+  const int h0 = (int)(blockIdx.x % args.num_hblocks) * kBlockM;
+  int klen = p.topk; /* slots [0, klen) may be valid */
+  if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
+  const int ntiles = (klen + kBlockN - 1) / kBlockN;
+
+  if (ntiles > 0) {
+    /* Q and dO rows by all 256 threads (thread (g, j): rows g, g + 32, chunk j; heads past H: zero
+     * rows), tile 0's KV by WG0 (ws_gather), L' log2e and Delta by threads 0..63 */
+    const int g = tid >> 3, j = tid & 7;
+    bwd_sm90_load_q_do<NBT>(p, sm90_smem_addr(smem + L::kQ), sm90_smem_addr(smem + L::kDO), tok, h0, g, j);
+    if (wg == 0) {
+      int32_t idxs[4];
+      sm90_gather_read_indices(p.indices + tok * p.indices_stride, 0, tid >> 3, klen, idxs);
+      ws_gather<NBT>(p, sm90_smem_addr(smem + L::kKV), (int32_t *)(smem + L::kIdx), idxs, tid >> 3, tid & 7);
+    }
+    bwd_sm90_load_lp_delta<NBT>(args, smem, tid, tok, h0);
+    sm90_cp_async_wait_all();
+    sm90_fence_proxy_async();
+    __syncthreads();
+  }
+  if (wg == 0)
+    ws_front<NBT>(args, smem, ntiles, tok, h0, klen);
+  else
+    ws_back<NBT>(args, smem, ntiles);
+#elif defined(__CUDA_ARCH__)
+  __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
+#endif
+}
+
+/* The kernel's max-dynamic-smem attribute, once per (head dim, device). */
+template <int NBT>
+dsa_status ws_prepare(int dev) {
+  static int attr_set[DSA_TRACKED_DEVICES];
+  const void *fn = (const void *)attn_bwd_sm90_ws_kernel<NBT>;
+  return dsa_kernel_smem_once(fn, Smem<NBT>::kBytes, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
+}
+
+/* The non-deterministic sequence of dsa_launch_attn_bwd_sm90: prep, memset of the fp32 accumulator,
+ * the main kernel, the convert of the permuted accumulator, dsink. */
+template <int NBT>
+dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void *workspace, cudaStream_t stream,
+                     int num_hblocks) {
+  static const char fn[] = "dsa_sparse_attn_bwd";
+  constexpr int kD = 64 * NBT;
+  unsigned char *ws = bwd_align_workspace(workspace);
+  const BwdBaseRegions R = bwd_base_regions(ws, p);
+  if (p->num_tokens == 0) return bwd_zero_tokens(p, R.part, stream);
+  DSA_TRY(ws_prepare<NBT>(ctx->device));
+  DSA_TRY(bwd_launch_prep(p, R.delta, R.lp, R.part, stream));
+  if (p->num_kv > 0)
+    DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(R.acc, 0, (size_t)p->num_kv * kD * 4, stream), fn));
+  const MainArgs args = bwd_sm90_main_args(p, R, num_hblocks);
+  attn_bwd_sm90_ws_kernel<NBT><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, Smem<NBT>::kBytes, stream>>>(args);
+  DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  if (p->num_kv > 0) DSA_TRY(bwd_launch_convert_lay1<kD>(p, R.acc, stream));
+  if (p->dsink) DSA_TRY(bwd_launch_dsink(p, R.part, stream));
+  return DSA_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                                  void *workspace, cudaStream_t stream) {
+  static const char fn[] = "dsa_sparse_attn_bwd";
+  if (p->deterministic)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "%s: the warp-specialised sm_90a kernel (DSA_BWD_KERNEL_SM90_WS) runs the "
+                    "non-deterministic mode only",
+                    fn);
+  int num_hblocks = 0;
+  DSA_TRY(bwd_sm90_check(ctx, p, fn, &num_hblocks));
+  return p->head_dim == 576 ? ws_launch<9>(ctx, p, workspace, stream, num_hblocks)
+                            : ws_launch<8>(ctx, p, workspace, stream, num_hblocks);
+}
