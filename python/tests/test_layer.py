@@ -125,22 +125,28 @@ def test_edge_slots(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gradients_against_finite_differences(device):
-    """A gradcheck-style check on a tiny case: the directional derivative of sum(out * w) along a
-    random direction, by central differences of the float64 formula, against libdsa's gradient."""
+    """A gradcheck-style check on a tiny case, in two steps: the backward formulas of the reference
+    against central differences of its float64 forward (directional derivative of sum(out * w)
+    along a random direction: the formulas are right), then libdsa's gradients against those
+    formulas evaluated with libdsa's own bf16 out (as its backward takes it)."""
     g = seeded("finite_differences")
     T, H, D, Tkv, K = 2, 2, 576, 5, 4
     q, kv, w = bf16(g, T, H, D), bf16(g, Tkv, D), bf16(g, T, H, 512)
     idx = torch.tensor([[0, 2, 4, -1], [1, 3, 3, 0]], dtype=torch.int32)
-    qd, kvd = q.to(device).clone().requires_grad_(), kv.to(device).clone().requires_grad_()
-    out = libdsa.sparse_attention(qd, kvd, idx.to(device), 0.05)
-    out.backward(w.to(device))
     dirq = torch.randn(T, H, D, generator=g, dtype=torch.float64)
     dirk = torch.randn(Tkv, D, generator=g, dtype=torch.float64)
     f = lambda a, b: float((ref.attention(a, b, idx, 0.05)[0] * w.double()).sum())
-    h = 1e-4
+    h = 1e-5
     fd = (f(q.double() + h * dirq, kv.double() + h * dirk) - f(q.double() - h * dirq, kv.double() - h * dirk)) / (2 * h)
-    an = float((qd.grad.double().cpu() * dirq).sum() + (kvd.grad.double().cpu() * dirk).sum())
-    assert abs(fd - an) < 2e-2 * (1 + abs(fd)), (fd, an)
+    out64 = ref.attention(q.double(), kv.double(), idx, 0.05)[0]
+    rq, rk, _ = ref.attention_backward(q, kv, idx, 0.05, out64, w.double())
+    an = float((rq * dirq).sum() + (rk * dirk).sum())
+    assert abs(fd - an) < 1e-6 * (1 + abs(fd)), (fd, an)
+    qd, kvd = q.to(device).clone().requires_grad_(), kv.to(device).clone().requires_grad_()
+    out = libdsa.sparse_attention(qd, kvd, idx.to(device), 0.05)
+    out.backward(w.to(device))
+    want_dq, want_dkv, _ = ref.attention_backward(q, kv, idx, 0.05, out.detach().cpu(), w)
+    assert rel_err(qd.grad, want_dq) < 1e-2 and rel_err(kvd.grad, want_dkv) < 1e-2
 
 
 @pytest.mark.parametrize("device", DEVICES)
