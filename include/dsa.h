@@ -13,10 +13,11 @@
  *    the size is written to *workspace_bytes (always >= 1) and DSA_SUCCESS is returned, nothing else
  *    happens; call again with a workspace of at least that many bytes (any alignment is accepted).
  *    workspace == NULL is a size query and ctx may be NULL for it, in every op (dsa_topk,
- *    dsa_indexer_topk, dsa_sparse_attn_bwd, dsa_plan_upload). The size with ctx == NULL is valid on
- *    any device and equals the size with a context, except for dsa_indexer_topk with
- *    DSA_INDEXER_ENGINE_DEFAULT, where it is the larger engine's (>= the size with any context;
- *    docs/contract.md section 13.2). The workspace must not overlap any tensor of the call.
+ *    dsa_indexer_topk, dsa_sparse_attn_bwd, dsa_indexer_loss, dsa_indexer_bwd, dsa_plan_upload).
+ *    The size with ctx == NULL is valid on any device and equals the size with a context, except
+ *    for dsa_indexer_topk with DSA_INDEXER_ENGINE_DEFAULT, where it is the larger engine's (>= the
+ *    size with any context; docs/contract.md section 13.2). The workspace must not overlap any
+ *    tensor of the call.
  *  - Outputs may not alias inputs, nor each other: every op compares the byte ranges
  *    [ptr, ptr + extent) of its tensors (extent from sizes and strides) and rejects an overlap
  *    with DSA_ERROR_INVALID_ARGUMENT naming both. Inputs may alias each other. The one exception
@@ -351,7 +352,9 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
  * teaches the indexer to follow the attention and its gradient, and the indexer backward.
  * Slot j of row t is valid iff (lengths == NULL || j < clamp(lengths[t], 0, K)) and
  * 0 <= indices[t, j] < the key count; invalid slots read nothing and get 0 in every [T, K] output.
- * These ops exist as CPU references (dsa_ref_*, below) so far; their GPU kernels follow.
+ * Each op has a GPU entry point (below, next to its params; kernels in cuda/indexer_train/) and a
+ * CPU reference (dsa_ref_*, the oracle) running the same argument checks. fp32 accumulation on the
+ * GPU; every [T, K] output element and every row of d_index_q / d_weights / d_index_k is written.
  * ------------------------------------------------------------------------------------------- */
 /* a[t, j] = sum_h P[t, h, j], P = exp(scale * q[t, h] . kv[s_j] - L'[t, h]) the probabilities the
  * forward used (L' = logaddexp(lse, sink[h]) with a sink; rows with lse = +inf give 0). fp32. */
@@ -374,6 +377,9 @@ typedef struct dsa_slot_target_params {
   float *target;             /* [T, K] fp32 out; row stride target_stride (0: K) */
   int64_t target_stride;
 } dsa_slot_target_params;
+/* No workspace. Bitwise reproducible (each a[t, j] sums its heads in ascending order). */
+DSA_API dsa_status dsa_attn_slot_target(dsa_context *ctx, const dsa_slot_target_params *p,
+                                        dsa_stream_t stream);
 
 /* z[t, j] = sum_h w[t, h] * ReLU(q_idx[t, h] . k_idx[s_j]) at the slots (the score the indexer ranked). */
 typedef struct dsa_indexer_slot_scores_params {
@@ -394,6 +400,9 @@ typedef struct dsa_indexer_slot_scores_params {
   float *scores;             /* [T, K] fp32 out; row stride scores_stride (0: K) */
   int64_t scores_stride;
 } dsa_indexer_slot_scores_params;
+/* No workspace. Bitwise reproducible. */
+DSA_API dsa_status dsa_indexer_slot_scores(dsa_context *ctx, const dsa_indexer_slot_scores_params *p,
+                                           dsa_stream_t stream);
 
 /* Per row with a counted target (a valid slot and sum_j a > 0): tgt = a / sum_j a,
  * p = softmax_j(z) over the valid slots; loss = coeff / N * sum_t sum_j tgt (log tgt - log p)
@@ -416,6 +425,12 @@ typedef struct dsa_indexer_loss_params {
   float *grad;               /* [T, K] fp32 out, optional; row stride grad_stride (0: K) */
   int64_t grad_stride;
 } dsa_indexer_loss_params;
+/* Two-phase workspace (ctx may be NULL for the size query, which needs no device):
+ * 4 * align256(4 T) + 512 bytes (per-row terms, then the scalars; 256 bytes of alignment slack).
+ * The loss is a fixed-order reduction of the per-row terms: bitwise reproducible, like g. T = 0
+ * writes loss = 0. */
+DSA_API dsa_status dsa_indexer_loss(dsa_context *ctx, const dsa_indexer_loss_params *p,
+                                    void *workspace, size_t *workspace_bytes, dsa_stream_t stream);
 
 /* The indexer backward for a score gradient g [T, K] (fp32 accumulation; duplicates are separate slots):
  *   d_weights[t, h] = sum_j g * ReLU(q_idx[t, h] . k_idx[s_j])
@@ -447,6 +462,16 @@ typedef struct dsa_indexer_bwd_params {
   uint16_t *d_index_k;       /* [T_k, 128] bf16 out; row stride (0: 128) */
   int64_t dk_stride;
 } dsa_indexer_bwd_params;
+/* Two-phase workspace (ctx may be NULL for the size query); 256-byte aligned regions plus 256
+ * bytes of slack, no [T, T_k] term:
+ *   deterministic = 0: align256(T_k * 128 * 4) + 256 (the fp32 d_index_k accumulator: atomics);
+ *   deterministic = 1: 4 * align256(4 T K) + align256(8 (T_k + 1)) + align256(CUB radix-sort temp
+ *     for T K pairs) + 256 (the slot list sorted by key; T K <= 2^31 - 1, else DSA_ERROR_UNSUPPORTED).
+ *     CUB sizes its temp from the current device: that query needs a CUDA device
+ *     (DSA_ERROR_NO_DEVICE without one). d_index_k is then bitwise identical run to run.
+ * d_weights and d_index_q are bitwise reproducible in both modes. */
+DSA_API dsa_status dsa_indexer_bwd(dsa_context *ctx, const dsa_indexer_bwd_params *p,
+                                   void *workspace, size_t *workspace_bytes, dsa_stream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
  * CPU reference (the oracle): host pointers, double accumulation, exact round-to-nearest-even

@@ -283,6 +283,24 @@ DSA_HIDDEN dsa_status dsa_launch_indexer_reduce(int64_t rows, int32_t heads, int
                                                 int64_t weights_stride, float *scores,
                                                 int64_t scores_ld, cudaStream_t stream);
 
+/* ---- indexer training (cuda/indexer_train/; used by src/indexer_train.c) ----
+ * Params validated and stride-resolved (dsa_check_*), T > 0 unless said otherwise; every launch
+ * checked. Workspace pointers: at least the size below, any alignment (aligned up inside). */
+DSA_HIDDEN dsa_status dsa_launch_slot_target(const dsa_context *ctx, const dsa_slot_target_params *p,
+                                             cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_launch_indexer_slot_scores(const dsa_context *ctx,
+                                                     const dsa_indexer_slot_scores_params *p,
+                                                     cudaStream_t stream);
+/* The loss: its workspace size (>= 1, no device needed); the launcher also runs T = 0 (loss = 0). */
+DSA_HIDDEN size_t dsa_indexer_loss_workspace_size(const dsa_indexer_loss_params *p);
+DSA_HIDDEN dsa_status dsa_launch_indexer_loss(const dsa_context *ctx, const dsa_indexer_loss_params *p,
+                                              void *workspace, cudaStream_t stream);
+/* The indexer backward: its workspace size (depends on p->deterministic; the deterministic one asks
+ * CUB, which needs a device); the launcher also runs T = 0 (d_index_k = 0). */
+DSA_HIDDEN dsa_status dsa_indexer_bwd_workspace_size(const dsa_indexer_bwd_params *p, size_t *bytes);
+DSA_HIDDEN dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
+                                             void *workspace, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

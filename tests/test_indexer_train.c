@@ -3,7 +3,8 @@
  * scores (ReLU, weights), the KL loss (a hand value, rows that do not count, coeff and grad_loss,
  * finite differences of the loss against its gradient), the indexer backward (a hand case with a
  * duplicate slot; d_weights as the exact derivative of sum g z through the slot scores), and the
- * argument checks. CPU only. */
+ * argument checks; and the GPU entry points' checks that run before the context (suite
+ * indexer_train_entry: size queries with ctx = NULL, bad arguments named). CPU only. */
 #include <math.h>
 #include "test_common.h"
 #include "internal.h"
@@ -339,6 +340,134 @@ Test(reference_indexer_train, bad_arguments_named) {
   dsa_slot_target_params st = {0};
   TC_FAILS_INVALID(dsa_ref_attn_slot_target(&st), "num_heads");
   TC_FAILS_INVALID(dsa_ref_attn_slot_target(NULL), "p is NULL");
+  free(q);
+  free(k);
+  free(dq);
+  free(dk);
+}
+
+/* =============================================================================================
+ * the GPU entry points' checks that run before the context: bad params are named with the op's
+ * name, size queries need no context (ctx NULL) and report the documented sizes, failures write
+ * nothing (not the size either)
+ * =========================================================================================== */
+static size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+Test(indexer_train_entry, size_queries_without_a_context) {
+  const float a[1] = {1}, z[1] = {0};
+  const int32_t idx[1] = {0};
+  float loss = 0;
+  dsa_indexer_loss_params l = loss_params(37, 77, 50, idx, a, z, &loss, NULL);
+  size_t bytes = 0, again = 0;
+  TC_OK(dsa_indexer_loss(NULL, &l, NULL, &bytes, 0));
+  TC_OK(dsa_indexer_loss(NULL, &l, NULL, &again, 0));
+  cr_assert_eq(bytes, 4 * align256(4 * 37) + 512);
+  cr_assert_eq(again, bytes);
+  l.num_tokens = 0;
+  TC_OK(dsa_indexer_loss(NULL, &l, NULL, &bytes, 0));
+  cr_assert_eq(bytes, 512, "T = 0 still has a size >= 1 (the loss is written)");
+
+  uint16_t *q, *k;
+  idx_inputs(&q, &k, 1, 1, 1);
+  const float w[1] = {1}, g[1] = {1};
+  uint16_t *dq = zalloc(256), *dk = zalloc(256);
+  float dw = 0;
+  dsa_indexer_bwd_params b = bwd_params(37, 301, 7, 77, q, k, w, idx, g, dq, &dw, dk);
+  TC_OK(dsa_indexer_bwd(NULL, &b, NULL, &bytes, 0));
+  cr_assert_eq(bytes, align256(301 * 128 * 4) + 256, "the fp32 d_index_k accumulator plus slack");
+  b.num_keys = 0;
+  TC_OK(dsa_indexer_bwd(NULL, &b, NULL, &bytes, 0));
+  cr_assert_eq(bytes, 256);
+  /* deterministic: CUB sizes its sort scratch from the device (DSA_ERROR_NO_DEVICE without one) */
+  b.num_keys = 301;
+  b.deterministic = 1;
+  bytes = 777;
+  const dsa_status s = dsa_indexer_bwd(NULL, &b, NULL, &bytes, 0);
+  if (!tc_have_gpu()) {
+    cr_assert_eq(s, DSA_ERROR_NO_DEVICE, "deterministic size without a device: %d (%s)", (int)s,
+                 dsa_last_error_message());
+    cr_assert(strstr(dsa_last_error_message(), "dsa_indexer_bwd") &&
+              strstr(dsa_last_error_message(), "needs a CUDA device"), "%s", dsa_last_error_message());
+    cr_assert_eq(bytes, 777, "a failed size query wrote the size");
+  } else {
+    cr_assert_eq(s, DSA_SUCCESS, "%s", dsa_last_error_message());
+    const size_t n = 37 * 77;
+    cr_assert_geq(bytes, 4 * align256(4 * n) + align256(8 * 302) + 256);
+  }
+  /* without tokens there is nothing to sort: no device needed */
+  b.num_tokens = 0;
+  TC_OK(dsa_indexer_bwd(NULL, &b, NULL, &bytes, 0));
+  cr_assert_eq(bytes, align256(8 * 302) + 256);
+  free(q);
+  free(k);
+  free(dq);
+  free(dk);
+}
+
+Test(indexer_train_entry, bad_arguments_named_before_the_context) {
+  uint16_t *q, *k;
+  idx_inputs(&q, &k, 1, 1, 1);
+  const float w[1] = {1}, g[1] = {1}, a[1] = {1}, z[1] = {0}, lse[1] = {0};
+  const int32_t idx[1] = {0};
+  uint16_t *dq = zalloc(256), *dk = zalloc(256);
+  float dw = 0, loss = 0, out[1] = {0};
+  size_t bytes = 555;
+  /* slot target: the op's name and the argument */
+  dsa_slot_target_params st = {0};
+  st.num_tokens = 1;
+  st.num_heads = 1;
+  st.head_dim = 500;
+  st.num_kv = 1;
+  st.topk = 1;
+  st.softmax_scale = 1.0f;
+  st.q = q;
+  st.kv = k;
+  st.indices = idx;
+  st.lse = lse;
+  st.target = out;
+  TC_FAILS_INVALID(dsa_attn_slot_target(NULL, &st, 0), "dsa_attn_slot_target");
+  TC_FAILS_INVALID(dsa_attn_slot_target(NULL, &st, 0), "head_dim");
+  st.head_dim = 576;
+  TC_FAILS_INVALID(dsa_attn_slot_target(NULL, &st, 0), "ctx is NULL"); /* valid params: the context */
+  TC_FAILS_INVALID(dsa_attn_slot_target(NULL, NULL, 0), "p is NULL");
+  /* slot scores */
+  dsa_indexer_slot_scores_params ss = {0};
+  ss.num_tokens = 1;
+  ss.num_keys = 1;
+  ss.num_heads = 1;
+  ss.topk = 1;
+  ss.index_q = q;
+  ss.index_k = k;
+  ss.weights = w;
+  ss.weights_dtype = (dsa_dtype)7;
+  ss.indices = idx;
+  ss.scores = out;
+  TC_FAILS_INVALID(dsa_indexer_slot_scores(NULL, &ss, 0), "dsa_indexer_slot_scores: weights_dtype");
+  ss.weights_dtype = DSA_DTYPE_F32;
+  ss.scores = NULL;
+  TC_FAILS_INVALID(dsa_indexer_slot_scores(NULL, &ss, 0), "scores");
+  ss.scores = out;
+  TC_FAILS_INVALID(dsa_indexer_slot_scores(NULL, &ss, 0), "ctx is NULL");
+  /* loss */
+  dsa_indexer_loss_params l = loss_params(1, 1, 1, idx, a, z, &loss, NULL);
+  TC_FAILS_INVALID(dsa_indexer_loss(NULL, &l, NULL, NULL, 0), "dsa_indexer_loss: workspace_bytes is NULL");
+  l.coeff = NAN;
+  TC_FAILS_INVALID(dsa_indexer_loss(NULL, &l, NULL, &bytes, 0), "coeff");
+  cr_assert_eq(bytes, 555, "a failed size query wrote the size");
+  l.coeff = 1.0f;
+  TC_FAILS_INVALID(dsa_indexer_loss(NULL, &l, (void *)&bytes, &bytes, 0), "ctx is NULL");
+  /* backward */
+  dsa_indexer_bwd_params b = bwd_params(1, 1, 1, 1, q, k, w, idx, g, dq, &dw, dk);
+  b.deterministic = 2;
+  TC_FAILS_INVALID(dsa_indexer_bwd(NULL, &b, NULL, &bytes, 0), "dsa_indexer_bwd: deterministic");
+  cr_assert_eq(bytes, 555);
+  b.deterministic = 0;
+  b.dk_stride = 130;
+  TC_FAILS_INVALID(dsa_indexer_bwd(NULL, &b, NULL, &bytes, 0), "dk_stride");
+  b.dk_stride = 0;
+  TC_FAILS_INVALID(dsa_indexer_bwd(NULL, &b, NULL, NULL, 0), "workspace_bytes is NULL");
+  TC_FAILS_INVALID(dsa_indexer_bwd(NULL, &b, (void *)&bytes, &bytes, 0), "ctx is NULL");
+  cr_assert_eq(bytes, 555);
   free(q);
   free(k);
   free(dq);
