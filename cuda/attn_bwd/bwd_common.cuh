@@ -37,6 +37,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cub/device/device_radix_sort.cuh>
+#include "common/radix_sort.cuh"
 
 #include "internal.h"
 
@@ -183,31 +184,6 @@ inline unsigned bwd_grid_for(int64_t n, int64_t per_block, int64_t cap) {
 
 constexpr unsigned kBwdGridCap = 1u << 20; /* block-stride loops above this */
 
-/* Bits of the radix sort's keys: enough for the sentinel T_kv. */
-inline int bwd_key_bits(int64_t num_kv) {
-  int bits = 1;
-  while (bits < 32 && ((uint64_t)num_kv >> bits) != 0) ++bits;
-  return bits;
-}
-
-/* CUB's radix-sort temp size for n (u32 key, i32 value) pairs; CUB derives it from the current
- * device, so without one the size query fails with DSA_ERROR_NO_DEVICE. */
-inline dsa_status bwd_sort_temp_bytes(int64_t n, int bits, size_t *temp) {
-  *temp = 0;
-  cub::DoubleBuffer<uint32_t> kb(nullptr, nullptr);
-  cub::DoubleBuffer<int32_t> vb(nullptr, nullptr);
-  const cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, *temp, kb, vb, n, 0, bits);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    if (e == cudaErrorNoDevice || e == cudaErrorInvalidDevice || e == cudaErrorInsufficientDriver)
-      return dsa_fail(DSA_ERROR_NO_DEVICE,
-                      "dsa_sparse_attn_bwd: the deterministic mode's workspace size needs a CUDA device "
-                      "(radix sort size query: %s)", cudaGetErrorString(e));
-    return dsa_cuda_status((int)e, "dsa_sparse_attn_bwd: radix sort size query");
-  }
-  return DSA_SUCCESS;
-}
-
 /* The deterministic modes' sort regions for n entries, appended at offset *o (each 256-B aligned):
  * keys0, keys1 [n] u32, vals0, vals1 [n] i32, off [T_kv + 1] i64, CUB radix-sort temp for n items
  * (0 bytes when n or T_kv is 0). Both layouts (cuda/attn_bwd/bwd_portable.cu's make_layout, bwd_det_layout
@@ -220,14 +196,14 @@ struct BwdSortLayout {
 
 inline dsa_status bwd_sort_layout(int64_t n, int64_t num_kv, size_t *o, BwdSortLayout *S) {
   *S = BwdSortLayout();
-  S->end_bit = bwd_key_bits(num_kv);
+  S->end_bit = dsa_radix_key_bits(num_kv);
   S->keys0 = *o; *o += bwd_align_up((size_t)n * 4);
   S->keys1 = *o; *o += bwd_align_up((size_t)n * 4);
   S->vals0 = *o; *o += bwd_align_up((size_t)n * 4);
   S->vals1 = *o; *o += bwd_align_up((size_t)n * 4);
   S->off = *o; *o += bwd_align_up(((size_t)num_kv + 1) * 8);
   size_t temp = 0;
-  if (n > 0 && num_kv > 0) DSA_TRY(bwd_sort_temp_bytes(n, S->end_bit, &temp));
+  if (n > 0 && num_kv > 0) DSA_TRY(dsa_radix_sort_temp_bytes(n, S->end_bit, &temp, "dsa_sparse_attn_bwd"));
   S->temp_bytes = temp;
   S->temp = *o; *o += bwd_align_up(temp);
   return DSA_SUCCESS;

@@ -37,6 +37,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include "internal.h"
 #include "indexer_train/train_common.cuh"
+#include "common/radix_sort.cuh"
 
 /* CUB lives in dsa_cub::cub (-DCUB_WRAPPED_NAMESPACE); CUB_NS_QUALIFIER names it either way. */
 namespace cub = CUB_NS_QUALIFIER;
@@ -282,29 +283,6 @@ struct BwdLayout {
   size_t total;
 };
 
-int key_bits(int64_t num_keys) {
-  int bits = 1;
-  while (bits < 32 && ((uint64_t)num_keys >> bits) != 0) ++bits;
-  return bits;
-}
-
-/* CUB's radix-sort temp size for n (u32 key, i32 value) pairs; CUB sizes it from the current device. */
-dsa_status sort_temp_bytes(int64_t n, int bits, size_t *temp) {
-  *temp = 0;
-  cub::DoubleBuffer<uint32_t> kb(nullptr, nullptr);
-  cub::DoubleBuffer<int32_t> vb(nullptr, nullptr);
-  const cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, *temp, kb, vb, n, 0, bits);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    if (e == cudaErrorNoDevice || e == cudaErrorInvalidDevice || e == cudaErrorInsufficientDriver)
-      return dsa_fail(DSA_ERROR_NO_DEVICE,
-                      "dsa_indexer_bwd: the deterministic mode's workspace size needs a CUDA device "
-                      "(radix sort size query: %s)", cudaGetErrorString(e));
-    return dsa_cuda_status((int)e, "dsa_indexer_bwd: radix sort size query");
-  }
-  return DSA_SUCCESS;
-}
-
 dsa_status bwd_layout(const dsa_indexer_bwd_params *p, BwdLayout *L) {
   *L = BwdLayout();
   size_t o = 0;
@@ -316,13 +294,13 @@ dsa_status bwd_layout(const dsa_indexer_bwd_params *p, BwdLayout *L) {
       return dsa_fail(DSA_ERROR_UNSUPPORTED,
                       "dsa_indexer_bwd: num_tokens * topk = %lld exceeds 2^31-1 in deterministic mode",
                       (long long)n);
-    L->end_bit = key_bits(p->num_keys);
+    L->end_bit = dsa_radix_key_bits(p->num_keys);
     L->keys0 = o; o += tr_align_up((size_t)n * 4);
     L->keys1 = o; o += tr_align_up((size_t)n * 4);
     L->vals0 = o; o += tr_align_up((size_t)n * 4);
     L->vals1 = o; o += tr_align_up((size_t)n * 4);
     L->off = o; o += tr_align_up(((size_t)p->num_keys + 1) * 8);
-    if (n > 0 && p->num_keys > 0) DSA_TRY(sort_temp_bytes(n, L->end_bit, &L->temp_bytes));
+    if (n > 0 && p->num_keys > 0) DSA_TRY(dsa_radix_sort_temp_bytes(n, L->end_bit, &L->temp_bytes, "dsa_indexer_bwd"));
     L->temp = o; o += tr_align_up(L->temp_bytes);
   }
   L->total = o + kTrainAlign; /* slack: the caller's pointer is aligned up inside */
