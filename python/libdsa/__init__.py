@@ -23,6 +23,7 @@ from ._loader import library
 from .ops import Plan
 
 __all__ = ["plan", "Plan", "indexer_topk", "sparse_attention", "sparse_attention_backward", "topk",
+           "slot_target", "indexer_slot_scores", "indexer_kl_loss",
            "compact_indices", "pad_heads", "padded_head_count", "set_option", "get_option", "library",
            "version", "DSAError",
            "DSAInvalidArgument", "DSAUnsupported", "ENGINE_DEFAULT", "ENGINE_CUBLAS", "ENGINE_FUSED"]
@@ -71,6 +72,33 @@ def sparse_attention_backward(q, kv, topk_indices, softmax_scale, out, dout, lse
     """The backward alone: (dq, dkv [T_kv, D], dsink [H])."""
     return torch.ops.libdsa.sparse_attn_bwd(q, kv, topk_indices, topk_length, attn_sink, out, dout, lse,
                                             float(softmax_scale), bool(deterministic))
+
+
+def slot_target(q: Tensor, kv: Tensor, topk_indices: Tensor, lse: Tensor, softmax_scale: float,
+                topk_length: Optional[Tensor] = None, attn_sink: Optional[Tensor] = None) -> Tensor:
+    """a [T, K] fp32: the attention's probability of each selected key summed over the heads, with
+    the forward's lse (unnormalised: tensor-parallel ranks sum theirs). Not differentiable."""
+    return torch.ops.libdsa.slot_target(q, kv, topk_indices, topk_length, attn_sink, lse, float(softmax_scale))
+
+
+def indexer_slot_scores(index_q: Tensor, index_k: Tensor, head_weights: Tensor, topk_indices: Tensor,
+                        lengths: Optional[Tensor] = None, deterministic: bool = False) -> Tensor:
+    """z [T, K] fp32: the indexer's score at each selected key; differentiable in index_q, index_k and
+    head_weights (libdsa's indexer backward; `deterministic` makes d index_k bitwise reproducible)."""
+    return torch.ops.libdsa.indexer_slot_scores(index_q, index_k, head_weights, topk_indices, lengths,
+                                                bool(deterministic))
+
+
+def indexer_kl_loss(target: Tensor, index_q: Tensor, index_k: Tensor, head_weights: Tensor,
+                    topk_indices: Tensor, lengths: Optional[Tensor] = None, coeff: float = 1.0,
+                    deterministic: bool = False) -> Tensor:
+    """The indexer's training loss (docs/indexer-training.md): coeff / N * sum_t KL(target_t || softmax(z_t))
+    over the rows with a valid slot and a positive target, z the indexer's slot scores; its gradient
+    flows into the indexer's inputs only (target, e.g. slot_target's, gets none)."""
+    z = indexer_slot_scores(index_q, index_k, head_weights, topk_indices, lengths, deterministic)
+    loss, _ = torch.ops.libdsa.indexer_loss(target, z, topk_indices, lengths, int(index_k.shape[0]),
+                                            float(coeff))
+    return loss
 
 
 def topk(scores: Tensor, k: int, lengths: Optional[Tensor] = None) -> Tensor:

@@ -62,6 +62,36 @@ class PadHeadsParams(C.Structure):
                 ("sink_out", P)]
 
 
+class SlotTargetParams(C.Structure):
+    _fields_ = [("num_tokens", I64), ("num_heads", I32), ("head_dim", I32), ("num_kv", I64), ("topk", I32),
+                ("softmax_scale", C.c_float), ("q", P), ("q_stride_token", I64), ("q_stride_head", I64),
+                ("kv", P), ("kv_stride", I64), ("indices", P), ("indices_stride", I64), ("topk_length", P),
+                ("sink", P), ("lse", P), ("target", P), ("target_stride", I64)]
+
+
+class IndexerSlotScoresParams(C.Structure):
+    _fields_ = [("num_tokens", I64), ("num_keys", I64), ("num_heads", I32), ("topk", I32), ("index_q", P),
+                ("q_stride_token", I64), ("q_stride_head", I64), ("index_k", P), ("k_stride", I64),
+                ("weights", P), ("weights_dtype", C.c_int), ("weights_stride", I64), ("indices", P),
+                ("indices_stride", I64), ("lengths", P), ("scores", P), ("scores_stride", I64)]
+
+
+class IndexerLossParams(C.Structure):
+    _fields_ = [("num_tokens", I64), ("topk", I32), ("num_keys", I64), ("indices", P), ("indices_stride", I64),
+                ("lengths", P), ("target", P), ("target_stride", I64), ("scores", P), ("scores_stride", I64),
+                ("coeff", C.c_float), ("grad_loss", P), ("loss", P), ("grad", P), ("grad_stride", I64)]
+
+
+class IndexerBwdParams(C.Structure):
+    _fields_ = [("num_tokens", I64), ("num_keys", I64), ("num_heads", I32), ("topk", I32),
+                ("deterministic", I32), ("index_q", P), ("q_stride_token", I64), ("q_stride_head", I64),
+                ("index_k", P), ("k_stride", I64), ("weights", P), ("weights_dtype", C.c_int),
+                ("weights_stride", I64), ("indices", P), ("indices_stride", I64), ("lengths", P),
+                ("grad", P), ("grad_stride", I64), ("d_index_q", P), ("dq_stride_token", I64),
+                ("dq_stride_head", I64), ("d_weights", P), ("dw_stride", I64), ("d_index_k", P),
+                ("dk_stride", I64)]
+
+
 class TopkParams(C.Structure):
     _fields_ = [("rows", I64), ("columns", I64), ("k", I32), ("scores", P), ("scores_stride", I64),
                 ("lengths", P), ("indices", P), ("indices_stride", I64)]
@@ -96,7 +126,8 @@ class AttnBwdParams(C.Structure):
 # sizeof of each struct as gcc -Iinclude printed it for dsa.h on x86-64 (with every offset equal
 # to ctypes' own); a mismatch means dsa.h changed and the binding above must follow it.
 EXPECTED_SIZES = {PlanDesc: 64, PlanView: 128, CompactParams: 64, PadHeadsParams: 72, TopkParams: 64,
-                  IndexerParams: 112, AttnFwdParams: 144, AttnBwdParams: 216}
+                  IndexerParams: 112, AttnFwdParams: 144, AttnBwdParams: 216, SlotTargetParams: 128,
+                  IndexerSlotScoresParams: 128, IndexerLossParams: 120, IndexerBwdParams: 192}
 
 
 class DSAError(RuntimeError):
@@ -145,13 +176,23 @@ class Lib:
         so.dsa_padded_head_count.restype = C.c_int
         so.dsa_context_set_option.argtypes = [P, C.c_int, I64]
         so.dsa_context_get_option.argtypes = [P, C.c_int, C.POINTER(I64)]
+        so.dsa_attn_slot_target.argtypes = [P, C.POINTER(SlotTargetParams), P]
+        so.dsa_ref_attn_slot_target.argtypes = [C.POINTER(SlotTargetParams)]
+        so.dsa_indexer_slot_scores.argtypes = [P, C.POINTER(IndexerSlotScoresParams), P]
+        so.dsa_ref_indexer_slot_scores.argtypes = [C.POINTER(IndexerSlotScoresParams)]
+        so.dsa_indexer_loss.argtypes = [P, C.POINTER(IndexerLossParams), P, C.POINTER(C.c_size_t), P]
+        so.dsa_ref_indexer_loss.argtypes = [C.POINTER(IndexerLossParams)]
+        so.dsa_indexer_bwd.argtypes = [P, C.POINTER(IndexerBwdParams), P, C.POINTER(C.c_size_t), P]
+        so.dsa_ref_indexer_bwd.argtypes = [C.POINTER(IndexerBwdParams)]
         so.dsa_ref_topk.argtypes = [C.POINTER(TopkParams)]
         so.dsa_ref_indexer_topk.argtypes = [C.POINTER(IndexerParams)]
         so.dsa_ref_sparse_attn_fwd.argtypes = [C.POINTER(AttnFwdParams)]
         so.dsa_ref_sparse_attn_bwd.argtypes = [C.POINTER(AttnBwdParams)]
         for f in (so.dsa_context_create, so.dsa_plan_create, so.dsa_plan_upload, so.dsa_topk,
                   so.dsa_compact_indices, so.dsa_pad_heads, so.dsa_context_set_option,
-                  so.dsa_context_get_option, so.dsa_ref_compact_indices, so.dsa_ref_pad_heads,
+                  so.dsa_context_get_option, so.dsa_attn_slot_target, so.dsa_ref_attn_slot_target,
+                  so.dsa_indexer_slot_scores, so.dsa_ref_indexer_slot_scores, so.dsa_indexer_loss,
+                  so.dsa_ref_indexer_loss, so.dsa_indexer_bwd, so.dsa_ref_indexer_bwd, so.dsa_ref_compact_indices, so.dsa_ref_pad_heads,
                   so.dsa_indexer_topk, so.dsa_sparse_attn_fwd, so.dsa_sparse_attn_bwd,
                   so.dsa_ref_topk, so.dsa_ref_indexer_topk, so.dsa_ref_sparse_attn_fwd,
                   so.dsa_ref_sparse_attn_bwd):

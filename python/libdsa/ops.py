@@ -319,6 +319,191 @@ def _(q, sink, padded_heads):
     return q.new_empty(q.shape[0], padded_heads, q.shape[2]), q.new_empty(padded_heads, dtype=torch.float32)
 
 
+# ---- indexer training (docs/indexer-training.md) ------------------------------------------------
+def _w_dtype(w: Tensor) -> int:
+    return D.DSA_DTYPE_F32 if w.dtype == torch.float32 else D.DSA_DTYPE_BF16
+
+
+def _two_phase(lib, fn, name, ctx, p, stream, device):
+    """A GPU op with a workspace: size query, torch allocation, run."""
+    n = C.c_size_t(0)
+    lib.check(fn(ctx, C.byref(p), None, C.byref(n), stream), f"{name} (workspace size)")
+    ws = torch.empty(n.value, dtype=torch.uint8, device=device)
+    lib.check(fn(ctx, C.byref(p), C.c_void_p(ws.data_ptr()), C.byref(n), stream), name)
+
+
+def _idx_train_checks(fn, index_q, index_k, weights, indices, lengths):
+    _dtype(index_q, torch.bfloat16, "index_q", fn)
+    _dtype(index_k, torch.bfloat16, "index_k", fn)
+    _require(weights.dtype in (torch.float32, torch.bfloat16), f"{fn}: weights must be float32 or bfloat16")
+    _dtype(indices, torch.int32, "indices", fn)
+    _dtype(lengths, torch.int32, "lengths", fn)
+    _require(index_q.dim() == 3 and index_k.dim() == 2 and weights.dim() == 2 and indices.dim() == 2,
+             f"{fn}: index_q [T, H, 128], index_k [T_k, 128], weights [T, H], indices [T, K] expected")
+    _same_device(fn, index_q, index_k=index_k, weights=weights, indices=indices, lengths=lengths)
+
+
+@torch.library.custom_op("libdsa::slot_target", mutates_args=())
+def slot_target_op(q: Tensor, kv: Tensor, indices: Tensor, topk_length: Optional[Tensor],
+                   sink: Optional[Tensor], lse: Tensor, softmax_scale: float) -> Tensor:
+    """a [T, K] fp32: the attention probability of each selected key, summed over the heads."""
+    fn = "libdsa.slot_target"
+    _attn_checks(fn, q, kv, indices, topk_length, sink)
+    _dtype(lse, torch.float32, "lse", fn)
+    q = _inner_contiguous(q)
+    T, H, Dh = q.shape
+    kv2, idx = _kv2d(kv), _idx2d(indices, T)
+    tl = None if topk_length is None else topk_length.contiguous()
+    sk = None if sink is None else sink.contiguous()
+    lse = lse.contiguous()
+    a = q.new_empty(T, idx.shape[1], dtype=torch.float32)
+    p = D.SlotTargetParams(num_tokens=T, num_heads=H, head_dim=Dh, num_kv=kv2.shape[0], topk=idx.shape[1],
+                           softmax_scale=softmax_scale, q=q.data_ptr(), q_stride_token=q.stride(0),
+                           q_stride_head=q.stride(1), kv=kv2.data_ptr(), kv_stride=kv2.stride(0),
+                           indices=idx.data_ptr(), indices_stride=idx.stride(0), topk_length=_ptr(tl),
+                           sink=_ptr(sk), lse=lse.data_ptr(), target=a.data_ptr())
+    lib = library()
+    if q.is_cuda:
+        ctx, stream = _ctx_stream(q.device)
+        lib.check(lib.so.dsa_attn_slot_target(ctx, C.byref(p), stream), "dsa_attn_slot_target")
+    else:
+        lib.check(lib.so.dsa_ref_attn_slot_target(C.byref(p)), "dsa_ref_attn_slot_target")
+    return a
+
+
+@slot_target_op.register_fake
+def _(q, kv, indices, topk_length, sink, lse, softmax_scale):
+    return q.new_empty(q.shape[0], indices.shape[-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("libdsa::indexer_slot_scores", mutates_args=())
+def slot_scores_op(index_q: Tensor, index_k: Tensor, weights: Tensor, indices: Tensor,
+                   lengths: Optional[Tensor], deterministic: bool) -> Tensor:
+    """z [T, K] fp32: sum_h w * ReLU(q_idx . k_idx[s_j]) at the slots (0 at invalid ones).
+    `deterministic` is the backward's mode for d_index_k."""
+    fn = "libdsa.indexer_slot_scores"
+    _idx_train_checks(fn, index_q, index_k, weights, indices, lengths)
+    q, k, w, idx = (_inner_contiguous(t) for t in (index_q, index_k, weights, indices))
+    ln = None if lengths is None else lengths.contiguous()
+    z = q.new_empty(q.shape[0], idx.shape[1], dtype=torch.float32)
+    p = D.IndexerSlotScoresParams(num_tokens=q.shape[0], num_keys=k.shape[0], num_heads=q.shape[1],
+                                  topk=idx.shape[1], index_q=q.data_ptr(), q_stride_token=q.stride(0),
+                                  q_stride_head=q.stride(1), index_k=k.data_ptr(), k_stride=k.stride(0),
+                                  weights=w.data_ptr(), weights_dtype=_w_dtype(w), weights_stride=w.stride(0),
+                                  indices=idx.data_ptr(), indices_stride=idx.stride(0), lengths=_ptr(ln),
+                                  scores=z.data_ptr())
+    lib = library()
+    if q.is_cuda:
+        ctx, stream = _ctx_stream(q.device)
+        lib.check(lib.so.dsa_indexer_slot_scores(ctx, C.byref(p), stream), "dsa_indexer_slot_scores")
+    else:
+        lib.check(lib.so.dsa_ref_indexer_slot_scores(C.byref(p)), "dsa_ref_indexer_slot_scores")
+    return z
+
+
+@slot_scores_op.register_fake
+def _(index_q, index_k, weights, indices, lengths, deterministic):
+    return index_q.new_empty(index_q.shape[0], indices.shape[-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("libdsa::indexer_bwd", mutates_args=())
+def indexer_bwd_op(index_q: Tensor, index_k: Tensor, weights: Tensor, indices: Tensor,
+                   lengths: Optional[Tensor], grad: Tensor, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """(d_index_q [T, H, 128] bf16, d_weights [T, H] fp32, d_index_k [T_k, 128] bf16) for a score
+    gradient grad [T, K]."""
+    fn = "libdsa.indexer_bwd"
+    _idx_train_checks(fn, index_q, index_k, weights, indices, lengths)
+    _dtype(grad, torch.float32, "grad", fn)
+    q, k, w, idx, g = (_inner_contiguous(t) for t in (index_q, index_k, weights, indices, grad))
+    ln = None if lengths is None else lengths.contiguous()
+    T, H, _ = q.shape
+    dq = q.new_empty(T, H, 128)
+    dw = q.new_empty(T, H, dtype=torch.float32)
+    dk = k.new_empty(k.shape[0], 128)
+    p = D.IndexerBwdParams(num_tokens=T, num_keys=k.shape[0], num_heads=H, topk=idx.shape[1],
+                           deterministic=int(deterministic), index_q=q.data_ptr(), q_stride_token=q.stride(0),
+                           q_stride_head=q.stride(1), index_k=k.data_ptr(), k_stride=k.stride(0),
+                           weights=w.data_ptr(), weights_dtype=_w_dtype(w), weights_stride=w.stride(0),
+                           indices=idx.data_ptr(), indices_stride=idx.stride(0), lengths=_ptr(ln),
+                           grad=g.data_ptr(), grad_stride=g.stride(0), d_index_q=dq.data_ptr(),
+                           d_weights=dw.data_ptr(), d_index_k=dk.data_ptr())
+    lib = library()
+    if q.is_cuda:
+        ctx, stream = _ctx_stream(q.device)
+        _two_phase(lib, lib.so.dsa_indexer_bwd, "dsa_indexer_bwd", ctx, p, stream, q.device)
+    else:
+        lib.check(lib.so.dsa_ref_indexer_bwd(C.byref(p)), "dsa_ref_indexer_bwd")
+    return dq, dw, dk
+
+
+@indexer_bwd_op.register_fake
+def _(index_q, index_k, weights, indices, lengths, grad, deterministic):
+    T, H, _ = index_q.shape
+    return (index_q.new_empty(T, H, 128), index_q.new_empty(T, H, dtype=torch.float32),
+            index_k.new_empty(index_k.shape[0], 128))
+
+
+def _scores_setup(ctx, inputs, output):
+    index_q, index_k, weights, indices, lengths, deterministic = inputs
+    ctx.save_for_backward(index_q, index_k, weights, indices, lengths)
+    ctx.deterministic = deterministic
+
+
+def _scores_backward(ctx, grad):
+    index_q, index_k, weights, indices, lengths = ctx.saved_tensors
+    dq, dw, dk = indexer_bwd_op(index_q, index_k, weights, indices, lengths, grad.float().contiguous(),
+                                ctx.deterministic)
+    return dq, dk, dw.to(weights.dtype), None, None, None
+
+
+torch.library.register_autograd("libdsa::indexer_slot_scores", _scores_backward, setup_context=_scores_setup)
+
+
+@torch.library.custom_op("libdsa::indexer_loss", mutates_args=())
+def indexer_loss_op(target: Tensor, scores: Tensor, indices: Tensor, lengths: Optional[Tensor],
+                    num_keys: int, coeff: float) -> Tuple[Tensor, Tensor]:
+    """(loss [] fp32, g [T, K] fp32 = d loss / d scores): the KL loss of docs/indexer-training.md."""
+    fn = "libdsa.indexer_loss"
+    _dtype(target, torch.float32, "target", fn)
+    _dtype(scores, torch.float32, "scores", fn)
+    _dtype(indices, torch.int32, "indices", fn)
+    _dtype(lengths, torch.int32, "lengths", fn)
+    _same_device(fn, scores, target=target, indices=indices, lengths=lengths)
+    a, z, idx = (_inner_contiguous(t) for t in (target, scores, indices))
+    ln = None if lengths is None else lengths.contiguous()
+    loss = z.new_empty(1, dtype=torch.float32)
+    g = z.new_empty(z.shape, dtype=torch.float32)
+    p = D.IndexerLossParams(num_tokens=z.shape[0], topk=z.shape[1], num_keys=num_keys, indices=idx.data_ptr(),
+                            indices_stride=idx.stride(0), lengths=_ptr(ln), target=a.data_ptr(),
+                            target_stride=a.stride(0), scores=z.data_ptr(), scores_stride=z.stride(0),
+                            coeff=coeff, loss=loss.data_ptr(), grad=g.data_ptr(), grad_stride=g.stride(0))
+    lib = library()
+    if z.is_cuda:
+        ctx, stream = _ctx_stream(z.device)
+        _two_phase(lib, lib.so.dsa_indexer_loss, "dsa_indexer_loss", ctx, p, stream, z.device)
+    else:
+        lib.check(lib.so.dsa_ref_indexer_loss(C.byref(p)), "dsa_ref_indexer_loss")
+    return loss.reshape(()), g
+
+
+@indexer_loss_op.register_fake
+def _(target, scores, indices, lengths, num_keys, coeff):
+    return scores.new_empty((), dtype=torch.float32), scores.new_empty(scores.shape, dtype=torch.float32)
+
+
+def _loss_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _loss_backward(ctx, dloss, dg):
+    (g,) = ctx.saved_tensors
+    return None, g * dloss, None, None, None, None  # the target receives no gradient
+
+
+torch.library.register_autograd("libdsa::indexer_loss", _loss_backward, setup_context=_loss_setup)
+
+
 # ---- the plan -----------------------------------------------------------------------------------
 _VIEW_ARRAYS = (  # (field, dtype, length attribute or None for num_queries)
     ("starts", torch.int32, "num_queries"), ("causal_lengths", torch.int32, "num_queries"),
