@@ -11,6 +11,7 @@
  *   H = 64, H_idx = 32, K = 2048, D = 576, softmax scale 0.0625 (GLM-5), no sink.
  *
  *   dsa_layer [--config packed|cp8|both|small] [--reps N] [--sample N] [--seed S] [--cpu]
+ *             [--train-indexer]   (the indexer-training stages after the backward)
  *
  * A stage whose op is not on the GPU yet says so and the layer continues with the CPU reference's
  * output where that is affordable, else with constructed stand-ins (said plainly). Without a GPU
@@ -343,6 +344,257 @@ static dsa_status bwd_run(void *a, cudaStream_t s) {
 /* ---------------------------------------------------------------------------------------------
  * The layer on the GPU
  * ------------------------------------------------------------------------------------------- */
+/* --train-indexer: the indexer-training stages after the backward (docs/indexer-training.md): the
+ * slot target from the forward's lse, the indexer's slot scores, the KL loss and its score gradient,
+ * and the indexer backward in both modes. Sampled rows are checked against the references (the
+ * target, the scores, d_index_q and d_weights of a row need only that row); the loss and g over every
+ * row against the reference run on the device's target and scores; d_index_k for bitwise
+ * reproducibility in the deterministic mode. */
+static int train_indexer;
+typedef struct {
+  dsa_context *ctx;
+  dsa_slot_target_params st;
+  dsa_indexer_slot_scores_params sc;
+  dsa_indexer_loss_params ls;
+  dsa_indexer_bwd_params bw;
+  void *ws;
+  size_t ws_bytes;
+} train_arg;
+static dsa_status slot_target_run(void *a, cudaStream_t s) {
+  train_arg *t = a;
+  return dsa_attn_slot_target(t->ctx, &t->st, s);
+}
+static dsa_status slot_scores_run(void *a, cudaStream_t s) {
+  train_arg *t = a;
+  return dsa_indexer_slot_scores(t->ctx, &t->sc, s);
+}
+static dsa_status loss_run(void *a, cudaStream_t s) {
+  train_arg *t = a;
+  return dsa_indexer_loss(t->ctx, &t->ls, t->ws, &t->ws_bytes, s);
+}
+static dsa_status idx_bwd_run(void *a, cudaStream_t s) {
+  train_arg *t = a;
+  return dsa_indexer_bwd(t->ctx, &t->bw, t->ws, &t->ws_bytes, s);
+}
+
+static double rel_err_f32(const float *got, const float *ref, size_t n) {
+  double m = 0, e = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (isnan(got[i])) return INFINITY;
+    m = fmax(m, fabs((double)ref[i]));
+    e = fmax(e, fabs((double)got[i] - (double)ref[i]));
+  }
+  return m > 0 ? e / m : e;
+}
+
+static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t T_k, const uint16_t *d_q,
+                             const uint16_t *d_kv, const float *d_lse, const uint16_t *d_iq, const uint16_t *d_ik,
+                             const float *d_w, const int32_t *d_idx, const int32_t *d_len, const uint16_t *h_kv,
+                             const uint16_t *h_iq, const uint16_t *h_ik, const float *h_w, const int32_t *h_idx,
+                             const int32_t *h_len, const int64_t *rows, int nrows) {
+  cudaStream_t stream = tm->stream;
+  const size_t n_s = (size_t)T * TOPK;
+  float *d_a = bc_dmalloc(n_s * 4), *d_z = bc_dmalloc(n_s * 4), *d_g = bc_dmalloc(n_s * 4);
+  float *d_loss = bc_dmalloc(4), *d_dw = bc_dmalloc((size_t)T * H_IDX * 4);
+  uint16_t *d_diq = bc_dmalloc((size_t)T * H_IDX * 128 * 2), *d_dik = bc_dmalloc((size_t)T_k * 128 * 2);
+  train_arg ta;
+  memset(&ta, 0, sizeof ta);
+  ta.ctx = ctx;
+  double ms = NAN, slots = 0;
+  for (int64_t t = 0; t < T; ++t) slots += h_len[t];
+
+  /* 6. slot target: the forward's P summed over the heads */
+  dsa_slot_target_params *sp = &ta.st;
+  sp->num_tokens = T;
+  sp->num_heads = H_ATTN;
+  sp->head_dim = DIM;
+  sp->num_kv = T_k;
+  sp->topk = TOPK;
+  sp->softmax_scale = SCALE;
+  sp->q = d_q;
+  sp->kv = d_kv;
+  sp->indices = d_idx;
+  sp->topk_length = d_len;
+  sp->lse = d_lse;
+  sp->target = d_a;
+  const dsa_status st1 = bc_time_op(tm, slot_target_run, &ta, &ms);
+  if (st1 != DSA_SUCCESS) not_on_gpu("slot target", st1);
+  else stage_line("slot target", ms, 2.0 * H_ATTN * slots * DIM, NAN);
+
+  /* 7. the indexer's scores at the slots */
+  dsa_indexer_slot_scores_params *cp = &ta.sc;
+  cp->num_tokens = T;
+  cp->num_keys = T_k;
+  cp->num_heads = H_IDX;
+  cp->topk = TOPK;
+  cp->index_q = d_iq;
+  cp->index_k = d_ik;
+  cp->weights = d_w;
+  cp->weights_dtype = DSA_DTYPE_F32;
+  cp->indices = d_idx;
+  cp->lengths = d_len;
+  cp->scores = d_z;
+  const dsa_status st2 = bc_time_op(tm, slot_scores_run, &ta, &ms);
+  if (st2 != DSA_SUCCESS) not_on_gpu("indexer slot scores", st2);
+  else stage_line("indexer slot scores", ms, bc_flops_idx(slots, H_IDX), NAN);
+
+  /* 8. loss and score gradient */
+  dsa_indexer_loss_params *lp = &ta.ls;
+  lp->num_tokens = T;
+  lp->topk = TOPK;
+  lp->num_keys = T_k;
+  lp->indices = d_idx;
+  lp->lengths = d_len;
+  lp->target = d_a;
+  lp->scores = d_z;
+  lp->coeff = 1.0f;
+  lp->loss = d_loss;
+  lp->grad = d_g;
+  dsa_status st3 = DSA_ERROR_UNSUPPORTED;
+  if (st1 == DSA_SUCCESS && st2 == DSA_SUCCESS) {
+    st3 = dsa_indexer_loss(ctx, lp, NULL, &ta.ws_bytes, stream);
+    if (st3 == DSA_SUCCESS) {
+      ta.ws = bc_dmalloc(ta.ws_bytes);
+      st3 = bc_time_op(tm, loss_run, &ta, &ms);
+      cudaFree(ta.ws);
+      ta.ws = NULL;
+    }
+    if (st3 != DSA_SUCCESS) not_on_gpu("indexer KL loss", st3);
+    else stage_line("indexer KL loss", ms, 0, NAN);
+  }
+
+  /* 9. indexer backward: atomic, then deterministic d_index_k */
+  dsa_status st4 = DSA_ERROR_UNSUPPORTED;
+  for (int det = 0; det <= 1 && st3 == DSA_SUCCESS; ++det) {
+    dsa_indexer_bwd_params *bp = &ta.bw;
+    const char *stage = det ? "indexer backward (det)" : "indexer backward";
+    memset(bp, 0, sizeof *bp);
+    bp->num_tokens = T;
+    bp->num_keys = T_k;
+    bp->num_heads = H_IDX;
+    bp->topk = TOPK;
+    bp->deterministic = det;
+    bp->index_q = d_iq;
+    bp->index_k = d_ik;
+    bp->weights = d_w;
+    bp->weights_dtype = DSA_DTYPE_F32;
+    bp->indices = d_idx;
+    bp->lengths = d_len;
+    bp->grad = d_g;
+    bp->d_index_q = d_diq;
+    bp->d_weights = d_dw;
+    bp->d_index_k = d_dik;
+    st4 = dsa_indexer_bwd(ctx, bp, NULL, &ta.ws_bytes, stream);
+    if (st4 == DSA_SUCCESS) {
+      ta.ws = bc_dmalloc(ta.ws_bytes);
+      st4 = bc_time_op(tm, idx_bwd_run, &ta, &ms);
+    }
+    if (st4 != DSA_SUCCESS) {
+      not_on_gpu(stage, st4);
+      cudaFree(ta.ws);
+      ta.ws = NULL;
+      break;
+    }
+    stage_line(stage, ms, 2.0 * bc_flops_idx(slots, H_IDX), NAN);
+    if (det) {
+      const size_t n_k = (size_t)T_k * 128;
+      uint16_t *a = bc_malloc(n_k * 2), *b = bc_malloc(n_k * 2);
+      BC_CUDA(cudaMemcpy(a, d_dik, n_k * 2, cudaMemcpyDeviceToHost));
+      const dsa_status again = idx_bwd_run(&ta, stream);
+      BC_CUDA(cudaStreamSynchronize(stream));
+      BC_CUDA(cudaMemcpy(b, d_dik, n_k * 2, cudaMemcpyDeviceToHost));
+      const int same = again == DSA_SUCCESS && memcmp(a, b, n_k * 2) == 0;
+      if (same) ++passed_checks;
+      else ++failed_checks;
+      printf("  %-22s d_index_k bitwise identical run to run: %s\n", "", same ? "yes" : "NO (CHECK FAILED)");
+      free(a);
+      free(b);
+    }
+    cudaFree(ta.ws);
+    ta.ws = NULL;
+  }
+
+  /* the loss and g against the reference on the device's target and scores; sampled rows */
+  if (st3 == DSA_SUCCESS) {
+    float *h_a = bc_malloc(n_s * 4), *h_z = bc_malloc(n_s * 4), *h_g = bc_malloc(n_s * 4), *r_g = bc_malloc(n_s * 4);
+    float loss = NAN, rloss = NAN;
+    BC_CUDA(cudaMemcpy(h_a, d_a, n_s * 4, cudaMemcpyDeviceToHost));
+    BC_CUDA(cudaMemcpy(h_z, d_z, n_s * 4, cudaMemcpyDeviceToHost));
+    BC_CUDA(cudaMemcpy(h_g, d_g, n_s * 4, cudaMemcpyDeviceToHost));
+    BC_CUDA(cudaMemcpy(&loss, d_loss, 4, cudaMemcpyDeviceToHost));
+    dsa_indexer_loss_params rl = *lp;
+    rl.indices = h_idx;
+    rl.lengths = h_len;
+    rl.target = h_a;
+    rl.scores = h_z;
+    rl.loss = &rloss;
+    rl.grad = r_g;
+    if (dsa_ref_indexer_loss(&rl) != DSA_SUCCESS) bc_die("dsa_ref_indexer_loss: %s", dsa_last_error_message());
+    const double e_loss = fabs((double)loss - rloss) / fmax(fabs((double)rloss), 1e-30);
+    const double e_g = rel_err_f32(h_g, r_g, n_s);
+    uint16_t *h_q = bc_malloc((size_t)H_ATTN * DIM * 2), *r_dq = bc_malloc((size_t)H_IDX * 128 * 2);
+    uint16_t *g_dq = bc_malloc((size_t)H_IDX * 128 * 2), *r_dk = bc_malloc((size_t)T_k * 128 * 2);
+    float *h_lse = bc_malloc((size_t)H_ATTN * 4), *r_a = bc_malloc((size_t)TOPK * 4), *r_z = bc_malloc((size_t)TOPK * 4);
+    float *r_dw = bc_malloc((size_t)H_IDX * 4), *g_dw = bc_malloc((size_t)H_IDX * 4);
+    double e_a = 0, e_z = 0, e_dq = 0, e_dw = 0;
+    for (int i = 0; i < nrows; ++i) {
+      const int64_t t = rows[i];
+      BC_CUDA(cudaMemcpy(h_q, d_q + t * H_ATTN * DIM, (size_t)H_ATTN * DIM * 2, cudaMemcpyDeviceToHost));
+      BC_CUDA(cudaMemcpy(h_lse, d_lse + t * H_ATTN, (size_t)H_ATTN * 4, cudaMemcpyDeviceToHost));
+      dsa_slot_target_params rs = *sp;
+      rs.num_tokens = 1;
+      rs.q = h_q;
+      rs.kv = h_kv;
+      rs.indices = h_idx + t * TOPK;
+      rs.topk_length = h_len + t;
+      rs.lse = h_lse;
+      rs.target = r_a;
+      if (dsa_ref_attn_slot_target(&rs) != DSA_SUCCESS) bc_die("dsa_ref_attn_slot_target: %s", dsa_last_error_message());
+      e_a = fmax(e_a, rel_err_f32(h_a + t * TOPK, r_a, TOPK));
+      dsa_indexer_slot_scores_params rc = *cp;
+      rc.num_tokens = 1;
+      rc.index_q = h_iq + t * H_IDX * 128;
+      rc.index_k = h_ik;
+      rc.weights = h_w + t * H_IDX;
+      rc.indices = h_idx + t * TOPK;
+      rc.lengths = h_len + t;
+      rc.scores = r_z;
+      if (dsa_ref_indexer_slot_scores(&rc) != DSA_SUCCESS) bc_die("dsa_ref_indexer_slot_scores: %s", dsa_last_error_message());
+      e_z = fmax(e_z, rel_err_f32(h_z + t * TOPK, r_z, TOPK));
+      if (st4 == DSA_SUCCESS) {
+        /* the row's d_index_q and d_weights from the device's g of that row */
+        dsa_indexer_bwd_params rb = ta.bw;
+        rb.num_tokens = 1;
+        rb.deterministic = 0;
+        rb.index_q = h_iq + t * H_IDX * 128;
+        rb.index_k = h_ik;
+        rb.weights = h_w + t * H_IDX;
+        rb.indices = h_idx + t * TOPK;
+        rb.lengths = h_len + t;
+        rb.grad = h_g + t * TOPK;
+        rb.d_index_q = r_dq;
+        rb.d_weights = r_dw;
+        rb.d_index_k = r_dk;
+        if (dsa_ref_indexer_bwd(&rb) != DSA_SUCCESS) bc_die("dsa_ref_indexer_bwd: %s", dsa_last_error_message());
+        BC_CUDA(cudaMemcpy(g_dq, d_diq + t * H_IDX * 128, (size_t)H_IDX * 128 * 2, cudaMemcpyDeviceToHost));
+        BC_CUDA(cudaMemcpy(g_dw, d_dw + t * H_IDX, (size_t)H_IDX * 4, cudaMemcpyDeviceToHost));
+        e_dq = fmax(e_dq, rel_err_bf16(g_dq, r_dq, (size_t)H_IDX * 128));
+        e_dw = fmax(e_dw, rel_err_f32(g_dw, r_dw, (size_t)H_IDX));
+      }
+    }
+    printf("  %-22s loss %.6g (reference on the device's target and scores: %.6g), rel err %.1e %s\n", "",
+           (double)loss, (double)rloss, e_loss, verdict(e_loss, 1e-4));
+    printf("  %-22s g rel err %.1e %s; %d sampled rows: target %.1e %s, scores %.1e %s", "", e_g,
+           verdict(e_g, 1e-4), nrows, e_a, verdict(e_a, 1e-4), e_z, verdict(e_z, 1e-4));
+    if (st4 == DSA_SUCCESS)
+      printf(", d_index_q %.1e %s, d_weights %.1e %s", e_dq, verdict(e_dq, TOL), e_dw, verdict(e_dw, 1e-4));
+    printf("\n");
+    free(h_a); free(h_z); free(h_g); free(r_g); free(h_q); free(r_dq); free(g_dq); free(r_dk);
+    free(h_lse); free(r_a); free(r_z); free(r_dw); free(g_dw);
+  }
+  cudaFree(d_a); cudaFree(d_z); cudaFree(d_g); cudaFree(d_loss); cudaFree(d_dw); cudaFree(d_diq); cudaFree(d_dik);
+}
+
 static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *ceil, const layer_cfg *c,
                           bc_rng *rng, int sample) {
   cudaStream_t stream = tm->stream;
@@ -652,6 +904,9 @@ static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *cei
     cudaFree(ba.ws);
   }
   if (!fwd_on_gpu && bwd_ran) printf("  %-22s (dq was checked against the reference on the same synthetic out/lse)\n", "");
+  if (train_indexer)
+    run_train_stages(ctx, tm, T, T_k, d_q, d_kv, d_lse, d_iq, d_ik, d_w, d_idx, d_len, h_kv, h_iq, h_ik, h_w,
+                     h_idx, h_len, rows, nrows);
 
   free(h_q); free(h_out); free(h_dout); free(r_out); free(h_lse); free(r_lse);
   free(h_iq); free(h_ik); free(h_kv); free(h_w); free(h_idx); free(h_len);
@@ -753,6 +1008,41 @@ static int run_cpu_small(bc_rng *rng) {
   }
   printf("  sparse backward (ref)%8.3f ms  |dq| = %.4f, |dkv| = %.4f (|dout| = %.4f)\n", (bc_now_s() - t0) * 1e3,
          norm_bf16(dq, n_q), norm_bf16(dkv, n_kv), norm_bf16(dout, n_o));
+  if (train_indexer) {
+    /* the indexer-training references on the same problem (docs/indexer-training.md) */
+    const size_t n_s = (size_t)T * K;
+    float *a = bc_malloc(n_s * 4), *z = bc_malloc(n_s * 4), *g = bc_malloc(n_s * 4), *dw = bc_malloc((size_t)T * HI * 4);
+    uint16_t *diq = bc_malloc(n_iq * 2), *dik = bc_malloc(n_ik * 2);
+    float loss = NAN;
+    dsa_slot_target_params sp = {0};
+    sp.num_tokens = T; sp.num_heads = H; sp.head_dim = DIM; sp.num_kv = T; sp.topk = K; sp.softmax_scale = SCALE;
+    sp.q = q; sp.kv = kv; sp.indices = idx; sp.topk_length = len; sp.lse = lse; sp.target = a;
+    dsa_indexer_slot_scores_params cp = {0};
+    cp.num_tokens = T; cp.num_keys = T; cp.num_heads = HI; cp.topk = K; cp.index_q = iq; cp.index_k = ik;
+    cp.weights = w; cp.weights_dtype = DSA_DTYPE_F32; cp.indices = idx; cp.lengths = len; cp.scores = z;
+    dsa_indexer_loss_params lp = {0};
+    lp.num_tokens = T; lp.topk = K; lp.num_keys = T; lp.indices = idx; lp.lengths = len; lp.target = a;
+    lp.scores = z; lp.coeff = 1.0f; lp.loss = &loss; lp.grad = g;
+    dsa_indexer_bwd_params ib = {0};
+    ib.num_tokens = T; ib.num_keys = T; ib.num_heads = HI; ib.topk = K; ib.index_q = iq; ib.index_k = ik;
+    ib.weights = w; ib.weights_dtype = DSA_DTYPE_F32; ib.indices = idx; ib.lengths = len; ib.grad = g;
+    ib.d_index_q = diq; ib.d_weights = dw; ib.d_index_k = dik;
+    t0 = bc_now_s();
+    st = dsa_ref_attn_slot_target(&sp);
+    if (st == DSA_SUCCESS) st = dsa_ref_indexer_slot_scores(&cp);
+    if (st == DSA_SUCCESS) st = dsa_ref_indexer_loss(&lp);
+    if (st == DSA_SUCCESS) st = dsa_ref_indexer_bwd(&ib);
+    if (st != DSA_SUCCESS) {
+      printf("indexer training (ref): %s: %s\n", dsa_status_string(st), dsa_last_error_message());
+      return 1;
+    }
+    double sa = 0;
+    for (size_t i = 0; i < n_s; ++i) sa += a[i];
+    printf("  indexer training (ref) %8.3f ms  target sum %.4f (H = %d per counted row), KL loss %.6f, "
+           "|d_index_q| = %.4f, |d_index_k| = %.4f\n", (bc_now_s() - t0) * 1e3, sa, H, (double)loss,
+           norm_bf16(diq, n_iq), norm_bf16(dik, n_ik));
+    free(a); free(z); free(g); free(dw); free(diq); free(dik);
+  }
   free(iq); free(ik); free(q); free(kv); free(out); free(dout); free(dq); free(dkv);
   free(w); free(lse); free(idx); free(len);
   dsa_plan_destroy(plan);
@@ -770,8 +1060,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--sample") && i + 1 < argc) sample = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--cpu")) force_cpu = 1;
+    else if (!strcmp(argv[i], "--train-indexer")) train_indexer = 1;
     else {
-      fprintf(stderr, "usage: dsa_layer [--config packed|cp8|both|small] [--reps N] [--sample N] [--seed S] [--cpu]\n");
+      fprintf(stderr, "usage: dsa_layer [--config packed|cp8|both|small] [--reps N] [--sample N] [--seed S] [--cpu]\n"
+                      "                 [--train-indexer]\n");
       return 2;
     }
   }
