@@ -9,6 +9,15 @@ Issue 16: a ratio is only a same-run ratio. This program loads build/libdsa.so w
   indexer+topk  libdsa dsa_indexer_topk (engine DEFAULT)  vs  cuDNN indexer_forward_wrapper + IndexerTopK
   topk          libdsa dsa_topk  vs  cuDNN IndexerTopK (deterministic False and True; causal lengths)
                 and vs torch.topk (full rows)
+  indexer train (issue 21; opt-in: --shapes train-glm-4k,train-glm-cp8,train-32k, not in the default
+                run, see below) on the idx-glm-4k / idx-glm-cp8 / idx-32k shapes, indices from
+                dsa_indexer_topk (H_idx = 32, bf16 weights), attention q [T, 64, 576] / kv random:
+    slot target libdsa dsa_attn_slot_target  vs  cuDNN sparse_attn_score_recompute_wrapper (SM90;
+                cuDNN's target is L1-normalised: compared after dividing libdsa's a by its row sum)
+    indexer bwd libdsa dsa_indexer_bwd det0 / det1 at H_idx = 32  vs  cuDNN indexer_backward_wrapper
+                on index_q / weights padded with zero heads 32 -> 64 (its SM90 kernel asserts
+                heads >= 64), fed libdsa's normalised target and softmax(z) so that its score
+                gradient equals libdsa's g from dsa_indexer_loss; padded heads' outputs dropped
 
 Timing, the same for every implementation: one warm-up call (for cuDNN it compiles: its host time,
 synchronised, is "peer_compile_s"), one untimed probe call (its host time sizes the spin), then
@@ -18,17 +27,30 @@ Each implementation runs its own loop of reps (alternating them rep by rep biase
 Median of --reps. Ceilings in the same process: bf16 GEMM 8192^3 (torch.matmul) and a 1 GiB
 device-to-device copy (read + write bytes).
 
+The train-* shapes are opt-in because the whole default run's length on the H200 is not measured
+yet and their cuDNN kernels compile on first use (estimate: 2-3 minutes for the three shapes, most
+of it compiling); run them in a device command of their own.
+
 Rows follow dsa_bench's JSON schema plus: process, peer_same_run, peer_compile_s,
 peer_max_rel_diff / peer_agreement, peer_workspace_bytes, workspace_bytes, peer_status,
 first_call_s, host_ms, peer_host_ms, spin_ms. The file is rewritten after every row.
 
   python3 bench/cudnn_peer.py [--lib build/libdsa.so] [--out FILE] [--shapes a,b] [--reps N]
                               [--quick] [--skip-check] [--list] [--self-test]
+  python3 bench/cudnn_peer.py --cpu-dry-run [--fe-src WHEEL_OR_DIR]
+
+--cpu-dry-run runs the train-* section on tiny sizes on the CPU, no GPU and no cuDNN: every libdsa
+call goes to its dsa_ref_* CPU reference (same params structs, host pointers), cuDNN's two calls to
+a torch model of the SM90 kernels' math as read in the FE 1.32 sources, whose argument lists are
+bound against the real signatures parsed from the FE wheel (~/.cache/dsa-peers/cudnn/*.whl or
+--fe-src); it fails unless every row is ok and every comparison is within 3e-2.
 """
 import argparse
 import ctypes as C
 import datetime
 import gc
+import glob
+import inspect
 import json
 import math
 import os
@@ -36,6 +58,7 @@ import subprocess
 import sys
 import time
 import traceback
+import zipfile
 
 # The ctypes binding of dsa.h lives in the Python package; loaded by path, so that the package's torch
 # ops are not imported (--self-test runs without torch).
@@ -56,8 +79,15 @@ SHAPES = [
     dict(name="idx-32k-h64", op="idx", T=32768, H=64, K=2048, S=32768),
     dict(name="topk-32k", op="topk", T=4096, K=2048, S=32768),
     dict(name="topk-128k", op="topk", T=4096, K=2048, S=131072),
+    # issue 21, opt-in (not in the default run): the idx shapes' indexer (H_idx = H) with Ha attention heads
+    dict(name="train-glm-4k", op="train", T=4096, H=32, K=2048, S=4096, Ha=64, opt_in=True),
+    dict(name="train-glm-cp8", op="train", T=4096, H=32, K=2048, S=32768, Ha=64, opt_in=True),
+    dict(name="train-32k", op="train", T=32768, H=32, K=2048, S=32768, Ha=64, opt_in=True),
 ]
-OP_NAMES = {"bwd": "sparse bwd", "idx": "indexer+topk", "topk": "topk"}
+OP_NAMES = {"bwd": "sparse bwd", "idx": "indexer+topk", "topk": "topk", "train": "indexer train"}
+# --cpu-dry-run sizes of the train shapes (K stays a multiple of 128, as cuDNN requires)
+DRY_SIZES = {"train-glm-4k": dict(T=160, S=160, K=128), "train-glm-cp8": dict(T=64, S=320, K=128),
+             "train-32k": dict(T=256, S=256, K=128)}
 FE = "cuDNN FE"  # completed with the installed version at start
 
 torch = None  # imported in main(), so --list and --self-test run without torch
@@ -74,7 +104,8 @@ def log(msg, end="\n"):
 # Timing
 # ------------------------------------------------------------------------------------------------
 def sync():
-    torch.cuda.synchronize()
+    if DEV != "cpu":
+        torch.cuda.synchronize()
 
 
 def calibrate_spin():
@@ -94,6 +125,18 @@ def time_call(fn, reps, setup_s=0.0):
     """The bench's method (see the header). Returns a dict: ms (median), first_s (setup_s, the
     caller's plan construction and compile(), plus the warm-up call, host, synchronised), host_ms
     (median host time between the two events), host_max_ms, spin_ms."""
+    if DEV == "cpu":  # --cpu-dry-run: host times of the CPU stand-ins, only to exercise the rows
+        t0 = time.perf_counter()
+        fn()
+        first_s = setup_s + time.perf_counter() - t0
+        ms = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            ms.append((time.perf_counter() - t0) * 1e3)
+        ms.sort()
+        return dict(ms=ms[len(ms) // 2], first_s=first_s, host_ms=ms[len(ms) // 2], host_max_ms=0.0,
+                    spin_ms=0.0)
     sync()
     t0 = time.perf_counter()
     fn()
@@ -158,16 +201,17 @@ def write_json():
     os.replace(tmp, RUN["out"])
 
 
-def add_row(sh, variant, work, is_bytes, note, t=None, status="ok", ws=None):
-    """A libdsa row (t: time_call's dict, None when libdsa failed); the peer is filled later."""
+def add_row(sh, variant, work, is_bytes, note, t=None, status="ok", ws=None, op=None):
+    """A libdsa row (t: time_call's dict, None when libdsa failed); the peer is filled later.
+    op: the row's op when it is not the shape's (the train shapes hold two ops)."""
     ms = t["ms"] if t else None
     rate = work / (ms * 1e-3) / (1e9 if is_bytes else 1e12) if ms else None
-    ceil = RUN["copy_gbps"] if is_bytes else RUN["gemm_tflops"]
-    row = dict(shape=sh["name"], op=OP_NAMES[sh["op"]], variant=variant, ms=ms,
+    ceil = RUN.get("copy_gbps") if is_bytes else RUN.get("gemm_tflops")
+    row = dict(shape=sh["name"], op=op or OP_NAMES[sh["op"]], variant=variant, ms=ms,
                tflops=None if is_bytes else rate, gbps=rate if is_bytes else None,
                unit="GB/s" if is_bytes else "TFLOP/s", work=work,
                ceiling_ratio=rate / ceil if rate and ceil else None,
-               gemm_ceiling_tflops=RUN["gemm_tflops"], copy_ceiling_gbps=RUN["copy_gbps"],
+               gemm_ceiling_tflops=RUN.get("gemm_tflops"), copy_ceiling_gbps=RUN.get("copy_gbps"),
                peer=None, peer_ms=None, peer_rate=None, peer_same_run=False, peer_ratio=None,
                note=note, reps=RUN["reps"], card=RUN["card"], commit=RUN["commit"],
                date=RUN["date"], status=status, process="bench/cudnn_peer.py",
@@ -179,7 +223,7 @@ def add_row(sh, variant, work, is_bytes, note, t=None, status="ok", ws=None):
         row["note"] += f"; libdsa host time {t['host_max_ms']:.2f} ms exceeded the spin in a rep"
     ROWS.append(row)
     msg = f"{ms:.3f} ms, {rate:.1f} {row['unit']}" if ms else status
-    log(f"  libdsa {sh['name']} {variant}: {msg}")
+    log(f"  libdsa {sh['name']} {row['op']} {variant}: {msg}")
     write_json()
     return row
 
@@ -297,7 +341,10 @@ def dsa_fwd(q, kv, idx, lengths, sink, scale, K):
                         softmax_scale=scale, q=ptr(q), kv=ptr(kv), indices=ptr(idx),
                         topk_length=ptr(lengths), sink=ptr(sink), out=ptr(out), lse=ptr(lse))
     lib = RUN["lib"]
-    lib.check(lib.so.dsa_sparse_attn_fwd(RUN["ctx"], C.byref(p), RUN["stream"]), "dsa_sparse_attn_fwd")
+    if DEV == "cpu":  # --cpu-dry-run
+        lib.check(lib.so.dsa_ref_sparse_attn_fwd(C.byref(p)), "dsa_ref_sparse_attn_fwd")
+    else:
+        lib.check(lib.so.dsa_sparse_attn_fwd(RUN["ctx"], C.byref(p), RUN["stream"]), "dsa_sparse_attn_fwd")
     sync()
     return out, lse
 
@@ -595,6 +642,544 @@ def bench_topk(sh, check):
 
 
 # ------------------------------------------------------------------------------------------------
+# Indexer training (issue 21): slot target and indexer backward
+# ------------------------------------------------------------------------------------------------
+def fe_dsa():
+    """cuDNN FE's DSA namespace (cudnn.DSA), or --cpu-dry-run's stand-in."""
+    if "fe_dsa" in RUN:
+        return RUN["fe_dsa"]
+    import cudnn
+    return cudnn.DSA
+
+
+def dsa_runner(name, p, ws=None, ws_bytes=0):
+    """A closure running libdsa's dsa_<name> on params p (ws: the workspace tensor of a two-phase
+    op); under --cpu-dry-run its CPU reference dsa_ref_<name> on the same params (host pointers)."""
+    lib, ctx, stream = RUN["lib"], RUN["ctx"], RUN["stream"]
+    pref = C.byref(p)
+    if DEV == "cpu":
+        f = getattr(lib.so, "dsa_ref_" + name)
+
+        def run():
+            lib.check(f(pref), "dsa_ref_" + name)
+        return run
+    f = getattr(lib.so, "dsa_" + name)
+    if ws is None:
+        def run():
+            st = f(ctx, pref, stream)
+            if st:
+                lib.check(st, "dsa_" + name)
+        return run
+    nb = C.c_size_t(ws_bytes)
+
+    def run(ws_ptr=ws.data_ptr(), nref=C.byref(nb)):
+        st = f(ctx, pref, ws_ptr, nref, stream)
+        if st:
+            lib.check(st, "dsa_" + name)
+    return run
+
+
+def dsa_ws_size(name, p):
+    """The size query of a two-phase op (0 on the CPU: the references take no workspace)."""
+    if DEV == "cpu":
+        return 0
+    lib = RUN["lib"]
+    n = C.c_size_t(0)
+    lib.check(getattr(lib.so, "dsa_" + name)(RUN["ctx"], C.byref(p), None, C.byref(n), RUN["stream"]),
+              f"dsa_{name} (size)")
+    return n.value
+
+
+def dsa_workspace(name, p):
+    n = dsa_ws_size(name, p)
+    return torch.empty(max(n, 1), dtype=torch.uint8, device=DEV), n
+
+
+def dsa_indexer_indices(iq, ik, w, Tq, Tk, H, K):
+    """libdsa's own top-k indices of one causal sequence (the last Tq of Tk queries), as the idx
+    section makes them (engine DEFAULT); bf16 weights. Returns indices [Tq, K] and lengths [Tq]."""
+    lib = RUN["lib"]
+    idx = torch.empty(Tq, K, dtype=torch.int32, device=DEV)
+    lens = torch.empty(Tq, dtype=torch.int32, device=DEV)
+    cu = (C.c_int32 * 2)(0, Tk)
+    desc = D.PlanDesc(cu_seqlens=C.addressof(cu), num_seqs=1, total_key_tokens=Tk, query_start=Tk - Tq,
+                      num_queries=Tq)
+    plan = lib.plan_create(desc)
+    try:
+        kw = dict(num_heads=H, topk=K, index_q=ptr(iq), index_k=ptr(ik), weights=ptr(w),
+                  weights_dtype=D.DSA_DTYPE_BF16, indices=ptr(idx), lengths=ptr(lens),
+                  engine=D.DSA_INDEXER_ENGINE_DEFAULT)
+        if DEV == "cpu":
+            p = D.IndexerParams(plan=C.cast(lib.so.dsa_plan_host_view(plan), C.c_void_p).value, **kw)
+            lib.check(lib.so.dsa_ref_indexer_topk(C.byref(p)), "dsa_ref_indexer_topk")
+        else:
+            nplan = lib.plan_upload_size(RUN["ctx"], plan, RUN["stream"])
+            plan_buf = torch.empty(nplan, dtype=torch.uint8, device=DEV)
+            view = lib.plan_upload(RUN["ctx"], plan, plan_buf.data_ptr(), nplan, RUN["stream"])
+            sync()
+            p = D.IndexerParams(plan=C.addressof(view), **kw)
+            ws = torch.empty(max(lib.indexer_ws(RUN["ctx"], p, RUN["stream"]), 1), dtype=torch.uint8,
+                             device=DEV)
+            nb = C.c_size_t(ws.numel())
+            lib.check(lib.so.dsa_indexer_topk(RUN["ctx"], C.byref(p), ws.data_ptr(), C.byref(nb),
+                                              RUN["stream"]), "dsa_indexer_topk")
+            sync()
+            del ws, plan_buf
+    finally:
+        lib.so.dsa_plan_destroy(plan)
+    return idx, lens
+
+
+def bench_train(sh, check):
+    Tq, Tk, H, K, Ha = sh["T"], sh["S"], sh["H"], sh["K"], sh["Ha"]
+    HP = max(64, H)  # cuDNN's SM90 indexer backward: heads >= 64
+    reps = RUN["reps"]
+    gen = torch.Generator(device=DEV)
+    gen.manual_seed(0x7A1 + Tk + Tq + H)
+    log(f"[setup] {sh['name']}: T_q={Tq} T_k={Tk} H_idx={H} H={Ha} K={K} ...", end=" ")
+    iq = uniform((Tq, H, 128), -1, 1, torch.bfloat16, gen)
+    ik = uniform((Tk, 128), -1, 1, torch.bfloat16, gen)
+    s = (H * 128) ** -0.5
+    w = uniform((Tq, H), -s, s, torch.float32, gen).to(torch.bfloat16)  # cuDNN takes bf16 weights
+    idx, lens = dsa_indexer_indices(iq, ik, w, Tq, Tk, H, K)
+    q = uniform((Tq, Ha, 576), -1, 1, torch.bfloat16, gen)
+    kv = uniform((Tk, 576), -1, 1, torch.bfloat16, gen)
+    scale = 0.0625
+    out, lse = dsa_fwd(q, kv, idx, lens, None, scale, K)
+    del out
+    slots = float(lens.double().sum().item())
+    col = torch.arange(K, device=DEV)
+    valid = (col[None, :] < lens[:, None]) & (idx >= 0) & (idx < Tk)
+    log("done")
+    base = (f"the idx-{sh['name'][6:]} shape: one causal sequence, T_q={Tq} T_k={Tk}, K={K}; indices and "
+            f"lengths from dsa_indexer_topk (H_idx={H}, bf16 index q/k random, bf16 weights "
+            f"uniform(+-(H_idx*128)^-0.5)); ")
+
+    # ---- slot target ----
+    note = (base + f"attention q [T,{Ha},576] / kv random bf16, lse from dsa_sparse_attn_fwd (no sink, "
+            f"scale {scale}), topk_length given to both; FLOP = 2*H*576*sum(lengths)")
+    work = 2.0 * Ha * slots * 576
+    a = torch.empty(Tq, K, dtype=torch.float32, device=DEV)
+    log(f"[{sh['name']}] libdsa dsa_attn_slot_target ...")
+    ok_t = False
+    try:
+        pt_ = D.SlotTargetParams(num_tokens=Tq, num_heads=Ha, head_dim=576, num_kv=Tk, topk=K,
+                                 softmax_scale=scale, q=ptr(q), kv=ptr(kv), indices=ptr(idx),
+                                 topk_length=ptr(lens), sink=None, lse=ptr(lse), target=ptr(a))
+        t = time_call(dsa_runner("attn_slot_target", pt_), reps)
+        row = add_row(sh, "target", work, False, note, t, ws=0, op="slot target")
+        ok_t = True
+    except Exception as e:
+        traceback.print_exc()
+        row = add_row(sh, "target", work, False, note, status=error_text(e), op="slot target")
+    name = f"{FE} sparse_attn_score_recompute_wrapper (SM90)"
+    log(f"[{sh['name']}] {name} ...")
+    try:
+        f_rc = fe_dsa().sparse_attn_score_recompute_wrapper
+        q4, kv3, lse3 = q.unsqueeze(0), kv.unsqueeze(0), lse.unsqueeze(0)
+        idx3, len2 = idx.unsqueeze(0), lens.unsqueeze(0)
+        tc = torch.empty(1, Tq, K, dtype=torch.float32, device=DEV)
+
+        def prun():
+            f_rc(q4, kv3, lse3, idx3, scale, qhead_per_kv_head=Ha, topk_length=len2,
+                 topk_indices_global=False, out=tc)
+        pt = time_call(prun, reps)
+        diff = None
+        if check and ok_t:
+            rs = a.double().sum(1, keepdim=True)
+            an = torch.where(rs > 0, a.double() / rs.clamp(min=1e-300), torch.zeros_like(rs))
+            diff = dict(target=rel_diff(tc[0], an),
+                        libdsa_rowsum_over_H_minus_1=(rs / Ha - 1).abs().max().item())
+        row["note"] += ("; cuDNN's target is L1-normalised over the slots (sum_h P / (sum_j sum_h P + "
+                        "1e-10)), libdsa's a = sum_h P is not: peer_max_rel_diff.target compares cuDNN's "
+                        "with a / rowsum(a); libdsa_rowsum_over_H_minus_1 = max |rowsum(a) / H - 1|")
+        set_peer(row, name, pt, ws=0, check=diff)
+        del tc
+    except Exception as e:
+        traceback.print_exc()
+        set_peer(row, name, error=error_text(e))
+
+    # ---- indexer backward ----
+    note = (base + f"g from dsa_indexer_loss (coeff 1) on libdsa's target a and dsa_indexer_slot_scores "
+            f"z; FLOP = 6*H_idx*128*sum(lengths) (x = q.k recomputed, d_index_q, d_index_k; "
+            f"H_idx = {H}, the padded peer credited with the same)")
+    work = 6.0 * H * 128 * slots
+    log(f"[{sh['name']}] libdsa slot scores and loss (the backward's g) ...", end=" ")
+    try:
+        if not ok_t:
+            raise RuntimeError("no slot target (dsa_attn_slot_target failed)")
+        z = torch.empty(Tq, K, dtype=torch.float32, device=DEV)
+        ps = D.IndexerSlotScoresParams(num_tokens=Tq, num_keys=Tk, num_heads=H, topk=K, index_q=ptr(iq),
+                                       index_k=ptr(ik), weights=ptr(w), weights_dtype=D.DSA_DTYPE_BF16,
+                                       indices=ptr(idx), lengths=ptr(lens), scores=ptr(z))
+        dsa_runner("indexer_slot_scores", ps)()
+        g = torch.empty(Tq, K, dtype=torch.float32, device=DEV)
+        loss = torch.zeros(1, dtype=torch.float32, device=DEV)
+        pl = D.IndexerLossParams(num_tokens=Tq, topk=K, num_keys=Tk, indices=ptr(idx), lengths=ptr(lens),
+                                 target=ptr(a), scores=ptr(z), coeff=1.0, grad_loss=None, loss=ptr(loss),
+                                 grad=ptr(g))
+        wsl, nl = dsa_workspace("indexer_loss", pl)
+        dsa_runner("indexer_loss", pl, wsl, nl)()
+        sync()
+        # cuDNN's inputs for the same g: the normalised target and softmax(z) over the valid slots,
+        # 0 elsewhere and on rows that do not count (libdsa's g is 0 there; cuDNN's then is too)
+        av = torch.where(valid, a, torch.zeros_like(a))
+        rs = av.sum(1, keepdim=True)
+        counted = valid.any(1, keepdim=True) & (rs > 0)
+        tgt = torch.where(counted & valid, av / rs.clamp(min=1e-30), torch.zeros_like(a))
+        pz = torch.softmax(z.masked_fill(~valid, -math.inf), dim=1)
+        pz = torch.where(counted & valid, pz, torch.zeros_like(pz)).contiguous()
+        n_counted = int(counted.sum().item())
+        loss_v = loss.item()
+        del wsl
+        log(f"loss {loss_v:.6g}, {n_counted} of {Tq} rows counted")
+        note += f"; loss {loss_v:.6g}"
+        ok_g = True
+    except Exception as e:
+        traceback.print_exc()
+        ok_g, err_g = False, error_text(e)
+
+    rows, results = [], {}
+    for det in (0, 1):
+        variant = f"det{det}"
+        if not ok_g:
+            rows.append(add_row(sh, variant, work, False, note, status=err_g, op="indexer bwd"))
+            continue
+        log(f"[{sh['name']}] libdsa dsa_indexer_bwd {variant} ...")
+        try:
+            diq = torch.empty_like(iq)
+            dw = torch.empty(Tq, H, dtype=torch.float32, device=DEV)
+            dik = torch.empty_like(ik)
+            pb = D.IndexerBwdParams(num_tokens=Tq, num_keys=Tk, num_heads=H, topk=K, deterministic=det,
+                                    index_q=ptr(iq), index_k=ptr(ik), weights=ptr(w),
+                                    weights_dtype=D.DSA_DTYPE_BF16, indices=ptr(idx), lengths=ptr(lens),
+                                    grad=ptr(g), d_index_q=ptr(diq), d_weights=ptr(dw), d_index_k=ptr(dik))
+            ws, nb = dsa_workspace("indexer_bwd", pb)
+            t = time_call(dsa_runner("indexer_bwd", pb, ws, nb), reps)
+            del ws
+            rows.append(add_row(sh, variant, work, False,
+                                note + f"; libdsa workspace {nb / 2**20:.1f} MiB", t, ws=nb, op="indexer bwd"))
+            results[det] = (diq, dw, dik)
+        except Exception as e:
+            traceback.print_exc()
+            rows.append(add_row(sh, variant, work, False, note, status=error_text(e), op="indexer bwd"))
+
+    name = f"{FE} indexer_backward_wrapper (SM90), index_q/weights padded {H}->{HP} heads"
+    if not ok_g:
+        for row in rows:
+            set_peer(row, name, error="not run: " + err_g)
+        return
+    log(f"[{sh['name']}] {name} ...")
+    try:
+        ns = fe_dsa()
+        iqp = torch.zeros(1, Tq, HP, 128, dtype=torch.bfloat16, device=DEV)
+        iqp[0, :, :H] = iq
+        wp = torch.zeros(1, Tq, HP, dtype=torch.bfloat16, device=DEV)
+        wp[0, :, :H] = w
+        ik3, idx3 = ik.unsqueeze(0), idx.unsqueeze(0)
+        attn = tgt.unsqueeze(0).clone()  # overwritten in place with cuDNN's score gradient
+        isc = pz.unsqueeze(0)
+        gl = torch.ones(1, dtype=torch.float32, device=DEV)
+        diqp = torch.empty(1, Tq, HP, 128, dtype=torch.bfloat16, device=DEV)
+        dwp = torch.empty(1, Tq, HP, dtype=torch.bfloat16, device=DEV)  # bf16: the SM90 kernel's dW store
+        dikp = torch.empty(1, Tk, 128, dtype=torch.bfloat16, device=DEV)
+        coeff = Tq / max(n_counted, 1)  # cuDNN's grad_scale = loss_coeff / (B * S_q); libdsa's 1 / N
+        t0 = time.perf_counter()
+        # the wrapper's own plan class, built here only to size the reusable workspace (its
+        # constructor touches no device memory); the wrapper then builds, checks and compiles its own
+        plan = ns.IndexerBackward(sample_index_q=iqp, sample_weights=wp, sample_index_k=ik3,
+                                  sample_d_index_q=diqp, sample_d_weights=dwp, sample_d_index_k=dikp,
+                                  sample_attn_score=attn, sample_index_score=isc, sample_topk_indices=idx3,
+                                  sm_scale=1.0, block_I=128, topk_indices_global=False, backend="default",
+                                  deterministic=False)
+        wsb = plan.scratch_workspace_bytes()
+        wsc = torch.empty(max(wsb, 1), dtype=torch.uint8, device=DEV)
+        f_bwd = ns.indexer_backward_wrapper
+
+        def prun():
+            f_bwd(iqp, wp, ik3, attn, isc, idx3, gl, sm_scale=1.0, loss_coeff=coeff, block_I=128,
+                  topk_indices_global=False, d_index_q=diqp, d_weights=dwp, d_index_k=dikp,
+                  backend="default", workspace=wsc, deterministic=False)
+        pt = time_call(prun, reps, time.perf_counter() - t0)
+        diffs = {}
+        if check:
+            attn.copy_(tgt.unsqueeze(0))  # the reps left cuDNN's gradient of its gradient in there
+            prun()
+            sync()
+            pad = max(diqp[0, :, H:].float().abs().max().item() if HP > H else 0.0,
+                      dwp[0, :, H:].float().abs().max().item() if HP > H else 0.0)
+            for det, (diq, dw, dik) in results.items():
+                diffs[det] = dict(d_index_k=rel_diff(dikp[0], dik), d_index_q=rel_diff(diqp[0, :, :H], diq),
+                                  d_weights=rel_diff(dwp[0, :, :H], dw), g=rel_diff(attn[0], g),
+                                  pad_heads_max_abs=pad)
+        for det, row in enumerate(rows):
+            row["note"] += (f"; peer fed target a/rowsum(a) and softmax(z) over the valid slots, "
+                            f"loss_coeff {coeff:.6g}, grad_loss 1, so its score gradient is libdsa's g "
+                            f"(check 'g'); its reps overwrite attn_score in place (no restore inside the "
+                            f"timing); peer d_weights bf16; peer workspace reused across calls")
+            if det == 1:
+                row["note"] += ("; peer: cuDNN's deterministic=True needs SM100/SM103, its "
+                                "non-deterministic time")
+            set_peer(row, name, pt, ws=wsb, check=diffs.get(det) if check else None)
+        del wsc, plan
+    except Exception as e:
+        traceback.print_exc()
+        for row in rows:
+            set_peer(row, name, error=error_text(e))
+
+
+# ------------------------------------------------------------------------------------------------
+# --cpu-dry-run: cuDNN's two calls modelled on the CPU, their argument lists bound to the real ones
+# ------------------------------------------------------------------------------------------------
+FE_SIGS = [("score_recompute/api.py", "sparse_attn_score_recompute_wrapper", None),
+           ("indexer_backward/api.py", "indexer_backward_wrapper", None),
+           ("indexer_backward/api.py", "IndexerBackward", "__init__"),
+           ("indexer_backward/api.py", "IndexerBackward", "execute")]
+
+
+def fe_signatures(src):
+    """inspect.Signature of each FE_SIGS entry, parsed (never imported) from the FE 1.32 sources: a
+    wheel (zip) or an unpacked directory; src None: ~/.cache/dsa-peers/cudnn/nvidia_cudnn_frontend-*.whl.
+    Literal defaults keep their values, others read as the string '<expr>'."""
+    import ast
+    if src is None:
+        found = sorted(glob.glob(os.path.expanduser("~/.cache/dsa-peers/cudnn/nvidia_cudnn_frontend-*.whl")))
+        if not found:
+            return {}, "no FE wheel found"
+        src = found[-1]
+
+    def read(rel):
+        path = "cudnn/deepseek_sparse_attention/" + rel
+        if os.path.isdir(src):
+            with open(os.path.join(src, path)) as fh:
+                return fh.read()
+        with zipfile.ZipFile(src) as z:
+            return z.read(path).decode()
+    sigs = {}
+    for rel, name, method in FE_SIGS:
+        tree = ast.parse(read(rel))
+        node = next(n for n in tree.body if getattr(n, "name", None) == name)
+        if method:
+            node = next(n for n in node.body if getattr(n, "name", None) == method)
+        a = node.args
+
+        def dflt(d):
+            try:
+                return ast.literal_eval(d)
+            except ValueError:
+                return "<expr>"
+        params = []
+        pos = a.posonlyargs + a.args
+        pd = [None] * (len(pos) - len(a.defaults)) + list(a.defaults)
+        for i, (arg, d) in enumerate(zip(pos, pd)):
+            if method and i == 0:
+                continue  # self
+            params.append(inspect.Parameter(arg.arg, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            default=inspect.Parameter.empty if d is None else dflt(d)))
+        if a.vararg:
+            params.append(inspect.Parameter(a.vararg.arg, inspect.Parameter.VAR_POSITIONAL))
+        for arg, d in zip(a.kwonlyargs, a.kw_defaults):
+            params.append(inspect.Parameter(arg.arg, inspect.Parameter.KEYWORD_ONLY,
+                                            default=inspect.Parameter.empty if d is None else dflt(d)))
+        if a.kwarg:
+            params.append(inspect.Parameter(a.kwarg.arg, inspect.Parameter.VAR_KEYWORD))
+        sigs[name + ("." + method if method else "")] = inspect.Signature(params)
+    return sigs, src
+
+
+CLIP_PROB_MIN = math.exp(-100.0)  # indexer_backward_sm90.py's clip of the target and the predict
+
+
+class FakeIndexerBackward:
+    """IndexerBackward's SM90 default path as read in indexer_backward_sm90.py, in torch on the CPU:
+    kernel 1 (the score gradient, in place in attn_score), kernel 2 (dW, dQ, dK with dS rounded to
+    bf16 before the two gradient GEMMs, dW stored bf16), the fp32 dK accumulator in the workspace."""
+
+    def __init__(self, fake, *args, **kwargs):
+        self.a = fake.bind("IndexerBackward.__init__", args, kwargs)
+        a = self.a
+        b, s_q, h, d = a["sample_index_q"].shape
+        self.b, self.s_q, self.h, self.d = b, s_q, h, d
+        self.s_k, self.topk = a["sample_index_k"].shape[1], a["sample_topk_indices"].shape[-1]
+        self.checked = False
+
+    def check_support(self):
+        a = self.a
+        assert self.h >= 64, "IndexerBackwardSm90: assert heads >= 64"
+        assert self.topk % a["block_I"] == 0, "IndexerBackwardSm90: topk % block_I == 0"
+        assert not a["deterministic"], "deterministic IndexerBackward requires SM100/SM103"
+        for k in ("sample_index_q", "sample_weights", "sample_index_k", "sample_d_index_q", "sample_d_weights"):
+            assert a[k].dtype == torch.bfloat16, f"{k} must be bf16"
+        assert a["sample_d_index_k"].dtype in (torch.bfloat16, torch.float32)
+        for k in ("sample_attn_score", "sample_index_score"):
+            assert a[k].dtype == torch.float32 and tuple(a[k].shape) == (self.b, self.s_q, self.topk), k
+        assert a["sample_topk_indices"].dtype == torch.int32
+        assert tuple(a["sample_weights"].shape) == (self.b, self.s_q, self.h)
+        assert tuple(a["sample_d_index_q"].shape) == tuple(a["sample_index_q"].shape)
+        assert tuple(a["sample_d_weights"].shape) == tuple(a["sample_weights"].shape)
+        assert tuple(a["sample_d_index_k"].shape) == tuple(a["sample_index_k"].shape)
+        assert all(a[k].is_contiguous() for k in a if k.startswith("sample_")), "contiguous tensors"
+        self.checked = True
+        return True
+
+    def compile(self):
+        assert self.checked
+
+    def scratch_workspace_bytes(self):
+        n = self.b * self.s_k * self.d * 4
+        return 0 if self.a["sample_d_index_k"].dtype == torch.float32 else -(-n // 128) * 128
+
+    def execute(self, fake, *args, **kwargs):
+        e = fake.bind("IndexerBackward.execute", args, kwargs)
+        for k in ("index_q", "weights", "index_k", "d_index_q", "d_weights", "d_index_k", "attn_score",
+                  "index_score", "topk_indices"):
+            ref = self.a["sample_" + k]
+            assert e[k].dtype == ref.dtype and e[k].shape == ref.shape and e[k].stride() == ref.stride(), k
+        gl = e["grad_loss"]
+        assert torch.is_tensor(gl) and gl.numel() == 1 and gl.dtype == torch.float32, "grad_loss"
+        nws = self.scratch_workspace_bytes()
+        assert nws == 0 or (e["workspace"] is not None and e["workspace"].numel() >= nws), "workspace"
+        s = float(e["loss_coeff"]) / (self.b * self.s_q) * gl.item()
+        att, pr = e["attn_score"], e["index_score"]
+        gi = -att.clamp(min=CLIP_PROB_MIN) * (pr >= CLIP_PROB_MIN).float() * s  # kernel 1
+        att.copy_(gi - pr * gi.sum(-1, keepdim=True))
+        for bi in range(self.b):  # kernel 2 (sm_scale multiplies x, dK and dQ)
+            sm = self.a["sm_scale"]
+            q = e["index_q"][bi].float()
+            k = e["index_k"][bi].float()
+            ind = e["topk_indices"][bi].long()
+            ok = (ind >= 0) & (ind < self.s_k)
+            kg = torch.where(ok[..., None], k[ind.clamp(0, self.s_k - 1)], torch.zeros(()))
+            x = torch.einsum("thd,tjd->thj", q, kg) * sm
+            pos = x > 0
+            gs = att[bi][:, None, :]
+            w = e["weights"][bi].float()[:, :, None]
+            ds = torch.where(pos, gs * w, torch.zeros(())).to(torch.bfloat16).float()
+            e["d_weights"][bi].copy_(torch.where(pos, gs * x, torch.zeros(())).sum(-1))
+            e["d_index_q"][bi].copy_(torch.einsum("thj,tjd->thd", ds, kg) * sm)
+            contrib = (torch.einsum("thj,thd->tjd", ds, q) * sm)[ok]
+            dk = torch.zeros(self.s_k, self.d).index_add_(0, ind[ok], contrib)
+            e["d_index_k"][bi].copy_(dk)
+
+
+class FakeDSA:
+    """--cpu-dry-run's cudnn.DSA: each call's arguments are bound to the real signature (parsed
+    from the FE sources) before its math runs."""
+
+    def __init__(self, sigs):
+        self.sigs = sigs
+        self.calls = {}
+
+    def bind(self, name, args, kwargs):
+        b = self.sigs[name].bind(*args, **kwargs)
+        b.apply_defaults()
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return b.arguments
+
+    def sparse_attn_score_recompute_wrapper(self, *args, **kwargs):
+        """score_recompute/_interface_sm90.py's sparse_attn_score_recompute: P = exp(scale q.k - LSE)
+        at each slot j < topk_length with a valid index, summed over the heads, L1-normalised."""
+        a = self.bind("sparse_attn_score_recompute_wrapper", args, kwargs)
+        q, k, lse, ind, out = a["q_attn"], a["k_attn"], a["lse"], a["topk_indices"], a["out"]
+        b, s_q, h, d = q.shape
+        s_k, topk = k.shape[1], ind.shape[-1]
+        assert q.dtype == k.dtype == torch.bfloat16 and lse.dtype == torch.float32 and k.ndim == 3
+        assert tuple(lse.shape) == (b, s_q, h) and ind.dtype == torch.int32 and ind.is_contiguous()
+        assert a["qhead_per_kv_head"] in (None, h) and h > 1 and h % 64 == 0, "MQA, tile_m 64"
+        assert topk % 128 == 0, "SM90 target kernel: topk_max // 128 elements per thread"
+        assert out is not None and out.dtype == torch.float32 and tuple(out.shape) == (b, s_q, topk)
+        assert out.is_contiguous()
+        tl = a["topk_length"]
+        for bi in range(b):
+            ii = ind[bi].long()
+            ok = (ii >= 0) & (ii < s_k)
+            if tl is not None:
+                assert tl.dtype == torch.int32 and tuple(tl.shape) == (b, s_q)
+                ok &= torch.arange(topk)[None, :] < tl[bi].long()[:, None]
+            kg = k[bi].double()[ii.clamp(0, s_k - 1)]
+            sc = torch.einsum("thd,tjd->thj", q[bi].double(), kg) * a["softmax_scale"]
+            p = torch.exp(sc - lse[bi].double()[:, :, None]).sum(1) * ok
+            out[bi].copy_(p / (p.sum(1, keepdim=True) + 1e-10))
+        return dict(target=out)
+
+    def IndexerBackward(self, *args, **kwargs):
+        plan = FakeIndexerBackward(self, *args, **kwargs)
+        ex = plan.execute
+        plan.execute = lambda *a, **k: ex(self, *a, **k)
+        return plan
+
+    def indexer_backward_wrapper(self, *args, **kwargs):
+        a = self.bind("indexer_backward_wrapper", args, kwargs)
+        a.update({k: torch.empty_like(a[r]) for k, r in (("d_index_q", "index_q"), ("d_weights", "weights"),
+                                                         ("d_index_k", "index_k")) if a[k] is None})
+        key = tuple((tuple(a[k].shape), a[k].dtype) for k in ("index_q", "weights", "index_k", "d_weights",
+                                                               "d_index_k", "topk_indices"))
+        key += (a["sm_scale"], a["block_I"], a["backend"], a["deterministic"])
+        cache = self.__dict__.setdefault("bwd_cache", {})
+        if key not in cache:
+            assert a["backend"] == "default"
+            plan = self.IndexerBackward(sample_index_q=a["index_q"], sample_weights=a["weights"],
+                                        sample_index_k=a["index_k"], sample_d_index_q=a["d_index_q"],
+                                        sample_d_weights=a["d_weights"], sample_d_index_k=a["d_index_k"],
+                                        sample_attn_score=a["attn_score"], sample_index_score=a["index_score"],
+                                        sample_topk_indices=a["topk_indices"], sm_scale=a["sm_scale"],
+                                        block_I=a["block_I"], topk_indices_global=a["topk_indices_global"],
+                                        backend=a["backend"], deterministic=a["deterministic"])
+            assert plan.check_support()
+            plan.compile()
+            cache[key] = plan
+        plan = cache[key]
+        ws = a["workspace"]
+        if ws is None and plan.scratch_workspace_bytes():
+            ws = torch.empty(plan.scratch_workspace_bytes(), dtype=torch.uint8)
+        plan.execute(a["index_q"], a["weights"], a["index_k"], a["d_index_q"], a["d_weights"], a["d_index_k"],
+                     a["attn_score"], a["index_score"], a["topk_indices"], loss_coeff=a["loss_coeff"],
+                     grad_loss=a["grad_loss"], current_stream=a["stream"], workspace=ws)
+        return dict(d_index_q=a["d_index_q"], d_weights=a["d_weights"], d_index_k=a["d_index_k"])
+
+
+def cpu_dry_run(a, sel):
+    """The train section on tiny sizes on the CPU (see the header); returns the exit status."""
+    global DEV, FE
+    DEV = "cpu"
+    sigs, src = fe_signatures(a.fe_src)
+    if len(sigs) != len(FE_SIGS):
+        log(f"cannot read cuDNN FE's signatures ({src}): pass --fe-src WHEEL_OR_DIR")
+        return 1
+    FE = "cuDNN FE (CPU model)"
+    fake = FakeDSA(sigs)
+    lib = D.Lib(a.lib)
+    RUN.update(lib=lib, ctx=None, stream=None, reps=a.reps or 1, card="cpu (dry run)", commit=commit_id(),
+               date=datetime.date.today().isoformat(), fe_dsa=fake, gemm_tflops=None, copy_gbps=None,
+               out=a.out or "/tmp/cudnn_peer_cpu_dry_run.json")
+    log(f"CPU dry run: libdsa {lib.version} ({a.lib}) references, cuDNN's calls bound to the signatures "
+        f"of {src}")
+    shapes = [dict(s, **DRY_SIZES[s["name"]]) for s in SHAPES if s["op"] == "train" and s["name"] in sel]
+    if not shapes:
+        log("--cpu-dry-run runs the train-* shapes only")
+        return 1
+    for sh in shapes:
+        log(f"=== {sh['name']} (CPU sizes T={sh['T']} S={sh['S']} K={sh['K']})")
+        bench_train(sh, True)
+    print_table()
+    bad = [f"{r['shape']} {r['op']} {r['variant']}: {r['status']} / peer {r['peer_status']}"
+           for r in ROWS if r["status"] != "ok" or r["peer_status"] != "ok"]
+    for r in ROWS:
+        chk = r.get("peer_max_rel_diff")
+        vals = chk.items() if isinstance(chk, dict) else [("peer_max_rel_diff", chk)]
+        for k, v in vals:
+            if not isinstance(v, float) or not v <= 3e-2:
+                bad.append(f"{r['shape']} {r['op']} {r['variant']}: {k} = {v}")
+    log(f"calls bound to cuDNN's signatures: {fake.calls}")
+    log(f"wrote {RUN['out']} ({len(ROWS)} rows)")
+    if bad:
+        log("CPU dry run FAILED:\n  " + "\n  ".join(bad))
+        return 1
+    log("CPU dry run passed")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
 # Driver
 # ------------------------------------------------------------------------------------------------
 def quick_shape(sh):
@@ -602,7 +1187,7 @@ def quick_shape(sh):
     sh = dict(sh)
     if sh["op"] == "bwd":
         sh["T"], sh["S"] = 512, max(sh["S"] // 8, 2 * sh["K"])
-    elif sh["op"] == "idx":
+    elif sh["op"] in ("idx", "train"):
         sh["T"], sh["S"] = sh["T"] // 8, max(sh["S"] // 8, 2 * sh["K"])
     else:
         sh["T"], sh["S"] = 512, sh["S"] // 8
@@ -622,7 +1207,7 @@ def commit_id():
 
 
 def print_table():
-    log(f"\n{'shape':<14} {'variant':<16} {'ms':>8} {'rate':>8} {'unit':<7} {'peer_ms':>8} "
+    log(f"\n{'shape':<14} {'op':<13} {'variant':<16} {'ms':>8} {'rate':>8} {'unit':<7} {'peer_ms':>8} "
         f"{'x peer':>7} {'compile':>7}  peer / check / status")
     for r in ROWS:
         f = lambda v, fmt: (fmt % v) if isinstance(v, (int, float)) and v is not None else "-"
@@ -630,12 +1215,13 @@ def print_table():
         chk = r.get("peer_max_rel_diff", r.get("peer_agreement"))
         if isinstance(chk, dict):
             chk = " ".join(f"{k}={v:.2g}" if isinstance(v, float) else f"{k}={v}" for k, v in chk.items())
-        log(f"{r['shape']:<14} {r['variant']:<16} {f(r['ms'], '%.3f'):>8} {f(rate, '%.1f'):>8} "
+        log(f"{r['shape']:<14} {r['op']:<13} {r['variant']:<16} {f(r['ms'], '%.3f'):>8} {f(rate, '%.1f'):>8} "
             f"{r['unit']:<7} {f(r['peer_ms'], '%.3f'):>8} {f(r['peer_ratio'], '%.2fx'):>7} "
             f"{f(r['peer_compile_s'], '%.1fs'):>7}  {r['peer'] or '-'} | {chk or '-'} | "
             f"{r['status']}{'' if r['peer_status'] == 'ok' else ' / peer: ' + r['peer_status']}")
-    log(f"ceilings (same run): bf16 GEMM 8192^3 {RUN['gemm_tflops']:.1f} TFLOP/s, D2D copy "
-        f"{RUN['copy_gbps']:.1f} GB/s; card {RUN['card']}, commit {RUN['commit']}")
+    if RUN.get("gemm_tflops") is not None:
+        log(f"ceilings (same run): bf16 GEMM 8192^3 {RUN['gemm_tflops']:.1f} TFLOP/s, D2D copy "
+            f"{RUN['copy_gbps']:.1f} GB/s; card {RUN['card']}, commit {RUN['commit']}")
     log("x peer = peer_ms / ms (> 1: libdsa faster); compile = the peer's first call (host, synced)")
 
 
@@ -645,27 +1231,39 @@ def main():
     ap.add_argument("--lib", default="build/libdsa.so")
     ap.add_argument("--out", default=None, help="JSON output (default bench/results/DATE-CARD-cudnn-peer.json)")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (see --list)")
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=None, help="reps per implementation (default 20; "
+                    "--cpu-dry-run: 1)")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--skip-check", action="store_true", help="no comparison of the outputs")
     ap.add_argument("--quick", action="store_true", help="small sizes, to validate the pipeline")
     ap.add_argument("--self-test", action="store_true", help="CPU only: the ctypes binding vs dsa_ref_*")
+    ap.add_argument("--cpu-dry-run", action="store_true", help="CPU only: the train-* section on tiny sizes "
+                    "with dsa_ref_* and a CPU model of cuDNN's calls (see the header)")
+    ap.add_argument("--fe-src", default=None, help="--cpu-dry-run: cuDNN FE 1.32's wheel or unpacked "
+                    "directory, for the real signatures (default ~/.cache/dsa-peers/cudnn/*.whl)")
     a = ap.parse_args()
     if a.list:
         for sh in SHAPES:
             log(f"{sh['name']:<14} {OP_NAMES[sh['op']]:<13} " +
-                " ".join(f"{k}={v}" for k, v in sh.items() if k not in ("name", "op")))
+                " ".join(f"{k}={v}" for k, v in sh.items() if k not in ("name", "op", "opt_in")) +
+                ("  (opt-in: --shapes; not in the default run)" if sh.get("opt_in") else ""))
         return 0
     if a.self_test:
         D._self_test(a.lib)
         return 0
-    if a.reps < 1:
+    if a.reps is not None and a.reps < 1:
         ap.error("--reps must be >= 1")
     names = [s["name"] for s in SHAPES]
-    sel = names if not a.shapes else [s for s in a.shapes.split(",") if s]
+    default = [s["name"] for s in SHAPES if not s.get("opt_in")]  # the train-* shapes: --shapes only
+    sel = default if not a.shapes else [s for s in a.shapes.split(",") if s]
     bad = [s for s in sel if s not in names]
     if bad:
         ap.error(f"unknown shape(s) {bad}; see --list")
+    if a.cpu_dry_run:
+        import torch as _torch
+        torch = _torch
+        return cpu_dry_run(a, sel if a.shapes else [s["name"] for s in SHAPES if s["op"] == "train"])
+    a.reps = a.reps or 20
     shapes = [quick_shape(s) if a.quick else s for s in SHAPES if s["name"] in sel]
 
     import torch as _torch
@@ -708,7 +1306,8 @@ def main():
     for i, sh in enumerate(shapes):
         log(f"=== [{i + 1}/{len(shapes)}] {sh['name']} ({time.perf_counter() - t0:.0f} s so far)")
         try:
-            {"bwd": bench_bwd, "idx": bench_idx, "topk": bench_topk}[sh["op"]](sh, not a.skip_check)
+            {"bwd": bench_bwd, "idx": bench_idx, "topk": bench_topk,
+             "train": bench_train}[sh["op"]](sh, not a.skip_check)
         except Exception as e:  # inputs or the libdsa forward failed: one row says so
             traceback.print_exc()
             add_row(sh, "setup", 0.0, sh["op"] == "topk", "", status=error_text(e))
