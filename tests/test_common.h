@@ -145,9 +145,10 @@ static inline dsa_status tc_context_create(dsa_context **ctx) {
 }
 
 /* DSA_TEST_EXPERIMENTAL=1 also runs the kernel paths that are written but not yet verified on a GPU
- * (today: none). Off by default, so that `make test` on a GPU machine never runs unverified device
- * code (a hang there would hang the suite); a GPU session runs them with it set, then folds the
- * verified ones into the default. */
+ * (today: the warp-specialised backward's gpu_attn_bwd/ws_* tests, DSA_BWD_KERNEL_SM90_WS). Off by
+ * default, so that `make test` on a GPU machine never runs unverified device code (a hang there
+ * would hang the suite); a GPU session runs them with it set, then folds the verified ones into the
+ * default. */
 static inline int tc_experimental(void) {
   const char *s = getenv("DSA_TEST_EXPERIMENTAL");
   return s != NULL && s[0] != '\0' && strcmp(s, "0") != 0;

@@ -23,7 +23,8 @@
  * accumulators, src/internal.h) is also held against the same kernel's deterministic mode.
  * The ws_* tests run the same cases on the warp-specialised 64-head sm_90a kernel
  * (DSA_BWD_KERNEL_SM90_WS, 4; cuda/attn_bwd/bwd_sm90_ws.cu, non-deterministic mode only): one pass
- * per case (only_kernel), checked as above (reference, poison, gaps, dsink). */
+ * per case (only_kernel), checked as above (reference, poison, gaps, dsink); not yet run on a GPU, so
+ * only with DSA_TEST_EXPERIMENTAL=1, and never under racecheck (ws_gate below). */
 #include <limits.h>
 #include "test_common.h"
 #include "internal.h"
@@ -528,8 +529,24 @@ Test(gpu_attn_bwd, zero_sizes) { TC_REQUIRE_GPU(); zero_size_cases(); }
  * rows), 128; K = 1, 63, 64, 100, 2048 (not multiples of the 64-key tile but 64); invalid / -1 /
  * out-of-range slots, duplicates, empty rows, topk_length NULL / 0 / K / random, sinks NULL / finite /
  * +inf / -inf / mixed, strided q / out / dout / dq / kv / dkv / indices, dsink NULL, T = 0 and
- * T_kv = 0. */
+ * T_kv = 0; ws_tile_edges: K = 65, 127, 128, 129, 192 (a last tile of 1 / 63 / 64 / 1 / 64 slots,
+ * 2-3 tiles: both idx halves and every barrier's first and second phase); ws_topk_above_2048: K =
+ * 2051 and 4096 (33 / 64 tiles).
+ * Gated (ws_gate): the kernel has not run on a GPU yet, so like every unverified path it runs only
+ * with DSA_TEST_EXPERIMENTAL=1 (tests/test_common.h: a hang must not hang `make test`); and it is
+ * skipped under racecheck, which cannot follow its barrier.arrive -> barrier.sync hand-offs
+ * (docs/reliability.md section 3c: hazards reported where the hardware keeps the order; the kernel
+ * has no mbarrier twin); memcheck, synccheck and initcheck run it. */
+static void ws_gate(void) {
+  if (!tc_experimental())
+    cr_skip_test("the warp-specialised backward (DSA_BWD_KERNEL_SM90_WS) has not run on a GPU yet: "
+                 "DSA_TEST_EXPERIMENTAL=1 runs it");
+  if (tc_racecheck())
+    cr_skip_test("skipped under racecheck: its named-barrier arrive / sync hand-offs are outside what "
+                 "racecheck follows (docs/reliability.md 3c); memcheck / synccheck / initcheck run it");
+}
 static void ws_heads(int H) {
+  ws_gate();
   only_kernel = DSA_BWD_KERNEL_SM90_WS;
   shapes_for_heads(H, 576);
   shapes_for_heads(H, 512);
@@ -543,6 +560,7 @@ Test(gpu_attn_bwd, ws_heads_100) { TC_REQUIRE_GPU(); ws_heads(100); }
 Test(gpu_attn_bwd, ws_heads_128) { TC_REQUIRE_GPU(); ws_heads(128); }
 Test(gpu_attn_bwd, ws_invalid_duplicate_and_empty_slots) {
   TC_REQUIRE_GPU();
+  ws_gate();
   only_kernel = DSA_BWD_KERNEL_SM90_WS;
   invalid_cases(576);
   invalid_cases(512);
@@ -550,6 +568,7 @@ Test(gpu_attn_bwd, ws_invalid_duplicate_and_empty_slots) {
 }
 Test(gpu_attn_bwd, ws_topk_length_and_sink_modes) {
   TC_REQUIRE_GPU();
+  ws_gate();
   only_kernel = DSA_BWD_KERNEL_SM90_WS;
   len_sink_cases(576);
   len_sink_cases(512);
@@ -557,10 +576,100 @@ Test(gpu_attn_bwd, ws_topk_length_and_sink_modes) {
 }
 Test(gpu_attn_bwd, ws_strided_and_zero_sizes) {
   TC_REQUIRE_GPU();
+  ws_gate();
   only_kernel = DSA_BWD_KERNEL_SM90_WS;
   strided_cases();
   zero_size_cases();
   only_kernel = 0;
+}
+
+/* The tile loop's edges: 2 or 3 tiles whose last one holds 1, 63 or 64 slots (LEN_FULL: every token
+ * has them; LEN_RANDOM: some tokens 0 or 1 tiles beside), H 64 / 128 / 100 (zero rows in block 1). */
+Test(gpu_attn_bwd, ws_tile_edges) {
+  TC_REQUIRE_GPU();
+  ws_gate();
+  only_kernel = DSA_BWD_KERNEL_SM90_WS;
+  tc_rng rng = tc_seed("gpu_attn_bwd/ws_tile_edges");
+  static const int Ks[] = {65, 127, 128, 129, 192};
+  static const int Hs[] = {64, 128, 100, 64, 128};
+  for (int i = 0; i < 5; ++i) {
+    const int H = Hs[i], K = Ks[i], D = i % 2 ? 512 : 576;
+    bwd_case c = {.T = pick_T(H, K), .H = H, .D = D, .Tkv = 3 * K, .K = K, .len = i < 3 ? LEN_FULL : LEN_RANDOM,
+                  .sink = i % 2 ? SINK_FINITE : SINK_MIX, .p_invalid = 0.1, .p_dup = 0.1, .p_empty = 0.05};
+    char name[64];
+    snprintf(name, sizeof name, "ws D=%d H=%d K=%d", D, H, K);
+    run_case(&c, &rng, name);
+  }
+  only_kernel = 0;
+}
+/* K above 2048 (33 and 64 tiles per token); kept to three cases: the CPU reference of one H = 64,
+ * K = 4096 token is ~2^18 (t, h, slot). */
+Test(gpu_attn_bwd, ws_topk_above_2048) {
+  TC_REQUIRE_GPU();
+  ws_gate();
+  only_kernel = DSA_BWD_KERNEL_SM90_WS;
+  tc_rng rng = tc_seed("gpu_attn_bwd/ws_topk_above_2048");
+  static const int Hs[] = {1, 64, 64};
+  static const int Ks[] = {4096, 4096, 2051};
+  for (int i = 0; i < 3; ++i) {
+    const int H = Hs[i], K = Ks[i], D = i == 2 ? 512 : 576;
+    bwd_case c = {.T = pick_T(H, K), .H = H, .D = D, .Tkv = 5003, .K = K, .len = i == 1 ? LEN_RANDOM : LEN_NULL,
+                  .sink = i ? SINK_FINITE : SINK_NULL, .p_invalid = 0.05, .p_dup = 0.05, .p_empty = 0.1};
+    char name[64];
+    snprintf(name, sizeof name, "ws D=%d H=%d K=%d", D, H, K);
+    run_case(&c, &rng, name);
+  }
+  only_kernel = 0;
+}
+/* The kernel declines the deterministic mode before any launch (no fallback for a forced kernel):
+ * DSA_ERROR_UNSUPPORTED naming the kernel, outputs untouched. Launches nothing: not gated. */
+Test(gpu_attn_bwd, ws_declines_deterministic) {
+  TC_REQUIRE_GPU();
+  const int64_t T = 3, H = 64, D = 576, Tkv = 16, K = 8, V = DSA_VALUE_DIM;
+  tc_rng rng = tc_seed("gpu_attn_bwd/ws_declines_deterministic");
+  dsa_context *ctx = NULL;
+  TC_OK(tc_context_create(&ctx));
+  uint16_t *hq = malloc((size_t)(T * H * D) * 2), *hkv = malloc((size_t)(Tkv * D) * 2);
+  uint16_t *hg = malloc((size_t)(T * H * V) * 2);
+  int32_t hidx[T * K];
+  float hlse[T * H];
+  cr_assert(hq && hkv && hg);
+  tc_fill_bf16(&rng, hq, (size_t)(T * H * D), -1, 1);
+  tc_fill_bf16(&rng, hkv, (size_t)(Tkv * D), -1, 1);
+  tc_fill_bf16(&rng, hg, (size_t)(T * H * V), -1, 1);
+  for (int i = 0; i < T * K; ++i) hidx[i] = (int32_t)tc_below(&rng, Tkv);
+  tc_fill_f32(&rng, hlse, (size_t)(T * H), 1, 3);
+  uint16_t *q = dev_copy(hq, (size_t)(T * H * D) * 2), *kv = dev_copy(hkv, (size_t)(Tkv * D) * 2);
+  uint16_t *g = dev_copy(hg, (size_t)(T * H * V) * 2);
+  int32_t *idx = dev_copy(hidx, sizeof hidx);
+  float *lse = dev_copy(hlse, sizeof hlse), *dsink;
+  uint16_t *dq, *dkv;
+  TC_CUDA(cudaMalloc((void **)&dq, (size_t)(T * H * D) * 2));
+  TC_CUDA(cudaMalloc((void **)&dkv, (size_t)(Tkv * D) * 2));
+  TC_CUDA(cudaMalloc((void **)&dsink, (size_t)H * 4));
+  TC_CUDA(cudaMemset(dq, 0xFF, (size_t)(T * H * D) * 2));
+  TC_CUDA(cudaMemset(dkv, 0xFF, (size_t)(Tkv * D) * 2));
+  dsa_attn_bwd_params p = {.num_tokens = T, .num_heads = (int32_t)H, .head_dim = (int32_t)D,
+                           .num_kv = Tkv, .topk = (int32_t)K, .softmax_scale = 0.05f, .q = q,
+                           .kv = kv, .indices = idx, .out = g, .dout = g, .lse = lse, .dq = dq,
+                           .dkv = dkv, .dsink = dsink, .deterministic = 1};
+  size_t need = 0;
+  TC_OK(dsa_sparse_attn_bwd(ctx, &p, NULL, &need, 0));
+  void *ws;
+  TC_CUDA(cudaMalloc(&ws, need));
+  TC_SET_OPTION(ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_SM90_WS);
+  TC_FAILS(dsa_sparse_attn_bwd(ctx, &p, ws, &need, 0), DSA_ERROR_UNSUPPORTED, "DSA_BWD_KERNEL_SM90_WS");
+  TC_CUDA(cudaDeviceSynchronize());
+  uint16_t probe[64];
+  TC_CUDA(cudaMemcpy(probe, dkv, sizeof probe, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 64; ++i) cr_assert(probe[i] == 0xFFFF, "a declined call wrote dkv");
+  TC_CUDA(cudaMemcpy(probe, dq, sizeof probe, cudaMemcpyDeviceToHost));
+  for (int i = 0; i < 64; ++i) cr_assert(probe[i] == 0xFFFF, "a declined call wrote dq");
+  TC_CUDA(cudaFree(ws));
+  free(hq); free(hkv); free(hg);
+  cudaFree(q); cudaFree(kv); cudaFree(g); cudaFree(idx); cudaFree(lse);
+  cudaFree(dq); cudaFree(dkv); cudaFree(dsink);
+  dsa_context_destroy(ctx);
 }
 
 Test(gpu_attn_bwd, workspace_contract) {
