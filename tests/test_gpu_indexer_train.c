@@ -3,8 +3,8 @@
  * CPU references (src/reference_train.c) on fresh random inputs (the seed is printed; DSA_TEST_SEED
  * replays), every element compared:
  *  - fp32 outputs (slot target, scores, g, d_weights) within 1e-4 of the row's largest |reference|
- *    (d_weights: or of the size of its terms, sum_j |g| ReLU(x), as a row of one sum (H = 1) can
- *    cancel to near 0),
+ *    (g and d_weights: or of the size of their terms, |grad_loss coeff / N| tgt and sum_j |g| ReLU(x),
+ *    as a row of one d_weights sum (H = 1) or g with two valid slots can cancel to near 0),
  *    bf16 outputs (d_index_q per (token, head), d_index_k per key row) within 1e-2 of the row's
  *    largest |reference|; invalid slots and rows that do not count exactly 0; NaN never passes.
  *  - sizes that are multiples of nothing (T 37, K 77, T_k 50 or 301), H 1 / 16 / 64 / 128 for the
@@ -87,8 +87,8 @@ static int slot_valid(const int32_t *idx, int64_t st, const int32_t *len, int K,
 
 /* fp32 rows: |got - ref| <= tol * the row's largest |ref| or |base| (base: NULL, or a contiguous
  * [rows, cols] bound on the size of the terms each element sums: a sum that cancels to near 0 is
- * only accurate relative to its terms, so a row of one such sum - d_weights with H = 1 - needs
- * that base); zero where `zero` says (NULL: nowhere); NaN fails. */
+ * only accurate relative to its terms, so a row of one such sum - d_weights with H = 1, g of a row
+ * with two valid slots - needs that base); zero where `zero` says (NULL: nowhere); NaN fails. */
 static void check_rows_f32_base(const char *what, const float *got, int64_t gst, const float *ref, int64_t rst,
                                 const float *base, int64_t rows, int cols, double tol, const uint8_t *zero) {
   for (int64_t t = 0; t < rows; ++t) {
@@ -528,6 +528,12 @@ static void run_loss(gpu_env *env, tc_rng *rng, int64_t T, int K, int64_t nkeys,
                                .grad_loss = with_gl ? &gl : NULL, .loss = &loss_ref,
                                .grad = with_grad ? g_ref : NULL, .grad_stride = K};
   TC_OK(dsa_ref_indexer_loss(&p));
+  /* g's tolerance base: |grad_loss coeff / N| tgt (g = that factor times p - tgt, which cancels in a
+   * row of two valid slots) */
+  float *g_base = malloc(nz(T * K) * 4);
+  double *row_sa = malloc(nz(T) * 8);
+  cr_assert(g_base && row_sa);
+  int64_t N = 0;
   for (int64_t t = 0; t < T; ++t) {
     int any = 0;
     double sa = 0;
@@ -538,7 +544,14 @@ static void run_loss(gpu_env *env, tc_rng *rng, int64_t T, int K, int64_t nkeys,
       }
     for (int j = 0; j < K; ++j)
       zero[t * K + j] = !(any && sa > 0) || !slot_valid(idx, ist, len, K, nkeys, t, j);
+    row_sa[t] = sa;
+    N += any && sa > 0;
   }
+  const double gfac = N > 0 ? fabs((with_gl ? (double)gl : 1.0) * (double)p.coeff / (double)N) : 0.0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < K; ++j)
+      g_base[t * K + j] = zero[t * K + j] ? 0.0f : (float)(gfac * a[t * ast + j] / row_sa[t]);
+  free(row_sa);
   dsa_indexer_loss_params d = p;
   d.indices = dcopy(idx, nz(T * ist) * 4);
   d.lengths = dcopy(len, nz(T) * 4);
@@ -579,7 +592,7 @@ static void run_loss(gpu_env *env, tc_rng *rng, int64_t T, int K, int64_t nkeys,
                 "loss: got %.9g, ref %.9g", (double)loss_got, (double)loss_ref);
       if (T == 0) cr_assert(loss_got == 0.0f);
       if (with_grad) {
-        check_rows_f32("g", got, gst, g_ref, K, T, K, 1e-4, zero);
+        check_rows_f32_base("g", got, gst, g_ref, K, g_base, T, K, 1e-4, zero);
         check_gaps32("g", got, T, gst, K);
       } else {
         cr_assert(is_poison_bytes(got, ng), "grad = NULL but the buffer was written");
@@ -597,7 +610,7 @@ static void run_loss(gpu_env *env, tc_rng *rng, int64_t T, int K, int64_t nkeys,
   TC_CUDA(cudaFree(ws));
   cudaFree((void *)d.indices); cudaFree((void *)d.lengths); cudaFree((void *)d.target);
   cudaFree((void *)d.scores); cudaFree((void *)d.grad_loss); cudaFree(d.loss); cudaFree(dgrad);
-  free(idx); free(len); free(a); free(z); free(g_ref); free(zero);
+  free(idx); free(len); free(a); free(z); free(g_ref); free(zero); free(g_base);
 }
 
 Test(gpu_indexer_train, loss_matches_reference) {
