@@ -2,7 +2,9 @@
  * (dsa_attn_slot_target, dsa_indexer_slot_scores, dsa_indexer_loss, dsa_indexer_bwd) against their
  * CPU references (src/reference_train.c) on fresh random inputs (the seed is printed; DSA_TEST_SEED
  * replays), every element compared:
- *  - fp32 outputs (slot target, scores, g, d_weights) within 1e-4 of the row's largest |reference|,
+ *  - fp32 outputs (slot target, scores, g, d_weights) within 1e-4 of the row's largest |reference|
+ *    (g and d_weights: or of the size of their terms, |grad_loss coeff / N| tgt and sum_j |g| ReLU(x),
+ *    as a row of one d_weights sum (H = 1) or g with two valid slots can cancel to near 0),
  *    bf16 outputs (d_index_q per (token, head), d_index_k per key row) within 1e-2 of the row's
  *    largest |reference|; invalid slots and rows that do not count exactly 0; NaN never passes.
  *  - sizes that are multiples of nothing (T 37, K 77, T_k 50 or 301), H 1 / 16 / 64 / 128 for the
@@ -83,12 +85,17 @@ static int slot_valid(const int32_t *idx, int64_t st, const int32_t *len, int K,
   return j < lim && v >= 0 && (int64_t)v < nkeys;
 }
 
-/* fp32 rows: |got - ref| <= tol * max_row |ref|; zero where `zero` says (NULL: nowhere); NaN fails. */
-static void check_rows_f32(const char *what, const float *got, int64_t gst, const float *ref, int64_t rst,
-                           int64_t rows, int cols, double tol, const uint8_t *zero) {
+/* fp32 rows: |got - ref| <= tol * the row's largest |ref| or |base| (base: NULL, or a contiguous
+ * [rows, cols] bound on the size of the terms each element sums: a sum that cancels to near 0 is
+ * only accurate relative to its terms, so a row of one such sum - d_weights with H = 1, g of a row
+ * with two valid slots - needs that base); zero where `zero` says (NULL: nowhere); NaN fails. */
+static void check_rows_f32_base(const char *what, const float *got, int64_t gst, const float *ref, int64_t rst,
+                                const float *base, int64_t rows, int cols, double tol, const uint8_t *zero) {
   for (int64_t t = 0; t < rows; ++t) {
     double mx = 0;
     for (int j = 0; j < cols; ++j) mx = fmax(mx, fabs((double)ref[t * rst + j]));
+    if (base)
+      for (int j = 0; j < cols; ++j) mx = fmax(mx, fabs((double)base[t * cols + j]));
     for (int j = 0; j < cols; ++j) {
       const double g = got[t * gst + j], e = ref[t * rst + j];
       cr_assert(!isnan(g) && !isnan(e), "%s[%lld, %d]: NaN (got %g, ref %g)", what, (long long)t, j, g, e);
@@ -98,6 +105,10 @@ static void check_rows_f32(const char *what, const float *got, int64_t gst, cons
                 (long long)t, j, g, e, mx);
     }
   }
+}
+static void check_rows_f32(const char *what, const float *got, int64_t gst, const float *ref, int64_t rst,
+                           int64_t rows, int cols, double tol, const uint8_t *zero) {
+  check_rows_f32_base(what, got, gst, ref, rst, NULL, rows, cols, tol, zero);
 }
 
 /* bf16 rows of `inner` elements at got[a * s0 + b * s1] against a contiguous reference. */
@@ -388,6 +399,18 @@ static void run_indexer_bwd(gpu_env *env, tc_rng *rng, const idx_case *c) {
       .weights_stride = in.w_st, .indices = in.idx, .indices_stride = in.idx_st, .lengths = in.len,
       .grad = g, .grad_stride = g_st, .d_index_q = dq_ref, .d_weights = dw_ref, .d_index_k = dk_ref};
   TC_OK(dsa_ref_indexer_bwd(&p));
+  /* d_weights' tolerance base: sum_j |g| ReLU(x) (the reference on |g|), the size of its terms */
+  float *g_abs = malloc(nz(T * g_st) * 4), *dw_base = malloc(nz(T * H) * 4);
+  uint16_t *dq_scr = malloc(nz(T * H * 128) * 2), *dk_scr = malloc(nz(Tk * 128) * 2);
+  cr_assert(g_abs && dw_base && dq_scr && dk_scr);
+  for (size_t i = 0; i < nz(T * g_st); ++i) g_abs[i] = fabsf(g[i]);
+  dsa_indexer_bwd_params pa = p;
+  pa.grad = g_abs;
+  pa.d_index_q = dq_scr;
+  pa.d_weights = dw_base;
+  pa.d_index_k = dk_scr;
+  TC_OK(dsa_ref_indexer_bwd(&pa));
+  free(g_abs); free(dq_scr); free(dk_scr);
   dsa_indexer_bwd_params d = p;
   d.index_q = dcopy(in.q, in.nq * 2);
   d.index_k = dcopy(in.k, in.nk * 2);
@@ -427,7 +450,7 @@ static void run_indexer_bwd(gpu_env *env, tc_rng *rng, const idx_case *c) {
       if (run == 0) {
         check_rows_bf16(det ? "d_index_q (det)" : "d_index_q", dq, T, dq_st, H, dq_sh, dq_ref, 128, 1e-2);
         check_rows_bf16(det ? "d_index_k (det)" : "d_index_k", dk, Tk, dk_st, 1, 0, dk_ref, 128, 1e-2);
-        check_rows_f32("d_weights", dw, dw_st, dw_ref, H, T, (int)H, 1e-4, NULL);
+        check_rows_f32_base("d_weights", dw, dw_st, dw_ref, H, dw_base, T, (int)H, 1e-4, NULL);
         if (T > 0) check_gaps16("d_index_q", dq, ndq / 2, T, dq_st, H, dq_sh, 128);
         if (Tk > 0) check_gaps16("d_index_k", dk, ndk / 2, Tk, dk_st, 1, 0, 128);
         check_gaps32("d_weights", dw, T, dw_st, (int)H);
@@ -447,7 +470,7 @@ static void run_indexer_bwd(gpu_env *env, tc_rng *rng, const idx_case *c) {
   cudaFree((void *)d.index_q); cudaFree((void *)d.index_k); cudaFree((void *)d.weights);
   cudaFree((void *)d.indices); cudaFree((void *)d.lengths); cudaFree((void *)d.grad);
   cudaFree(d.d_index_q); cudaFree(d.d_weights); cudaFree(d.d_index_k);
-  free(g); free(dq_ref); free(dk_ref); free(dw_ref);
+  free(g); free(dq_ref); free(dk_ref); free(dw_ref); free(dw_base);
   free_idx_inputs(&in);
 }
 
@@ -505,6 +528,12 @@ static void run_loss(gpu_env *env, tc_rng *rng, int64_t T, int K, int64_t nkeys,
                                .grad_loss = with_gl ? &gl : NULL, .loss = &loss_ref,
                                .grad = with_grad ? g_ref : NULL, .grad_stride = K};
   TC_OK(dsa_ref_indexer_loss(&p));
+  /* g's tolerance base: |grad_loss coeff / N| tgt (g = that factor times p - tgt, which cancels in a
+   * row of two valid slots) */
+  float *g_base = malloc(nz(T * K) * 4);
+  double *row_sa = malloc(nz(T) * 8);
+  cr_assert(g_base && row_sa);
+  int64_t N = 0;
   for (int64_t t = 0; t < T; ++t) {
     int any = 0;
     double sa = 0;
@@ -515,7 +544,14 @@ static void run_loss(gpu_env *env, tc_rng *rng, int64_t T, int K, int64_t nkeys,
       }
     for (int j = 0; j < K; ++j)
       zero[t * K + j] = !(any && sa > 0) || !slot_valid(idx, ist, len, K, nkeys, t, j);
+    row_sa[t] = sa;
+    N += any && sa > 0;
   }
+  const double gfac = N > 0 ? fabs((with_gl ? (double)gl : 1.0) * (double)p.coeff / (double)N) : 0.0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < K; ++j)
+      g_base[t * K + j] = zero[t * K + j] ? 0.0f : (float)(gfac * a[t * ast + j] / row_sa[t]);
+  free(row_sa);
   dsa_indexer_loss_params d = p;
   d.indices = dcopy(idx, nz(T * ist) * 4);
   d.lengths = dcopy(len, nz(T) * 4);
@@ -556,7 +592,7 @@ static void run_loss(gpu_env *env, tc_rng *rng, int64_t T, int K, int64_t nkeys,
                 "loss: got %.9g, ref %.9g", (double)loss_got, (double)loss_ref);
       if (T == 0) cr_assert(loss_got == 0.0f);
       if (with_grad) {
-        check_rows_f32("g", got, gst, g_ref, K, T, K, 1e-4, zero);
+        check_rows_f32_base("g", got, gst, g_ref, K, g_base, T, K, 1e-4, zero);
         check_gaps32("g", got, T, gst, K);
       } else {
         cr_assert(is_poison_bytes(got, ng), "grad = NULL but the buffer was written");
@@ -574,7 +610,7 @@ static void run_loss(gpu_env *env, tc_rng *rng, int64_t T, int K, int64_t nkeys,
   TC_CUDA(cudaFree(ws));
   cudaFree((void *)d.indices); cudaFree((void *)d.lengths); cudaFree((void *)d.target);
   cudaFree((void *)d.scores); cudaFree((void *)d.grad_loss); cudaFree(d.loss); cudaFree(dgrad);
-  free(idx); free(len); free(a); free(z); free(g_ref); free(zero);
+  free(idx); free(len); free(a); free(z); free(g_ref); free(zero); free(g_base);
 }
 
 Test(gpu_indexer_train, loss_matches_reference) {
