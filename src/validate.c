@@ -426,8 +426,33 @@ dsa_status dsa_check_slot_target(const dsa_slot_target_params *p, const char *fn
     DSA_TRY(check_opt_ptr(fn, "sink", c.sink, 4));
     DSA_TRY(check_ptr(fn, "lse", c.lse, 4));
   }
+  {
+    const int64_t T = c.num_tokens, H = c.num_heads;
+    const span ins[] = {span_of("q", c.q, T, c.q_stride_token, H, c.q_stride_head, c.head_dim, 2),
+                        span_of("kv", c.kv, T > 0 ? c.num_kv : 0, c.kv_stride, 1, 0, c.head_dim, 2),
+                        span_of("indices", c.indices, T, c.indices_stride, 1, 0, c.topk, 4),
+                        span_1d("topk_length", c.topk_length, T, 4), span_1d("sink", c.sink, T > 0 ? H : 0, 4),
+                        span_1d("lse", c.lse, T * H, 4)};
+    const span outs[] = {span_of("target", c.target, T, c.target_stride, 1, 0, c.topk, 4)};
+    DSA_TRY(check_no_alias(fn, outs, 1, ins, 6));
+  }
   *r = c;
   return DSA_SUCCESS;
+}
+
+/* The inputs the indexer's slot scores and its backward share, as spans for the aliasing check. */
+static int indexer_slot_spans(const char *fn, int64_t T, int64_t Tk, int32_t H, int32_t K, const void *q,
+                              int64_t q_st, int64_t q_sh, const void *k, int64_t k_stride, const void *w,
+                              dsa_dtype w_dtype, int64_t w_stride, const int32_t *idx, int64_t idx_stride,
+                              const int32_t *lengths, span *ins) {
+  (void)fn;
+  const int64_t D = DSA_INDEX_HEAD_DIM, wsize = w_dtype == DSA_DTYPE_F32 ? 4 : 2;
+  ins[0] = span_of("index_q", q, T, q_st, H, q_sh, D, 2);
+  ins[1] = span_of("index_k", k, T > 0 ? Tk : 0, k_stride, 1, 0, D, 2);
+  ins[2] = span_of("weights", w, T, w_stride, 1, 0, H, wsize);
+  ins[3] = span_of("indices", idx, T, idx_stride, 1, 0, K, 4);
+  ins[4] = span_1d("lengths", lengths, T, 4);
+  return 5;
 }
 
 /* What the indexer's slot scores and its backward share: sizes, index_q / index_k / weights /
@@ -477,6 +502,15 @@ dsa_status dsa_check_indexer_slot_scores(const dsa_indexer_slot_scores_params *p
                               &c.indices_stride, c.lengths));
   DSA_TRY(check_slot_tensor(fn, "scores", "scores_stride", c.scores, c.num_tokens, c.topk,
                             &c.scores_stride, 0));
+  {
+    span ins[5];
+    const int n = indexer_slot_spans(fn, c.num_tokens, c.num_keys, c.num_heads, c.topk, c.index_q,
+                                     c.q_stride_token, c.q_stride_head, c.index_k, c.k_stride, c.weights,
+                                     c.weights_dtype, c.weights_stride, c.indices, c.indices_stride,
+                                     c.lengths, ins);
+    const span outs[] = {span_of("scores", c.scores, c.num_tokens, c.scores_stride, 1, 0, c.topk, 4)};
+    DSA_TRY(check_no_alias(fn, outs, 1, ins, n));
+  }
   *r = c;
   return DSA_SUCCESS;
 }
@@ -504,6 +538,16 @@ dsa_status dsa_check_indexer_loss(const dsa_indexer_loss_params *p, const char *
   if (c.num_tokens > 0) {
     DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
     DSA_TRY(check_opt_ptr(fn, "lengths", c.lengths, 4));
+  }
+  {
+    const int64_t T = c.num_tokens, K = c.topk;
+    const span ins[] = {span_of("indices", c.indices, T, c.indices_stride, 1, 0, K, 4),
+                        span_1d("lengths", c.lengths, T, 4),
+                        span_of("target", c.target, T, c.target_stride, 1, 0, K, 4),
+                        span_of("scores", c.scores, T, c.scores_stride, 1, 0, K, 4),
+                        span_1d("grad_loss", c.grad_loss, 1, 4)};
+    const span outs[] = {span_1d("loss", c.loss, 1, 4), span_of("grad", c.grad, T, c.grad_stride, 1, 0, K, 4)};
+    DSA_TRY(check_no_alias(fn, outs, 2, ins, 5));
   }
   *r = c;
   return DSA_SUCCESS;
@@ -540,6 +584,19 @@ dsa_status dsa_check_indexer_bwd(const dsa_indexer_bwd_params *p, const char *fn
   }
   /* d_index_k is written (zeros) even when there are no tokens */
   if (c.num_keys > 0) DSA_TRY(check_ptr(fn, "d_index_k", c.d_index_k, 16));
+  {
+    span ins[6];
+    const int n = indexer_slot_spans(fn, c.num_tokens, c.num_keys, c.num_heads, c.topk, c.index_q,
+                                     c.q_stride_token, c.q_stride_head, c.index_k, c.k_stride, c.weights,
+                                     c.weights_dtype, c.weights_stride, c.indices, c.indices_stride,
+                                     c.lengths, ins);
+    ins[n] = span_of("grad", c.grad, c.num_tokens, c.grad_stride, 1, 0, c.topk, 4);
+    const span outs[] = {span_of("d_index_q", c.d_index_q, c.num_tokens, c.dq_stride_token, c.num_heads,
+                                 c.dq_stride_head, D, 2),
+                         span_of("d_weights", c.d_weights, c.num_tokens, c.dw_stride, 1, 0, c.num_heads, 4),
+                         span_of("d_index_k", c.d_index_k, c.num_keys, c.dk_stride, 1, 0, D, 2)};
+    DSA_TRY(check_no_alias(fn, outs, 3, ins, n + 1));
+  }
   *r = c;
   return DSA_SUCCESS;
 }

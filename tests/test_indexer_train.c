@@ -354,8 +354,9 @@ Test(reference_indexer_train, bad_arguments_named) {
 static size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
 Test(indexer_train_entry, size_queries_without_a_context) {
-  const float a[1] = {1}, z[1] = {0};
-  const int32_t idx[1] = {0};
+  /* buffers of the sizes the params describe (the checks compare their byte ranges for aliasing) */
+  float *a = zalloc(37 * 77 * 4), *z = zalloc(37 * 77 * 4);
+  int32_t *idx = zalloc(37 * 77 * 4);
   float loss = 0;
   dsa_indexer_loss_params l = loss_params(37, 77, 50, idx, a, z, &loss, NULL);
   size_t bytes = 0, again = 0;
@@ -368,11 +369,10 @@ Test(indexer_train_entry, size_queries_without_a_context) {
   cr_assert_eq(bytes, 512, "T = 0 still has a size >= 1 (the loss is written)");
 
   uint16_t *q, *k;
-  idx_inputs(&q, &k, 1, 1, 1);
-  const float w[1] = {1}, g[1] = {1};
-  uint16_t *dq = zalloc(256), *dk = zalloc(256);
-  float dw = 0;
-  dsa_indexer_bwd_params b = bwd_params(37, 301, 7, 77, q, k, w, idx, g, dq, &dw, dk);
+  idx_inputs(&q, &k, 37, 7, 301);
+  float *w = zalloc(37 * 7 * 4), *g = zalloc(37 * 77 * 4), *dw = zalloc(37 * 7 * 4);
+  uint16_t *dq = zalloc(37 * 7 * 128 * 2), *dk = zalloc(301 * 128 * 2);
+  dsa_indexer_bwd_params b = bwd_params(37, 301, 7, 77, q, k, w, idx, g, dq, dw, dk);
   TC_OK(dsa_indexer_bwd(NULL, &b, NULL, &bytes, 0));
   cr_assert_eq(bytes, align256(301 * 128 * 4) + 256, "the fp32 d_index_k accumulator plus slack");
   b.num_keys = 0;
@@ -402,6 +402,12 @@ Test(indexer_train_entry, size_queries_without_a_context) {
   free(k);
   free(dq);
   free(dk);
+  free(a);
+  free(z);
+  free(idx);
+  free(w);
+  free(g);
+  free(dw);
 }
 
 Test(indexer_train_entry, bad_arguments_named_before_the_context) {
@@ -472,4 +478,31 @@ Test(indexer_train_entry, bad_arguments_named_before_the_context) {
   free(k);
   free(dq);
   free(dk);
+}
+
+/* Outputs that overlap an input or another output are rejected, naming both (docs/contract.md
+ * section 13.3), before anything is written. */
+Test(indexer_train_entry, outputs_may_not_alias) {
+  enum { T = 3, K = 4, TK = 5, H = 2 };
+  float *buf = zalloc(4096 * 4);
+  int32_t *idx = zalloc(T * K * 4);
+  dsa_indexer_loss_params l = loss_params(T, K, TK, idx, buf, buf + 64, buf + 128, buf + 192);
+  TC_OK(dsa_ref_indexer_loss(&l));
+  l.grad = buf + 64; /* g over the scores */
+  TC_FAILS_INVALID(dsa_ref_indexer_loss(&l), "output grad");
+  l.grad = buf + 192;
+  l.loss = buf + 192; /* loss inside g */
+  TC_FAILS_INVALID(dsa_ref_indexer_loss(&l), "overlaps output grad");
+  uint16_t *q, *k;
+  idx_inputs(&q, &k, T, H, TK);
+  uint16_t *dq = zalloc(T * H * 128 * 2), *dk = zalloc(TK * 128 * 2);
+  float *w = zalloc(T * H * 4), *g = zalloc(T * K * 4), *dw = zalloc(T * H * 4);
+  dsa_indexer_bwd_params b = bwd_params(T, TK, H, K, q, k, w, idx, g, dq, dw, dk);
+  TC_OK(dsa_ref_indexer_bwd(&b));
+  b.d_index_k = k; /* in place over index_k */
+  TC_FAILS_INVALID(dsa_ref_indexer_bwd(&b), "overlaps input index_k");
+  b.d_index_k = dk;
+  b.d_weights = w;
+  TC_FAILS_INVALID(dsa_ref_indexer_bwd(&b), "overlaps input weights");
+  free(buf); free(idx); free(q); free(k); free(dq); free(dk); free(w); free(g); free(dw);
 }
