@@ -39,6 +39,14 @@ def _ctx_stream(device: torch.device):
     return ctx, C.c_void_p(torch.cuda.current_stream(idx).cuda_stream)
 
 
+def _two_phase(lib, fn, name, ctx, p, stream, device):
+    """A GPU op with a workspace: size query, torch allocation, run."""
+    n = C.c_size_t(0)
+    lib.check(fn(ctx, C.byref(p), None, C.byref(n), stream), f"{name} (workspace size)")
+    ws = torch.empty(n.value, dtype=torch.uint8, device=device)
+    lib.check(fn(ctx, C.byref(p), C.c_void_p(ws.data_ptr()), C.byref(n), stream), name)
+
+
 def _require(cond: bool, what: str):
     if not cond:
         raise D.DSAInvalidArgument(what, D.DSA_ERROR_INVALID_ARGUMENT)
@@ -149,12 +157,7 @@ def sparse_attn_bwd(q: Tensor, kv: Tensor, indices: Tensor, topk_length: Optiona
     lib = library()
     if q.is_cuda:
         ctx, stream = _ctx_stream(q.device)
-        n = C.c_size_t(0)
-        lib.check(lib.so.dsa_sparse_attn_bwd(ctx, C.byref(p), None, C.byref(n), stream),
-                  "dsa_sparse_attn_bwd (workspace size)")
-        ws = torch.empty(n.value, dtype=torch.uint8, device=q.device)
-        lib.check(lib.so.dsa_sparse_attn_bwd(ctx, C.byref(p), C.c_void_p(ws.data_ptr()), C.byref(n), stream),
-                  "dsa_sparse_attn_bwd")
+        _two_phase(lib, lib.so.dsa_sparse_attn_bwd, "dsa_sparse_attn_bwd", ctx, p, stream, q.device)
     else:
         lib.check(lib.so.dsa_ref_sparse_attn_bwd(C.byref(p)), "dsa_ref_sparse_attn_bwd")
     return dq, dkv, dsink
@@ -215,12 +218,7 @@ def indexer_topk_op(index_q: Tensor, index_k: Tensor, weights: Tensor, plan_id: 
     lib = library()
     if q.is_cuda:
         ctx, stream = _ctx_stream(q.device)
-        n = C.c_size_t(0)
-        lib.check(lib.so.dsa_indexer_topk(ctx, C.byref(p), None, C.byref(n), stream),
-                  "dsa_indexer_topk (workspace size)")
-        ws = torch.empty(n.value, dtype=torch.uint8, device=q.device)
-        lib.check(lib.so.dsa_indexer_topk(ctx, C.byref(p), C.c_void_p(ws.data_ptr()), C.byref(n), stream),
-                  "dsa_indexer_topk")
+        _two_phase(lib, lib.so.dsa_indexer_topk, "dsa_indexer_topk", ctx, p, stream, q.device)
     else:
         lib.check(lib.so.dsa_ref_indexer_topk(C.byref(p)), "dsa_ref_indexer_topk")
     return indices, lengths
@@ -249,10 +247,7 @@ def topk_op(scores: Tensor, lengths: Optional[Tensor], k: int) -> Tensor:
     lib = library()
     if s.is_cuda:
         ctx, stream = _ctx_stream(s.device)
-        n = C.c_size_t(0)
-        lib.check(lib.so.dsa_topk(ctx, C.byref(p), None, C.byref(n), stream), "dsa_topk (workspace size)")
-        ws = torch.empty(n.value, dtype=torch.uint8, device=s.device)
-        lib.check(lib.so.dsa_topk(ctx, C.byref(p), C.c_void_p(ws.data_ptr()), C.byref(n), stream), "dsa_topk")
+        _two_phase(lib, lib.so.dsa_topk, "dsa_topk", ctx, p, stream, s.device)
     else:
         lib.check(lib.so.dsa_ref_topk(C.byref(p)), "dsa_ref_topk")
     return out
@@ -322,14 +317,6 @@ def _(q, sink, padded_heads):
 # ---- indexer training (docs/indexer-training.md) ------------------------------------------------
 def _w_dtype(w: Tensor) -> int:
     return D.DSA_DTYPE_F32 if w.dtype == torch.float32 else D.DSA_DTYPE_BF16
-
-
-def _two_phase(lib, fn, name, ctx, p, stream, device):
-    """A GPU op with a workspace: size query, torch allocation, run."""
-    n = C.c_size_t(0)
-    lib.check(fn(ctx, C.byref(p), None, C.byref(n), stream), f"{name} (workspace size)")
-    ws = torch.empty(n.value, dtype=torch.uint8, device=device)
-    lib.check(fn(ctx, C.byref(p), C.c_void_p(ws.data_ptr()), C.byref(n), stream), name)
 
 
 def _idx_train_checks(fn, index_q, index_k, weights, indices, lengths):
