@@ -287,6 +287,18 @@ static dsa_status check_attn_common(const char *fn, int64_t T, int32_t H, int32_
   return DSA_SUCCESS;
 }
 
+/* The pointers forward, backward and slot target read alike: q, kv (when there are keys), indices,
+ * and the optional topk_length and sink. */
+static dsa_status check_attn_inputs(const char *fn, const void *q, int64_t num_kv, const void *kv,
+                                    const int32_t *indices, const int32_t *topk_length, const float *sink) {
+  DSA_TRY(check_ptr(fn, "q", q, 16));
+  if (num_kv > 0) DSA_TRY(check_ptr(fn, "kv", kv, 16));
+  DSA_TRY(check_ptr(fn, "indices", indices, 4));
+  DSA_TRY(check_opt_ptr(fn, "topk_length", topk_length, 4));
+  DSA_TRY(check_opt_ptr(fn, "sink", sink, 4));
+  return DSA_SUCCESS;
+}
+
 /* A [T, H, 512] bf16 tensor (out, dout): strides resolved, vector-aligned. */
 static dsa_status check_value_tensor(const char *fn, const char *name, const char *st_name,
                                      const char *sh_name, int64_t T, int64_t H, int64_t *st,
@@ -308,11 +320,7 @@ dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const char *fn,
   DSA_TRY(check_value_tensor(fn, "out", "out_stride_token", "out_stride_head", c.num_tokens,
                              c.num_heads, &c.out_stride_token, &c.out_stride_head));
   if (c.num_tokens > 0) {
-    DSA_TRY(check_ptr(fn, "q", c.q, 16));
-    if (c.num_kv > 0) DSA_TRY(check_ptr(fn, "kv", c.kv, 16));
-    DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
-    DSA_TRY(check_opt_ptr(fn, "topk_length", c.topk_length, 4));
-    DSA_TRY(check_opt_ptr(fn, "sink", c.sink, 4));
+    DSA_TRY(check_attn_inputs(fn, c.q, c.num_kv, c.kv, c.indices, c.topk_length, c.sink));
     DSA_TRY(check_ptr(fn, "out", c.out, 16));
     DSA_TRY(check_ptr(fn, "lse", c.lse, 4));
     DSA_TRY(check_opt_ptr(fn, "max_logits", c.max_logits, 4));
@@ -354,11 +362,7 @@ dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
   DSA_TRY(check_vec_stride(fn, "dkv_stride", c.dkv_stride));
   DSA_TRY(check_extent(fn, "dkv", c.num_kv, c.dkv_stride, 1, 0, c.head_dim, 2));
   if (c.num_tokens > 0) {
-    DSA_TRY(check_ptr(fn, "q", c.q, 16));
-    if (c.num_kv > 0) DSA_TRY(check_ptr(fn, "kv", c.kv, 16));
-    DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
-    DSA_TRY(check_opt_ptr(fn, "topk_length", c.topk_length, 4));
-    DSA_TRY(check_opt_ptr(fn, "sink", c.sink, 4));
+    DSA_TRY(check_attn_inputs(fn, c.q, c.num_kv, c.kv, c.indices, c.topk_length, c.sink));
     DSA_TRY(check_ptr(fn, "out", c.out, 16));
     DSA_TRY(check_ptr(fn, "dout", c.dout, 16));
     DSA_TRY(check_ptr(fn, "lse", c.lse, 4));
@@ -419,11 +423,7 @@ dsa_status dsa_check_slot_target(const dsa_slot_target_params *p, const char *fn
   DSA_TRY(check_slot_tensor(fn, "target", "target_stride", c.target, c.num_tokens, c.topk,
                             &c.target_stride, 0));
   if (c.num_tokens > 0) {
-    DSA_TRY(check_ptr(fn, "q", c.q, 16));
-    if (c.num_kv > 0) DSA_TRY(check_ptr(fn, "kv", c.kv, 16));
-    DSA_TRY(check_ptr(fn, "indices", c.indices, 4));
-    DSA_TRY(check_opt_ptr(fn, "topk_length", c.topk_length, 4));
-    DSA_TRY(check_opt_ptr(fn, "sink", c.sink, 4));
+    DSA_TRY(check_attn_inputs(fn, c.q, c.num_kv, c.kv, c.indices, c.topk_length, c.sink));
     DSA_TRY(check_ptr(fn, "lse", c.lse, 4));
   }
   {
