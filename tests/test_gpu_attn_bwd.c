@@ -621,86 +621,86 @@ Test(gpu_attn_bwd, ws_topk_above_2048) {
   }
   only_kernel = 0;
 }
+/* A small backward problem on the device (random q / kv / indices / lse, out = dout), dq and dkv
+ * poisoned with 0xFF: the contract tests' inputs. */
+typedef struct {
+  dsa_context *ctx;
+  dsa_attn_bwd_params p;
+  uint16_t *q, *kv, *g, *dq, *dkv;
+  int32_t *idx;
+  float *lse, *dsink;
+} small_bwd;
+
+static void small_bwd_init(small_bwd *f, const char *seed_name, int64_t T, int64_t H, int64_t Tkv, int64_t K) {
+  const int64_t D = 576, V = DSA_VALUE_DIM;
+  tc_rng rng = tc_seed(seed_name);
+  memset(f, 0, sizeof *f);
+  TC_OK(tc_context_create(&f->ctx));
+  uint16_t *hq = malloc((size_t)(T * H * D) * 2), *hkv = malloc((size_t)(Tkv * D) * 2);
+  uint16_t *hg = malloc((size_t)(T * H * V) * 2);
+  int32_t *hidx = malloc((size_t)(T * K) * 4);
+  float *hlse = malloc((size_t)(T * H) * 4);
+  cr_assert(hq && hkv && hg && hidx && hlse);
+  tc_fill_bf16(&rng, hq, (size_t)(T * H * D), -1, 1);
+  tc_fill_bf16(&rng, hkv, (size_t)(Tkv * D), -1, 1);
+  tc_fill_bf16(&rng, hg, (size_t)(T * H * V), -1, 1);
+  for (int64_t i = 0; i < T * K; ++i) hidx[i] = (int32_t)tc_below(&rng, Tkv);
+  tc_fill_f32(&rng, hlse, (size_t)(T * H), 1, 3);
+  f->q = dev_copy(hq, (size_t)(T * H * D) * 2);
+  f->kv = dev_copy(hkv, (size_t)(Tkv * D) * 2);
+  f->g = dev_copy(hg, (size_t)(T * H * V) * 2);
+  f->idx = dev_copy(hidx, (size_t)(T * K) * 4);
+  f->lse = dev_copy(hlse, (size_t)(T * H) * 4);
+  free(hq); free(hkv); free(hg); free(hidx); free(hlse);
+  TC_CUDA(cudaMalloc((void **)&f->dq, (size_t)(T * H * D) * 2));
+  TC_CUDA(cudaMalloc((void **)&f->dkv, (size_t)(Tkv * D) * 2));
+  TC_CUDA(cudaMalloc((void **)&f->dsink, (size_t)H * 4));
+  TC_CUDA(cudaMemset(f->dq, 0xFF, (size_t)(T * H * D) * 2));
+  TC_CUDA(cudaMemset(f->dkv, 0xFF, (size_t)(Tkv * D) * 2));
+  dsa_attn_bwd_params p = {.num_tokens = T, .num_heads = (int32_t)H, .head_dim = (int32_t)D,
+                           .num_kv = Tkv, .topk = (int32_t)K, .softmax_scale = 0.05f, .q = f->q,
+                           .kv = f->kv, .indices = f->idx, .out = f->g, .dout = f->g, .lse = f->lse,
+                           .dq = f->dq, .dkv = f->dkv, .dsink = f->dsink};
+  f->p = p;
+}
+
+static void small_bwd_free(small_bwd *f) {
+  cudaFree(f->q); cudaFree(f->kv); cudaFree(f->g); cudaFree(f->idx); cudaFree(f->lse);
+  cudaFree(f->dq); cudaFree(f->dkv); cudaFree(f->dsink);
+  dsa_context_destroy(f->ctx);
+}
+
 /* The kernel declines the deterministic mode before any launch (no fallback for a forced kernel):
  * DSA_ERROR_UNSUPPORTED naming the kernel, outputs untouched. Launches nothing: not gated. */
 Test(gpu_attn_bwd, ws_declines_deterministic) {
   TC_REQUIRE_GPU();
-  const int64_t T = 3, H = 64, D = 576, Tkv = 16, K = 8, V = DSA_VALUE_DIM;
-  tc_rng rng = tc_seed("gpu_attn_bwd/ws_declines_deterministic");
-  dsa_context *ctx = NULL;
-  TC_OK(tc_context_create(&ctx));
-  uint16_t *hq = malloc((size_t)(T * H * D) * 2), *hkv = malloc((size_t)(Tkv * D) * 2);
-  uint16_t *hg = malloc((size_t)(T * H * V) * 2);
-  int32_t hidx[T * K];
-  float hlse[T * H];
-  cr_assert(hq && hkv && hg);
-  tc_fill_bf16(&rng, hq, (size_t)(T * H * D), -1, 1);
-  tc_fill_bf16(&rng, hkv, (size_t)(Tkv * D), -1, 1);
-  tc_fill_bf16(&rng, hg, (size_t)(T * H * V), -1, 1);
-  for (int i = 0; i < T * K; ++i) hidx[i] = (int32_t)tc_below(&rng, Tkv);
-  tc_fill_f32(&rng, hlse, (size_t)(T * H), 1, 3);
-  uint16_t *q = dev_copy(hq, (size_t)(T * H * D) * 2), *kv = dev_copy(hkv, (size_t)(Tkv * D) * 2);
-  uint16_t *g = dev_copy(hg, (size_t)(T * H * V) * 2);
-  int32_t *idx = dev_copy(hidx, sizeof hidx);
-  float *lse = dev_copy(hlse, sizeof hlse), *dsink;
-  uint16_t *dq, *dkv;
-  TC_CUDA(cudaMalloc((void **)&dq, (size_t)(T * H * D) * 2));
-  TC_CUDA(cudaMalloc((void **)&dkv, (size_t)(Tkv * D) * 2));
-  TC_CUDA(cudaMalloc((void **)&dsink, (size_t)H * 4));
-  TC_CUDA(cudaMemset(dq, 0xFF, (size_t)(T * H * D) * 2));
-  TC_CUDA(cudaMemset(dkv, 0xFF, (size_t)(Tkv * D) * 2));
-  dsa_attn_bwd_params p = {.num_tokens = T, .num_heads = (int32_t)H, .head_dim = (int32_t)D,
-                           .num_kv = Tkv, .topk = (int32_t)K, .softmax_scale = 0.05f, .q = q,
-                           .kv = kv, .indices = idx, .out = g, .dout = g, .lse = lse, .dq = dq,
-                           .dkv = dkv, .dsink = dsink, .deterministic = 1};
+  small_bwd f;
+  small_bwd_init(&f, "gpu_attn_bwd/ws_declines_deterministic", 3, 64, 16, 8);
+  f.p.deterministic = 1;
   size_t need = 0;
-  TC_OK(dsa_sparse_attn_bwd(ctx, &p, NULL, &need, 0));
+  TC_OK(dsa_sparse_attn_bwd(f.ctx, &f.p, NULL, &need, 0));
   void *ws;
   TC_CUDA(cudaMalloc(&ws, need));
-  TC_SET_OPTION(ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_SM90_WS);
-  TC_FAILS(dsa_sparse_attn_bwd(ctx, &p, ws, &need, 0), DSA_ERROR_UNSUPPORTED, "DSA_BWD_KERNEL_SM90_WS");
+  TC_SET_OPTION(f.ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_SM90_WS);
+  TC_FAILS(dsa_sparse_attn_bwd(f.ctx, &f.p, ws, &need, 0), DSA_ERROR_UNSUPPORTED, "DSA_BWD_KERNEL_SM90_WS");
   TC_CUDA(cudaDeviceSynchronize());
   uint16_t probe[64];
-  TC_CUDA(cudaMemcpy(probe, dkv, sizeof probe, cudaMemcpyDeviceToHost));
+  TC_CUDA(cudaMemcpy(probe, f.dkv, sizeof probe, cudaMemcpyDeviceToHost));
   for (int i = 0; i < 64; ++i) cr_assert(probe[i] == 0xFFFF, "a declined call wrote dkv");
-  TC_CUDA(cudaMemcpy(probe, dq, sizeof probe, cudaMemcpyDeviceToHost));
+  TC_CUDA(cudaMemcpy(probe, f.dq, sizeof probe, cudaMemcpyDeviceToHost));
   for (int i = 0; i < 64; ++i) cr_assert(probe[i] == 0xFFFF, "a declined call wrote dq");
   TC_CUDA(cudaFree(ws));
-  free(hq); free(hkv); free(hg);
-  cudaFree(q); cudaFree(kv); cudaFree(g); cudaFree(idx); cudaFree(lse);
-  cudaFree(dq); cudaFree(dkv); cudaFree(dsink);
-  dsa_context_destroy(ctx);
+  small_bwd_free(&f);
 }
 
 Test(gpu_attn_bwd, workspace_contract) {
   TC_REQUIRE_GPU();
-  tc_rng rng = tc_seed("gpu_attn_bwd/workspace");
-  const int64_t T = 7, H = 3, D = 576, Tkv = 20, K = 10, V = DSA_VALUE_DIM;
-  dsa_context *ctx = NULL;
-  TC_OK(tc_context_create(&ctx));
-  uint16_t *hq = malloc((size_t)(T * H * D) * 2), *hkv = malloc((size_t)(Tkv * D) * 2);
-  uint16_t *hg = malloc((size_t)(T * H * V) * 2);
-  int32_t hidx[T * K];
-  float hlse[T * H];
-  cr_assert(hq && hkv && hg);
-  tc_fill_bf16(&rng, hq, (size_t)(T * H * D), -1, 1);
-  tc_fill_bf16(&rng, hkv, (size_t)(Tkv * D), -1, 1);
-  tc_fill_bf16(&rng, hg, (size_t)(T * H * V), -1, 1);
-  for (int i = 0; i < T * K; ++i) hidx[i] = (int32_t)tc_below(&rng, Tkv);
-  tc_fill_f32(&rng, hlse, (size_t)(T * H), 1, 3);
-  uint16_t *q = dev_copy(hq, (size_t)(T * H * D) * 2), *kv = dev_copy(hkv, (size_t)(Tkv * D) * 2);
-  uint16_t *g = dev_copy(hg, (size_t)(T * H * V) * 2);
-  int32_t *idx = dev_copy(hidx, sizeof hidx);
-  float *lse = dev_copy(hlse, sizeof hlse), *dsink;
-  uint16_t *dq, *dkv;
-  TC_CUDA(cudaMalloc((void **)&dq, (size_t)(T * H * D) * 2));
-  TC_CUDA(cudaMalloc((void **)&dkv, (size_t)(Tkv * D) * 2));
-  TC_CUDA(cudaMalloc((void **)&dsink, (size_t)H * 4));
-  TC_CUDA(cudaMemset(dkv, 0xFF, (size_t)(Tkv * D) * 2));
-  dsa_attn_bwd_params p = {.num_tokens = T, .num_heads = (int32_t)H, .head_dim = (int32_t)D,
-                           .num_kv = Tkv, .topk = (int32_t)K, .softmax_scale = 0.05f, .q = q,
-                           .kv = kv, .indices = idx, .out = g, .dout = g, .lse = lse, .dq = dq,
-                           .dkv = dkv, .dsink = dsink};
+  const int64_t Tkv = 20, D = 576;
+  small_bwd f;
+  small_bwd_init(&f, "gpu_attn_bwd/workspace", 7, 3, Tkv, 10);
+  dsa_context *ctx = f.ctx;
+  dsa_attn_bwd_params p = f.p;
+  uint16_t *dkv = f.dkv;
   for (int mode = 0; mode < 2; ++mode) {
     p.deterministic = mode;
     size_t need = 0, again = 0;
@@ -724,8 +724,5 @@ Test(gpu_attn_bwd, workspace_contract) {
     TC_CUDA(cudaFree(ws));
     TC_CUDA(cudaMemset(dkv, 0xFF, (size_t)(Tkv * D) * 2));
   }
-  free(hq); free(hkv); free(hg);
-  cudaFree(q); cudaFree(kv); cudaFree(g); cudaFree(idx); cudaFree(lse);
-  cudaFree(dq); cudaFree(dkv); cudaFree(dsink);
-  dsa_context_destroy(ctx);
+  small_bwd_free(&f);
 }
