@@ -520,6 +520,9 @@ class Plan:
         if device is None:
             device = cu_seqlens.device if isinstance(cu_seqlens, Tensor) else "cpu"
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # "cuda" means the current device; the index makes it compare equal to tensors' cuda:N
+            self.device = torch.device("cuda", torch.cuda.current_device())
         host_i32 = lambda x: torch.as_tensor(x).to("cpu", torch.int32).contiguous()
         cu = host_i32(cu_seqlens)
         cup = None if cu_seqlens_padded is None else host_i32(cu_seqlens_padded)
