@@ -30,11 +30,13 @@ M="${M#,},breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed"
 SECT="--section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section SourceCounters --section LaunchStats --section Occupancy"
 COMMON="--clock-control none --target-processes all --launch-count 1 $SECT --metrics $M --import-source no"
 
-# 1. libdsa: the det0 main kernel (default layout 2), first launch. Demangled base so the template args match.
-"$NCU" $COMMON --kernel-name-base demangled -k "regex:attn_bwd_sm90_kernel<9, false" \
+# 1. libdsa: the det0 main kernel (the automatic choice: attn_bwd_sm90_ws_kernel; OURS_RE=attn_bwd_sm90_kernel
+#    with DSA_BWD_VARIANT=2 profiles the lockstep one), first launch.
+OURS_RE=${OURS_RE:-attn_bwd_sm90_ws_kernel}
+"$NCU" $COMMON --kernel-name-base demangled -k "regex:$OURS_RE" \
   -o "$OUT/ours" -f build/bench/dsa_bench --shapes "$SHAPE" --reps 1 > "$OUT/ours_run.log" 2>&1
 # 1b. (optional, +~20 s) the deterministic main kernel and its reduction: uncomment
-# "$NCU" --clock-control none --kernel-name-base demangled -k "regex:attn_bwd_sm90_kernel<9, true|bwd_det_reduce_kernel" \
+# "$NCU" --clock-control none --kernel-name-base demangled -k "regex:attn_bwd_sm90_kernel<.*bool.1>|bwd_det_reduce_kernel" \
 #   --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --metrics $M -o "$OUT/ours_det" -f \
 #   build/bench/dsa_bench --shapes "$SHAPE" --reps 1 > "$OUT/ours_det_run.log" 2>&1
 
@@ -50,7 +52,10 @@ h = rows[hi]; ki = h.index("Kernel Name"); vi = h.index("Metric Value")
 def val(r):
     try: return float(r[vi].replace(",", ""))
     except Exception: return -1.0
-best = max((r for r in rows[hi + 1:] if len(r) == len(h)), key=val)
+# the main kernel: the longest cuDNN DSA backward kernel (not the bench's spin kernel, not pre / post)
+cand = [r for r in rows[hi + 1:] if len(r) == len(h) and "FlashAttentionDSABackward" in r[ki]
+        and "Preprocess" not in r[ki] and "Postprocess" not in r[ki]]
+best = max(cand or [r for r in rows[hi + 1:] if len(r) == len(h)], key=val)
 print(best[ki])
 PY
 )

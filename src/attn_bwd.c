@@ -48,7 +48,6 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
   if (kernel == DSA_BWD_KERNEL_SM90_H64) return dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
   if (kernel == DSA_BWD_KERNEL_SM90_SMALL)
     return dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, (cudaStream_t)stream);
-  /* opt-in, forced only (no fallback where it declines); the automatic choice below never takes it */
   if (kernel == DSA_BWD_KERNEL_SM90_WS) return dsa_launch_attn_bwd_sm90_ws(ctx, &r, workspace, (cudaStream_t)stream);
   if (kernel == DSA_BWD_KERNEL_AUTO && ctx->cc_major == 9 && ctx->cc_minor == 0) {
     /* The sm_90a kernels decline configurations they do not run with DSA_ERROR_UNSUPPORTED (before
@@ -57,8 +56,13 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
     dsa_saved_message saved;
     dsa_status s;
     dsa_message_save(&saved);
-    /* small-H kernel: deterministic mode only (the atomic mode is bound by its fp32 atomics, the same
-     * on both kernels, so the 64-head kernel keeps it: docs/design.md section 6). */
+    /* The non-deterministic mode: the warp-specialised kernel, every H (below 64 heads as zero rows:
+     * the fp32 reductions bind, not the MMA). The deterministic mode: the small-H kernel for H <= 32,
+     * else the 64-head kernel (docs/design.md section 6). */
+    if (!r.deterministic) {
+      s = dsa_launch_attn_bwd_sm90_ws(ctx, &r, workspace, (cudaStream_t)stream);
+      if (!dsa_declined(s, &saved)) return s;
+    }
     if (r.num_heads <= 32 && r.deterministic) {
       s = dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, (cudaStream_t)stream);
       if (!dsa_declined(s, &saved)) return s;

@@ -170,8 +170,7 @@ DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
 /* The warp-specialised variant of the 64-head sm_90a kernel (cuda/attn_bwd/bwd_sm90_ws.cu, issue 19):
  * the non-deterministic mode only, D = 576 / 512, H 1..128, cc 9.0, the same checks, workspace and
  * small passes as dsa_launch_attn_bwd_sm90; DSA_ERROR_UNSUPPORTED before any launch otherwise
- * (deterministic = 1 included). Opt-in: DSA_BWD_KERNEL_SM90_WS forces it, the automatic choice never
- * takes it. Not yet run on a GPU. */
+ * (deterministic = 1 included). The automatic choice of the non-deterministic mode on cc 9.0. */
 DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                   void *workspace, cudaStream_t stream);
 /* The small-H sm_90a kernel (cuda/attn_bwd/bwd_sm90_small.cu, keys on the wgmma M, heads on N): H

@@ -136,16 +136,22 @@ static inline int tc_sanitize_skips_cublas(void) {
  * mbarriers or plain barrier.sync is clean). The 64-head forward hands its row max and P tiles
  * between WGs that way, so under racecheck the context runs its twin with mbarrier hand-offs
  * (DSA_OPTION_FWD_SM90_HANDOFF = DSA_FWD_HANDOFF_MBARRIER: same data flow, checkable), and the
- * forward suite skips the named-barrier one (docs/reliability.md section 3c). */
+ * forward suite skips the named-barrier one (docs/reliability.md section 3c). The warp-specialised
+ * backward (the automatic choice of the non-deterministic mode) hands P / dS and the KV tile the same
+ * way and has no such twin, so under racecheck the context forces the lockstep 64-head backward
+ * (DSA_BWD_KERNEL_SM90_H64, plain barrier.sync) for the suites that run the automatic choice;
+ * gpu_attn_bwd forces each kernel itself and skips the ws_* tests there. */
 static inline dsa_status tc_context_create(dsa_context **ctx) {
   dsa_status s = dsa_context_create(ctx, 0);
   if (s == DSA_SUCCESS && tc_racecheck())
     s = dsa_context_set_option(*ctx, DSA_OPTION_FWD_SM90_HANDOFF, DSA_FWD_HANDOFF_MBARRIER);
+  if (s == DSA_SUCCESS && tc_racecheck())
+    s = dsa_context_set_option(*ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_SM90_H64);
   return s;
 }
 
 /* DSA_TEST_EXPERIMENTAL=1 also runs the kernel paths that are written but not yet verified on a GPU
- * (today: the warp-specialised backward's gpu_attn_bwd/ws_* tests, DSA_BWD_KERNEL_SM90_WS). Off by
+ * (none today: the last such path, the warp-specialised backward, ran and became a default). Off by
  * default, so that `make test` on a GPU machine never runs unverified device code (a hang there
  * would hang the suite); a GPU session runs them with it set, then folds the verified ones into the
  * default. */

@@ -23,8 +23,8 @@
  * accumulators, src/internal.h) is also held against the same kernel's deterministic mode.
  * The ws_* tests run the same cases on the warp-specialised 64-head sm_90a kernel
  * (DSA_BWD_KERNEL_SM90_WS, 4; cuda/attn_bwd/bwd_sm90_ws.cu, non-deterministic mode only): one pass
- * per case (only_kernel), checked as above (reference, poison, gaps, dsink); not yet run on a GPU, so
- * only with DSA_TEST_EXPERIMENTAL=1, and never under racecheck (ws_gate below). */
+ * per case (only_kernel), checked as above (reference, poison, gaps, dsink); it is the automatic
+ * choice of the non-deterministic mode on cc 9.0, and never runs under racecheck (ws_gate below). */
 #include <limits.h>
 #include "test_common.h"
 #include "internal.h"
@@ -532,15 +532,10 @@ Test(gpu_attn_bwd, zero_sizes) { TC_REQUIRE_GPU(); zero_size_cases(); }
  * T_kv = 0; ws_tile_edges: K = 65, 127, 128, 129, 192 (a last tile of 1 / 63 / 64 / 1 / 64 slots,
  * 2-3 tiles: both idx halves and every barrier's first and second phase); ws_topk_above_2048: K =
  * 2051 and 4096 (33 / 64 tiles).
- * Gated (ws_gate): the kernel has not run on a GPU yet, so like every unverified path it runs only
- * with DSA_TEST_EXPERIMENTAL=1 (tests/test_common.h: a hang must not hang `make test`); and it is
- * skipped under racecheck, which cannot follow its barrier.arrive -> barrier.sync hand-offs
- * (docs/reliability.md section 3c: hazards reported where the hardware keeps the order; the kernel
- * has no mbarrier twin); memcheck, synccheck and initcheck run it. */
+ * Skipped under racecheck (ws_gate), which cannot follow the kernel's barrier.arrive -> barrier.sync
+ * hand-offs (docs/reliability.md section 3c: hazards reported where the hardware keeps the order; the
+ * kernel has no mbarrier twin); memcheck, synccheck and initcheck run it. */
 static void ws_gate(void) {
-  if (!tc_experimental())
-    cr_skip_test("the warp-specialised backward (DSA_BWD_KERNEL_SM90_WS) has not run on a GPU yet: "
-                 "DSA_TEST_EXPERIMENTAL=1 runs it");
   if (tc_racecheck())
     cr_skip_test("skipped under racecheck: its named-barrier arrive / sync hand-offs are outside what "
                  "racecheck follows (docs/reliability.md 3c); memcheck / synccheck / initcheck run it");

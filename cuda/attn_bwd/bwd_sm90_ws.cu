@@ -1,9 +1,9 @@
 /*
  * bwd_sm90_ws.cu - sparse MLA attention backward on sm_90a, warp-specialised, 64 heads per CTA
- * (dsa_launch_attn_bwd_sm90_ws, src/internal.h; issue 19, step 1 of its design notes; docs/bwd-sm90-next.md
- * section 8): DSA_OPTION_BWD_KERNEL = DSA_BWD_KERNEL_SM90_WS (4, include/dsa_tune.h), opt-in (the
- * automatic choice never takes it), non-deterministic mode only (fp32 L2 reductions into the permuted
- * dKV accumulator, 128-B row segments per warp instruction). NOT YET RUN ON A GPU.
+ * (dsa_launch_attn_bwd_sm90_ws, src/internal.h; the design: docs/bwd-sm90-v3.md part II): the
+ * automatic choice of the non-deterministic mode on cc 9.0 at every H (DSA_BWD_KERNEL_SM90_WS, 4,
+ * include/dsa_tune.h, forces it): fp32 L2 reductions into the permuted dKV accumulator, 128-B row
+ * segments per warp instruction.
  *
  * Why: the lockstep kernel (cuda/attn_bwd/bwd_sm90_h64.cu) issues each tile's 147 KB of dKV reductions in a
  * burst after all of its MMAs, so the SM's share of the L2 reduction stream idles ~40% of the tile.
@@ -48,7 +48,7 @@
  *        into accumulator c % 2 (acc0 / acc1, 32 fp32 each): 4 SS m64n64k16 dS^T Q[:, c] (+ 4 P^T
  *        dO[:, c] for c < 8), tA = tB = 1, first one scale-d 0; commit; for c > 0: wait<1> (chunk c - 1
  *        done, chunk c still running) and chunk c - 1's reductions into the permuted accumulator
- *        (bwd_sm90_dkv_red: 8 red.global.add.v4.f32 + 16 shfl.xor 4 per thread, 4 rows x 128 B per
+ *        (ws_dkv_red: 8 red.global.add.v4.f32 + 16 shfl.xor 4 per thread, 4 rows x 128 B per
  *        warp instruction). After the last chunk: wait<0>, n + 1 < ntiles: bar.arrive kBarPdSFree,
  *        its reductions.
  *     After the loop: dq dims [256, D) from registers (160 / 128 fp32).
@@ -85,24 +85,19 @@
  *     writes that accumulator only after a wgmma.fence that follows those reads.
  *
  * Registers (ptxas, nvcc 13, -Xptxas -v, __launch_bounds__(256, 1), both warpgroups share one
- * allocation): D = 576 254 registers, D = 512 237; 0 spill
+ * allocation): D = 576 254 registers, D = 512 240; 0 spill
  * bytes, no C7510 / C7511 / C7515 / C7519 (no serialised wgmma, no injected warpgroup.arrive), 5 named
  * barriers. 254 of 255 leaves no headroom at D = 576: recheck spills after any change to WG1's loop
  * (the dq store re-reads %ctaid instead of keeping token / head live: that alone was a 4-B spill).
  * Live fp32 at the peak: WG1 dQ 160 + 2 x 32 dKV = 224 (D = 512: 192); WG0 dQ 128 + S 32 + dP 32 = 192.
  *
- * SASS per CTA (D = 576; D = 512 in brackets), counted with cuobjdump -sass on branch i19: 68 [64] HGMMA.64x64x16 (S, dP);
- * 4 HGMMA.64x256x16.tnspB with A from registers (WG0 dQ); 4 HGMMA.64x256x16.tnspB + 4 [0]
- * HGMMA.64x64x16.tnspB (WG1 dQ); 68 [64] HGMMA.64x64x16.tnspA.tnspB (dKV); 72 [64] REDG.E.ADD.F32x4;
- * 8 STSM; 106 [96] LDGSTS; WARPGROUP.DEPBAR.LE gsb0 0x1 8 [7] times. WG1's code runs, in this order:
- * dQ HGMMAs, wait 0, BAR.ARV 3, chunk 0 (8 HGMMA), chunk 1, wait 1, 8 REDG (chunk 0), chunk 2, wait 1,
- * 8 REDG (chunk 1), ..., chunk 8 (4 HGMMA), wait 1, 8 REDG (chunk 7), wait 0, BAR.ARV 2, 8 REDG
- * (chunk 8): every chunk's reductions sit between the next chunk's HGMMA issue and the one after.
- *
- * Prediction (issue 19 design notes, step 1: no persistence, TMA or cache hints yet): bwd-glm-4k 6.39 ->
- * 4.6-4.9 ms. Later steps: persistent LPT grid, kv_full mbarrier instead of WG0's cp.async.wait, Q / dO
- * by TMA with evict_first, reductions with evict_last, softmax under dP (wait<1>), dQ RS before the
- * kBarPdSFree wait.
+ * What sets the tile time: WG1's single warp per SM sub-partition issues every instruction of its
+ * chunks and reductions (about 6.5 cycles per instruction at a stall-bound issue rate), so WG1's
+ * instruction count, not the L2 reduction rate, is the bound; hence one base register for every
+ * wgmma descriptor (sm90_desc_at: one add each), three selects and one shuffle per reduced value
+ * (ws_dkv_red), no per-chunk address arithmetic beyond two row pointers per key row.
+ * Later steps (docs/bwd-sm90-v3.md part II section 5): persistent LPT grid, a kv_full mbarrier instead
+ * of WG0's cp.async.wait, Q / dO by TMA with evict_first, softmax under dP (wait<1>).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -179,6 +174,8 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
   const int r0 = 16 * warp + (lane >> 2);
   const float lp2[2] = {slp[r0], slp[r0 + 8]};
   const float dl[2] = {sdelta[r0], sdelta[r0 + 8]};
+  /* every descriptor is the shared base + a compile-time offset (sm90_desc_at): one live register */
+  const uint32_t b4 = sm90_smem_addr(smem) >> 4;
 
   float dq[128]; /* dims [0, 256) of the 64 head rows: the m64n256 map */
 #pragma unroll
@@ -211,16 +208,16 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint32_t off = b * kBlkBytes + k * 32;
-        sm90_wgmma_ss_m64n64k16<0, 0>(sacc, sm90_make_desc_sw128(sq + off, 16, 1024),
-                                      sm90_make_desc_sw128(skv + off, 16, 1024), (b | k) != 0);
+        sm90_wgmma_ss_m64n64k16<0, 0>(sacc, sm90_desc_at(b4, L::kQ + off, 16, 1024), sm90_desc_at(b4, L::kKV + off, 16, 1024),
+                                      (b | k) != 0);
       }
 #pragma unroll
     for (int b = 0; b < kNBV; ++b)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint32_t off = b * kBlkBytes + k * 32;
-        sm90_wgmma_ss_m64n64k16<0, 0>(dpacc, sm90_make_desc_sw128(sdo + off, 16, 1024),
-                                      sm90_make_desc_sw128(skv + off, 16, 1024), (b | k) != 0);
+        sm90_wgmma_ss_m64n64k16<0, 0>(dpacc, sm90_desc_at(b4, L::kDO + off, 16, 1024), sm90_desc_at(b4, L::kKV + off, 16, 1024),
+                                      (b | k) != 0);
       }
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
@@ -253,7 +250,7 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
     sm90_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      sm90_wgmma_rs_m64n256k16_tb1(dq, dsp + 4 * kk, sm90_make_desc_sw128(skv + kk * 2048, kBlkBytes, 1024), 1);
+      sm90_wgmma_rs_m64n256k16_tb1(dq, dsp + 4 * kk, sm90_desc_at(b4, L::kKV + kk * 2048, kBlkBytes, 1024), 1);
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
 #pragma unroll
@@ -289,6 +286,60 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
   bwd_sm90_store_dq<128, 0>(p, dq, tok, h0, warp, lane);
 }
 
+/* One red.global.add.v4.f32 of four fp32 into the permuted dKV accumulator where the key row is valid
+ * (row >= 0), with the L2 policy `pol` (evict_last: the accumulator's lines stay while the gather and
+ * the Q / dO loads stream past them). (A predicate set inside the asm instead of
+ * the branch costs D = 576 12-28 bytes of spills at 255 registers.) */
+__device__ __forceinline__ void ws_red4(float *dst, float a, float b, float c, float d, int32_t row, uint64_t pol) {
+  if (row < 0) return;
+  asm volatile("red.relaxed.gpu.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(dst), "f"(a), "f"(b),
+               "f"(c), "f"(d), "l"(pol)
+               : "memory");
+}
+
+/* The reductions of one completed 64-dim dKV chunk b (an m64n64 accumulator, keys on M) into the
+ * permuted accumulator: the memory order of bwd_sm90_dkv_red (cuda/attn_bwd/bwd_sm90_shared.cuh: per
+ * 32-column pair G the even quad writes group 2G, the odd quad group 2G + 1, each warp instruction 4 rows
+ * x 128 contiguous bytes), with fewer instructions: per value one select picks what the peer (lane ^ 4)
+ * needs, one shfl.xor 4 moves it, and one select each assembles the even quad's row (`lo` of the even
+ * lane, the received `hi` on the odd one) and the odd quad's row (the received `lo`, the own `hi`).
+ * rowp: this lane's base in the accumulator (+ 16 odd + 4 (lane % 4) columns); ka / kb [hr]: the even /
+ * the odd quad's kv row of key row r0 + 8 hr (-1: invalid, predicated off). */
+template <int kD>
+__device__ __forceinline__ void ws_dkv_red(float *rowp, const float *acc, int b, int odd, const int32_t ka[2],
+                                           const int32_t kb[2], uint64_t pol) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float *const pa = rowp + (int64_t)max(ka[hr], 0) * kD + 64 * b;
+    float *const pb = rowp + (int64_t)max(kb[hr], 0) * kD + 64 * b;
+#pragma unroll
+    for (int G = 0; G < 2; ++G) {
+      float va[4], vb[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ri = (e & 1) + 4 * (e >> 1) + 2 * hr; /* {0, 1, 4, 5} (+ 2 for row r0 + 8) */
+        const float lo = acc[16 * G + ri], hi = acc[16 * G + 8 + ri]; /* groups 2G, 2G + 1 */
+        const float r = __shfl_xor_sync(0xffffffffu, odd ? lo : hi, 4);
+        va[e] = odd ? r : lo;
+        vb[e] = odd ? hi : r;
+      }
+      ws_red4(pa + 32 * G, va[0], va[1], va[2], va[3], ka[hr], pol);
+      ws_red4(pb + 32 * G, vb[0], vb[1], vb[2], vb[3], kb[hr], pol);
+    }
+  }
+}
+
+/* The kv rows of this thread's two key rows (r0, r0 + 8) of one tile's index half, arranged for
+ * ws_dkv_red: ka = the even quad's rows, kb = the odd quad's (lane ^ 4 pairs the quads). */
+__device__ __forceinline__ void ws_key_rows(const int32_t *idx, int r0, int odd, int32_t ka[2], int32_t kb[2]) {
+  const int32_t kr0 = idx[r0], kr1 = idx[r0 + 8];
+  const int32_t kp0 = __shfl_xor_sync(0xffffffffu, kr0, 4), kp1 = __shfl_xor_sync(0xffffffffu, kr1, 4);
+  ka[0] = odd ? kp0 : kr0;
+  ka[1] = odd ? kp1 : kr1;
+  kb[0] = odd ? kr0 : kp0;
+  kb[1] = odd ? kr1 : kp1;
+}
+
 /* WG1 ("back"): dQ dims [256, 64 NBT) by SS wgmma, then the NBT 64-dim dKV chunks with two alternating
  * accumulators, each chunk's dKV reductions issued under the next chunk's wgmmas. */
 template <int NBT>
@@ -302,7 +353,11 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
   const uint32_t skv = sm90_smem_addr(smem + L::kKV);
   const uint32_t sp = sm90_smem_addr(smem + L::kP), sds = sm90_smem_addr(smem + L::kDS);
   const int32_t *sidx = (const int32_t *)(smem + L::kIdx);
-  const int r0 = 16 * warp + (lane >> 2);
+  const int r0 = 16 * warp + (lane >> 2), odd = (lane >> 2) & 1;
+  float *const rowp = args.acc + 16 * odd + 4 * (lane & 3);
+  const uint64_t pol = sm90_l2_policy(true); /* reductions: evict_last */
+  /* every descriptor is the shared base + a compile-time offset (sm90_desc_at): one live register */
+  const uint32_t b4 = sm90_smem_addr(smem) >> 4;
 
   float dq[kDQ]; /* dims [256, 64 NBT): m64n256 (+ m64n64 at D = 576) */
 #pragma unroll
@@ -311,16 +366,22 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
   for (int n = 0; n < ntiles; ++n) {
     const int s = n & 1;
     sm90_named_bar_sync_any(kBarPdSFull, kThreads); /* P(n), dS(n), KV(n), idx(n) */
-    /* this thread's key rows of the dKV chunks (keys on M) and those of lane ^ 4 (quad pairs) */
-    const int32_t kr0 = sidx[s * kBlockN + r0], kr1 = sidx[s * kBlockN + r0 + 8];
-    const int32_t kp0 = __shfl_xor_sync(0xffffffffu, kr0, 4), kp1 = __shfl_xor_sync(0xffffffffu, kr1, 4);
+    int32_t ka[2], kb[2];
+    ws_key_rows(sidx + s * kBlockN, r0, odd, ka, kb);
 
     /* ---- dQ[:, 256:) += dS K[:, 256:): SS, A = dS tile K-major (+32 B per k16 of keys), B = KV tile
      * dims [256, 64 NBT) MN-major (as WG0's B). Waited at once: KV(n) is then free for gather(n + 1). */
 #pragma unroll
     for (int i = 0; i < kDQ; ++i) sm90_fence_operand(dq[i]);
     sm90_wgmma_fence();
-    bwd_sm90_dq_ss<NBT - 4, 4>(dq, sds, skv);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t da = sm90_desc_at(b4, L::kDS + kk * 32, 16, 1024);
+      sm90_wgmma_ss_m64n256k16<1>(dq, da, sm90_desc_at(b4, L::kKV + 4 * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
+      if constexpr (NBT == 9)
+        sm90_wgmma_ss_m64n64k16<0, 1>(dq + 128, da,
+                                        sm90_desc_at(b4, L::kKV + 8 * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
+    }
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
 #pragma unroll
@@ -341,13 +402,13 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
       sm90_wgmma_fence(); /* orders the reductions' reads of this accumulator (chunk c - 2) */
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_make_desc_sw128(sds + kk * 2048, kBlkBytes, 1024),
-                                      sm90_make_desc_sw128(sq + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), kk != 0);
+        sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(b4, L::kDS + kk * 2048, kBlkBytes, 1024),
+                                      sm90_desc_at(b4, L::kQ + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), kk != 0);
       if (c < kNBV) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_make_desc_sw128(sp + kk * 2048, kBlkBytes, 1024),
-                                        sm90_make_desc_sw128(sdo + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
+          sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(b4, L::kP + kk * 2048, kBlkBytes, 1024),
+                                        sm90_desc_at(b4, L::kDO + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
       }
       sm90_wgmma_commit();
       if (c > 0) {
@@ -355,7 +416,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
         sm90_wgmma_wait<1>(); /* chunk c - 1 */
 #pragma unroll
         for (int i = 0; i < 32; ++i) sm90_fence_operand(prev[i]);
-        bwd_sm90_dkv_red<kD>(args.acc, prev, c - 1, lane, kr0, kr1, kp0, kp1);
+        ws_dkv_red<kD>(rowp, prev, c - 1, odd, ka, kb, pol);
       }
     }
     float *last = ((NBT - 1) & 1) ? acc1 : acc0;
@@ -363,7 +424,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
 #pragma unroll
     for (int i = 0; i < 32; ++i) sm90_fence_operand(last[i]);
     if (n + 1 < ntiles) ws_bar_arrive(kBarPdSFree, kThreads);
-    bwd_sm90_dkv_red<kD>(args.acc, last, NBT - 1, lane, kr0, kr1, kp0, kp1);
+    ws_dkv_red<kD>(rowp, last, NBT - 1, odd, ka, kb, pol);
   }
   int64_t tok_e;
   int h0_e;

@@ -29,6 +29,14 @@ __device__ __forceinline__ uint64_t sm90_make_desc_sw128(uint32_t smem_addr, uin
   return sm90_desc_enc(smem_addr) | (sm90_desc_enc(lbo) << 16) | (sm90_desc_enc(sbo) << 32) |
          ((uint64_t)1 << 62);
 }
+/* The SW128 descriptor of the tile at byte offset `off` from a 1024-B aligned shared-memory base whose
+ * address >> 4 is base4 (addresses below 256 KB: no mask needed). With off, lbo and sbo compile-time
+ * constants every descriptor of a kernel is one add on one register, so a kernel short of registers
+ * keeps a single base live instead of one descriptor per tile. */
+__device__ __forceinline__ uint64_t sm90_desc_at(uint32_t base4, uint32_t off, uint32_t lbo, uint32_t sbo) {
+  return ((uint64_t)((uint32_t)sm90_desc_enc(sbo) | (1u << 30)) << 32) |
+         (uint32_t)(base4 + (off >> 4) + ((uint32_t)sm90_desc_enc(lbo) << 16));
+}
 /* Byte offset of element column c (bf16) of row r inside a 64-column SW128 K-major block. Rows are 128 B
  * apart; the 16-B chunk index (c / 8) is XORed with r % 8. */
 __device__ __forceinline__ uint32_t sm90_sw128_chunk_off(int r, int chunk) {
