@@ -709,10 +709,12 @@ static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *cei
     st = bc_time_op(tm, idx_run, &ia, &ms);
   }
   if (st == DSA_SUCCESS) {
-    stage_line("indexer top-k", ms, bc_flops_idx(pairs, H_IDX), ceil->gemm_tflops);
-    if (hv->max_seqlen_k <= TOPK)
-      printf("  %-22s (every document fits in K = %d keys: every visible key is selected and nothing\n"
-             "  %-22s needs scoring, so this rate counts work the op may rightly skip)\n", "", TOPK, "");
+    /* every document fits in K keys: every visible key is selected and nothing is scored, so a
+     * scoring rate would count work the op rightly skips: none is printed */
+    const int select_all = hv->max_seqlen_k <= TOPK;
+    stage_line("indexer top-k", ms, select_all ? 0.0 : bc_flops_idx(pairs, H_IDX), ceil->gemm_tflops);
+    if (select_all)
+      printf("  %-22s select-all: every document fits in K = %d keys, no score is computed\n", "", TOPK);
     BC_CUDA(cudaMemcpy(h_idx, d_idx, n_i * 4, cudaMemcpyDeviceToHost));
     BC_CUDA(cudaMemcpy(h_len, d_len, (size_t)T * 4, cudaMemcpyDeviceToHost));
     int valid = 0, exact = 0;

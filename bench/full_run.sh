@@ -4,7 +4,8 @@
 #
 #   bash bench/full_run.sh OUTDIR [STEPS]      STEPS: comma list of build,bench,peer,merge (default all)
 #
-# FLASHMLA_SO (default .device/libflashmla_sparse.so) names FlashMLA's library. A device command
+# FLASHMLA_SO (default .device/libflashmla_sparse.so) names FlashMLA's library. Set DSA_COMMIT: a copy
+# of the tree on another machine may carry a .git whose HEAD is not the tree's commit. A device command
 # runs at most 10 minutes: split the steps over two commands if the whole run does not fit.
 #
 # Runs, in this order and on one GPU:
