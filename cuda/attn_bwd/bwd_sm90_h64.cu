@@ -3,7 +3,9 @@
  * (dsa_launch_attn_bwd_sm90, src/internal.h): dsa_sparse_attn_bwd's main pass in both modes: non-deterministic (fp32 atomic dkv) and
  * deterministic (per-slot dKV rows to a chunk buffer, then a fixed-order key-major reduction; see
  * "Deterministic mode" below). The portable kernels (cuda/attn_bwd/bwd_portable.cu) cover every configuration
- * this one declines with DSA_ERROR_UNSUPPORTED.
+ * this one declines with DSA_ERROR_UNSUPPORTED. The automatic choice runs its deterministic mode for
+ * H > 32; its non-deterministic mode stays only as the checkable stand-in that compute-sanitizer
+ * racecheck runs in place of the warp-specialised kernel (tests/test_common.h, docs/reliability.md 3c).
  *
  * Math and workspace are those of cuda/attn_bwd/bwd_portable.cu (docs/design.md section 6): the prep pass writes
  * Delta = sum_{d<512} out*dout, L' = logaddexp(lse, sink) (+inf for rows that contribute nothing)
