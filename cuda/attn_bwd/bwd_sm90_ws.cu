@@ -91,11 +91,12 @@
  * (the dq store re-reads %ctaid instead of keeping token / head live: that alone was a 4-B spill).
  * Live fp32 at the peak: WG1 dQ 160 + 2 x 32 dKV = 224 (D = 512: 192); WG0 dQ 128 + S 32 + dP 32 = 192.
  *
- * What sets the tile time: WG1's single warp per SM sub-partition issues every instruction of its
- * chunks and reductions (about 6.5 cycles per instruction at a stall-bound issue rate), so WG1's
- * instruction count, not the L2 reduction rate, is the bound; hence one base register for every
- * wgmma descriptor (sm90_desc_at: one add each), three selects and one shuffle per reduced value
- * (ws_dkv_red), no per-chunk address arithmetic beyond two row pointers per key row.
+ * What sets the tile time: the larger of WG1's instruction stream (one warp per SM sub-partition,
+ * nothing to switch to: ~7-8 cycles per instruction, ~1570 instructions per tile) and the SM's share of
+ * the L2 reduction stream (147 KB per tile); the two are close, so WG1 stays lean: every wgmma
+ * descriptor is one add on one base register (sm90_desc_at), each reduced value costs three selects and
+ * one shuffle (ws_dkv_red), and a key row's two accumulator row pointers are the only per-chunk
+ * address arithmetic (docs/bwd-sm90-v3.md part III).
  * Later steps (docs/bwd-sm90-v3.md part II section 5): persistent LPT grid, a kv_full mbarrier instead
  * of WG0's cp.async.wait, Q / dO by TMA with evict_first, softmax under dP (wait<1>).
  */
