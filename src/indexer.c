@@ -76,8 +76,9 @@ static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget
   const int64_t H = p->num_heads, K = p->topk;
   int64_t n_score, c, wcap;
   l->msk = v->max_seqlen_k > 0 ? min64(v->max_seqlen_k, tk) : tk;
-  if (tk <= 0 || l->msk <= K) l->t_skip = tq;
-  else l->t_skip = min64(tq, max64(0, K - qs)); /* g + 1 > K  <=>  t >= K - qs */
+  /* tq = 0 is zero-size work whose query_start the view check leaves unchecked: no arithmetic on it */
+  if (tq <= 0 || tk <= 0 || l->msk <= K) l->t_skip = tq;
+  else l->t_skip = min64(tq, max64(0, K - qs)); /* g + 1 > K  <=>  t >= K - qs; 0 <= qs <= tk - tq */
   n_score = tq - l->t_skip;
   l->cq = l->cg = l->key_tile = l->scores_ld = l->logits_ld = 0;
   l->pack = 0;

@@ -395,6 +395,15 @@ Test(validation_indexer, valid_and_zero_size) {
   z.num_heads = 1;
   z.topk = 1;
   expect_ok(&INDEXER, &z);
+  /* zero-size work leaves query_start unchecked: the size query must do no arithmetic on it (the
+   * fuzzer found K - query_start overflowing at INT64_MIN; the ASan / UBSan build runs this) */
+  static const int64_t extremes[] = {INT64_MIN, -1, INT64_MAX};
+  for (int i = 0; i < 3; ++i) {
+    f.view.query_start = extremes[i];
+    size_t bytes = 0;
+    TC_OK(dsa_indexer_topk(NULL, &z, NULL, &bytes, 0));
+    cr_assert(bytes >= 1, "query_start %lld: size %zu", (long long)extremes[i], bytes);
+  }
   idx_free(&f);
 }
 
