@@ -39,6 +39,22 @@ def _ctx_stream(device: torch.device):
     return ctx, C.c_void_p(torch.cuda.current_stream(idx).cuda_stream)
 
 
+def _run(name, p, device, workspace=False):
+    """Op `name` (dsa_...) on p: on a CUDA device through its context and torch's current stream (a
+    workspace op by size query, torch allocation, run: _two_phase), else its CPU reference dsa_ref_..."""
+    lib = library()
+    if device.type == "cuda":
+        ctx, stream = _ctx_stream(device)
+        fn = getattr(lib.so, name)
+        if workspace:
+            _two_phase(lib, fn, name, ctx, p, stream, device)
+        else:
+            lib.check(fn(ctx, C.byref(p), stream), name)
+    else:
+        ref = "dsa_ref_" + name[len("dsa_"):]
+        lib.check(getattr(lib.so, ref)(C.byref(p)), ref)
+
+
 def _two_phase(lib, fn, name, ctx, p, stream, device):
     """A GPU op with a workspace: size query, torch allocation, run."""
     n = C.c_size_t(0)
@@ -110,12 +126,7 @@ def sparse_attn_fwd(q: Tensor, kv: Tensor, indices: Tensor, topk_length: Optiona
                         q_stride_head=q.stride(1), kv=kv2.data_ptr(), kv_stride=kv2.stride(0),
                         indices=idx.data_ptr(), indices_stride=idx.stride(0), topk_length=_ptr(tl),
                         sink=_ptr(sk), out=out.data_ptr(), lse=lse.data_ptr(), max_logits=ml.data_ptr())
-    lib = library()
-    if q.is_cuda:
-        ctx, stream = _ctx_stream(q.device)
-        lib.check(lib.so.dsa_sparse_attn_fwd(ctx, C.byref(p), stream), "dsa_sparse_attn_fwd")
-    else:
-        lib.check(lib.so.dsa_ref_sparse_attn_fwd(C.byref(p)), "dsa_ref_sparse_attn_fwd")
+    _run("dsa_sparse_attn_fwd", p, q.device)
     return out, lse, ml
 
 
@@ -154,12 +165,7 @@ def sparse_attn_bwd(q: Tensor, kv: Tensor, indices: Tensor, topk_length: Optiona
                         dout=dout.data_ptr(), dout_stride_token=dout.stride(0),
                         dout_stride_head=dout.stride(1), lse=lse.data_ptr(), dq=dq.data_ptr(),
                         dkv=dkv.data_ptr(), dsink=dsink.data_ptr())
-    lib = library()
-    if q.is_cuda:
-        ctx, stream = _ctx_stream(q.device)
-        _two_phase(lib, lib.so.dsa_sparse_attn_bwd, "dsa_sparse_attn_bwd", ctx, p, stream, q.device)
-    else:
-        lib.check(lib.so.dsa_ref_sparse_attn_bwd(C.byref(p)), "dsa_ref_sparse_attn_bwd")
+    _run("dsa_sparse_attn_bwd", p, q.device, workspace=True)
     return dq, dkv, dsink
 
 
@@ -215,12 +221,7 @@ def indexer_topk_op(index_q: Tensor, index_k: Tensor, weights: Tensor, plan_id: 
                         weights_dtype=D.DSA_DTYPE_F32 if w.dtype == torch.float32 else D.DSA_DTYPE_BF16,
                         weights_stride=w.stride(0), indices=indices.data_ptr(),
                         lengths=lengths.data_ptr(), engine=engine)
-    lib = library()
-    if q.is_cuda:
-        ctx, stream = _ctx_stream(q.device)
-        _two_phase(lib, lib.so.dsa_indexer_topk, "dsa_indexer_topk", ctx, p, stream, q.device)
-    else:
-        lib.check(lib.so.dsa_ref_indexer_topk(C.byref(p)), "dsa_ref_indexer_topk")
+    _run("dsa_indexer_topk", p, q.device, workspace=True)
     return indices, lengths
 
 
@@ -244,12 +245,7 @@ def topk_op(scores: Tensor, lengths: Optional[Tensor], k: int) -> Tensor:
     out = s.new_empty(s.shape[0], k, dtype=torch.int32)
     p = D.TopkParams(rows=s.shape[0], columns=s.shape[1], k=k, scores=s.data_ptr(), scores_stride=s.stride(0),
                      lengths=_ptr(ln), indices=out.data_ptr())
-    lib = library()
-    if s.is_cuda:
-        ctx, stream = _ctx_stream(s.device)
-        _two_phase(lib, lib.so.dsa_topk, "dsa_topk", ctx, p, stream, s.device)
-    else:
-        lib.check(lib.so.dsa_ref_topk(C.byref(p)), "dsa_ref_topk")
+    _run("dsa_topk", p, s.device, workspace=True)
     return out
 
 
@@ -270,12 +266,7 @@ def compact_indices_op(indices: Tensor, key_count: int) -> Tuple[Tensor, Tensor]
     p = D.CompactParams(rows=idx.shape[0], k=idx.shape[1], key_count=key_count, indices=idx.data_ptr(),
                         indices_stride=idx.stride(0), out=out.data_ptr(), out_stride=out.stride(0),
                         lengths=lengths.data_ptr())
-    lib = library()
-    if idx.is_cuda:
-        ctx, stream = _ctx_stream(idx.device)
-        lib.check(lib.so.dsa_compact_indices(ctx, C.byref(p), stream), "dsa_compact_indices")
-    else:
-        lib.check(lib.so.dsa_ref_compact_indices(C.byref(p)), "dsa_ref_compact_indices")
+    _run("dsa_compact_indices", p, idx.device)
     return out, lengths
 
 
@@ -300,12 +291,7 @@ def pad_heads_op(q: Tensor, sink: Optional[Tensor], padded_heads: int) -> Tuple[
     p = D.PadHeadsParams(num_tokens=T, num_heads=H, padded_heads=padded_heads, head_dim=Dh, q=q.data_ptr(),
                          q_stride_token=q.stride(0), q_stride_head=q.stride(1), q_out=q_out.data_ptr(),
                          sink=_ptr(sk), sink_out=sink_out.data_ptr())
-    lib = library()
-    if q.is_cuda:
-        ctx, stream = _ctx_stream(q.device)
-        lib.check(lib.so.dsa_pad_heads(ctx, C.byref(p), stream), "dsa_pad_heads")
-    else:
-        lib.check(lib.so.dsa_ref_pad_heads(C.byref(p)), "dsa_ref_pad_heads")
+    _run("dsa_pad_heads", p, q.device)
     return q_out, sink_out
 
 
@@ -349,12 +335,7 @@ def slot_target_op(q: Tensor, kv: Tensor, indices: Tensor, topk_length: Optional
                            q_stride_head=q.stride(1), kv=kv2.data_ptr(), kv_stride=kv2.stride(0),
                            indices=idx.data_ptr(), indices_stride=idx.stride(0), topk_length=_ptr(tl),
                            sink=_ptr(sk), lse=lse.data_ptr(), target=a.data_ptr())
-    lib = library()
-    if q.is_cuda:
-        ctx, stream = _ctx_stream(q.device)
-        lib.check(lib.so.dsa_attn_slot_target(ctx, C.byref(p), stream), "dsa_attn_slot_target")
-    else:
-        lib.check(lib.so.dsa_ref_attn_slot_target(C.byref(p)), "dsa_ref_attn_slot_target")
+    _run("dsa_attn_slot_target", p, q.device)
     return a
 
 
@@ -379,12 +360,7 @@ def slot_scores_op(index_q: Tensor, index_k: Tensor, weights: Tensor, indices: T
                                   weights=w.data_ptr(), weights_dtype=_w_dtype(w), weights_stride=w.stride(0),
                                   indices=idx.data_ptr(), indices_stride=idx.stride(0), lengths=_ptr(ln),
                                   scores=z.data_ptr())
-    lib = library()
-    if q.is_cuda:
-        ctx, stream = _ctx_stream(q.device)
-        lib.check(lib.so.dsa_indexer_slot_scores(ctx, C.byref(p), stream), "dsa_indexer_slot_scores")
-    else:
-        lib.check(lib.so.dsa_ref_indexer_slot_scores(C.byref(p)), "dsa_ref_indexer_slot_scores")
+    _run("dsa_indexer_slot_scores", p, q.device)
     return z
 
 
@@ -414,12 +390,7 @@ def indexer_bwd_op(index_q: Tensor, index_k: Tensor, weights: Tensor, indices: T
                            indices=idx.data_ptr(), indices_stride=idx.stride(0), lengths=_ptr(ln),
                            grad=g.data_ptr(), grad_stride=g.stride(0), d_index_q=dq.data_ptr(),
                            d_weights=dw.data_ptr(), d_index_k=dk.data_ptr())
-    lib = library()
-    if q.is_cuda:
-        ctx, stream = _ctx_stream(q.device)
-        _two_phase(lib, lib.so.dsa_indexer_bwd, "dsa_indexer_bwd", ctx, p, stream, q.device)
-    else:
-        lib.check(lib.so.dsa_ref_indexer_bwd(C.byref(p)), "dsa_ref_indexer_bwd")
+    _run("dsa_indexer_bwd", p, q.device, workspace=True)
     return dq, dw, dk
 
 
@@ -464,12 +435,7 @@ def indexer_loss_op(target: Tensor, scores: Tensor, indices: Tensor, lengths: Op
                             indices_stride=idx.stride(0), lengths=_ptr(ln), target=a.data_ptr(),
                             target_stride=a.stride(0), scores=z.data_ptr(), scores_stride=z.stride(0),
                             coeff=coeff, loss=loss.data_ptr(), grad=g.data_ptr(), grad_stride=g.stride(0))
-    lib = library()
-    if z.is_cuda:
-        ctx, stream = _ctx_stream(z.device)
-        _two_phase(lib, lib.so.dsa_indexer_loss, "dsa_indexer_loss", ctx, p, stream, z.device)
-    else:
-        lib.check(lib.so.dsa_ref_indexer_loss(C.byref(p)), "dsa_ref_indexer_loss")
+    _run("dsa_indexer_loss", p, z.device, workspace=True)
     return loss.reshape(()), g
 
 
