@@ -20,7 +20,8 @@
  *             sentinel T_kv; value = the token (portable key-major path) or i (sm_90a chunked path).
  *             A stable radix sort by key then keeps each row's entries in ascending (token, slot)
  *             order.
- *  - offsets: off[r] = first position of the sorted keys with key >= r, r = 0..T_kv.
+ *  - offsets: off[r] = first position of the sorted keys with key >= r, r = 0..T_kv
+ *             (dsa_sorted_key_offsets_kernel, cuda/common/radix_sort.cuh, shared with the indexer backward).
  *  - det reduce (the sm_90a kernels' deterministic mode: cuda/attn_bwd/bwd_sm90_h64.cu and
  *             cuda/attn_bwd/bwd_sm90_small.cu): acc[r] += the row's per-slot dKV rows of one chunk in
  *             sorted (token, slot, head block) order; with it bwd_det_layout, the one chunked
@@ -159,18 +160,6 @@ __global__ void bwd_keys_kernel(const __grid_constant__ dsa_attn_bwd_params p, i
   }
 }
 
-/* off[r] = first position of the sorted keys with key >= r, r = 0..T_kv (binary search). */
-__global__ void bwd_offsets_kernel(const uint32_t *keys, int64_t n, int64_t T_kv, int64_t *off) {
-  for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r <= T_kv; r += (int64_t)gridDim.x * blockDim.x) {
-    int64_t lo = 0, hi = n;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) >> 1;
-      if ((int64_t)keys[mid] < r) lo = mid + 1;
-      else hi = mid;
-    }
-    off[r] = lo;
-  }
-}
 
 /* ---- host helpers ----------------------------------------------------------------------------- */
 inline size_t bwd_align_up(size_t x) { return (x + kBwdAlign - 1) / kBwdAlign * kBwdAlign; }
@@ -254,7 +243,7 @@ inline dsa_status bwd_launch_sorted_keys(const dsa_attn_bwd_params *p, int64_t t
   size_t tb = S.temp_bytes;
   DSA_TRY(dsa_cuda_status((int)cub::DeviceRadixSort::SortPairs(ws + S.temp, tb, kb, vb, n, 0, S.end_bit, stream),
                           fn));
-  bwd_offsets_kernel<<<bwd_grid_for(p->num_kv + 1, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0, stream>>>(
+  dsa_sorted_key_offsets_kernel<<<bwd_grid_for(p->num_kv + 1, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0, stream>>>(
       kb.Current(), n, p->num_kv, (int64_t *)(ws + S.off));
   DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   *vals_sorted = vb.Current();

@@ -1,6 +1,7 @@
 /* radix_sort.cuh - what the deterministic modes (the attention backward's and the indexer backward's)
- * share around CUB's radix sort of (u32 key, i32 value) pairs: the key bits and the temp-storage size
- * query. Host code. */
+ * share around CUB's radix sort of (u32 key, i32 value) pairs: the key bits, the temp-storage size
+ * query (host code) and the per-key offsets of the sorted keys (a kernel; each including file
+ * compiles its own copy in an anonymous namespace). */
 #ifndef DSA_CUDA_RADIX_SORT_CUH
 #define DSA_CUDA_RADIX_SORT_CUH
 
@@ -34,5 +35,20 @@ inline dsa_status dsa_radix_sort_temp_bytes(int64_t n, int bits, size_t *temp, c
   }
   return DSA_SUCCESS;
 }
+
+namespace {
+/* off[r] = first position of the n sorted keys with key >= r, r = 0..num_keys (binary search). */
+__global__ void dsa_sorted_key_offsets_kernel(const uint32_t *keys, int64_t n, int64_t num_keys, int64_t *off) {
+  for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r <= num_keys; r += (int64_t)gridDim.x * blockDim.x) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if ((int64_t)keys[mid] < r) lo = mid + 1;
+      else hi = mid;
+    }
+    off[r] = lo;
+  }
+}
+}  // namespace
 
 #endif /* DSA_CUDA_RADIX_SORT_CUH */

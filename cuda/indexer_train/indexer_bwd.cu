@@ -213,18 +213,6 @@ __global__ void dk_keys_kernel(const __grid_constant__ dsa_indexer_bwd_params p,
   }
 }
 
-/* off[r] = first position of the sorted keys with key >= r, r = 0..T_k (binary search). */
-__global__ void dk_offsets_kernel(const uint32_t *keys, int64_t n, int64_t num_keys, int64_t *off) {
-  for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r <= num_keys; r += (int64_t)gridDim.x * blockDim.x) {
-    int64_t lo = 0, hi = n;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) >> 1;
-      if ((int64_t)keys[mid] < r) lo = mid + 1;
-      else hi = mid;
-    }
-    off[r] = lo;
-  }
-}
 
 __global__ void __launch_bounds__(kDetThreads) dk_det_kernel(const __grid_constant__ dsa_indexer_bwd_params p,
                                                              const int64_t *off, const int32_t *vals) {
@@ -366,7 +354,7 @@ extern "C" dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_i
   cub::DoubleBuffer<int32_t> vb(v0, v1);
   size_t tb = L.temp_bytes;
   DSA_TRY(dsa_cuda_status((int)cub::DeviceRadixSort::SortPairs(ws + L.temp, tb, kb, vb, n, 0, L.end_bit, stream), fn));
-  dk_offsets_kernel<<<tr_grid_for(Tk + 1, kThreads), kThreads, 0, stream>>>(kb.Current(), n, Tk, off);
+  dsa_sorted_key_offsets_kernel<<<tr_grid_for(Tk + 1, kThreads), kThreads, 0, stream>>>(kb.Current(), n, Tk, off);
   DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   dk_det_kernel<<<tr_grid_for(Tk, 1), kDetThreads, 0, stream>>>(*p, off, vb.Current());
   return dsa_cuda_status((int)cudaGetLastError(), fn);
