@@ -143,10 +143,10 @@ static inline int tc_sanitize_skips_cublas(void) {
  * gpu_attn_bwd forces each kernel itself and skips the ws_* tests there. */
 static inline dsa_status tc_context_create(dsa_context **ctx) {
   dsa_status s = dsa_context_create(ctx, 0);
-  if (s == DSA_SUCCESS && tc_racecheck())
+  if (s == DSA_SUCCESS && tc_racecheck()) {
     s = dsa_context_set_option(*ctx, DSA_OPTION_FWD_SM90_HANDOFF, DSA_FWD_HANDOFF_MBARRIER);
-  if (s == DSA_SUCCESS && tc_racecheck())
-    s = dsa_context_set_option(*ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_SM90_H64);
+    if (s == DSA_SUCCESS) s = dsa_context_set_option(*ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_SM90_H64);
+  }
   return s;
 }
 

@@ -540,6 +540,14 @@ static void ws_gate(void) {
     cr_skip_test("skipped under racecheck: its named-barrier arrive / sync hand-offs are outside what "
                  "racecheck follows (docs/reliability.md 3c); memcheck / synccheck / initcheck run it");
 }
+/* One family of cases (cases(D)) at both head dims on the warp-specialised kernel. */
+static void ws_both_dims(void (*cases)(int)) {
+  ws_gate();
+  only_kernel = DSA_BWD_KERNEL_SM90_WS;
+  cases(576);
+  cases(512);
+  only_kernel = 0;
+}
 static void ws_heads(int H) {
   ws_gate();
   only_kernel = DSA_BWD_KERNEL_SM90_WS;
@@ -555,19 +563,11 @@ Test(gpu_attn_bwd, ws_heads_100) { TC_REQUIRE_GPU(); ws_heads(100); }
 Test(gpu_attn_bwd, ws_heads_128) { TC_REQUIRE_GPU(); ws_heads(128); }
 Test(gpu_attn_bwd, ws_invalid_duplicate_and_empty_slots) {
   TC_REQUIRE_GPU();
-  ws_gate();
-  only_kernel = DSA_BWD_KERNEL_SM90_WS;
-  invalid_cases(576);
-  invalid_cases(512);
-  only_kernel = 0;
+  ws_both_dims(invalid_cases);
 }
 Test(gpu_attn_bwd, ws_topk_length_and_sink_modes) {
   TC_REQUIRE_GPU();
-  ws_gate();
-  only_kernel = DSA_BWD_KERNEL_SM90_WS;
-  len_sink_cases(576);
-  len_sink_cases(512);
-  only_kernel = 0;
+  ws_both_dims(len_sink_cases);
 }
 Test(gpu_attn_bwd, ws_strided_and_zero_sizes) {
   TC_REQUIRE_GPU();
