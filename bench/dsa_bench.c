@@ -740,6 +740,15 @@ static dsa_status bwd_run(void *arg, cudaStream_t stream) {
   return dsa_sparse_attn_bwd(a->ctx, &a->p, a->ws, &a->ws_bytes, stream);
 }
 
+typedef struct {
+  dsa_context *ctx;
+  dsa_slot_target_params p;
+} target_arg;
+static dsa_status target_run(void *arg, cudaStream_t stream) {
+  target_arg *a = arg;
+  return dsa_attn_slot_target(a->ctx, &a->p, stream);
+}
+
 static void bench_bwd(bench *b, const shape *sh) {
   attn_inputs in;
   printf("[setup] %s: inputs and forward ... ", sh->name);
@@ -773,9 +782,13 @@ static void bench_bwd(bench *b, const shape *sh) {
   }
   printf("done\n");
 
-  for (int det = 0; det < 2; ++det) {
+  /* passes: det0, det1, and det0 with the slot target (dsa_attn_bwd_params.slot_target, issue 21:
+   * what the fused target costs the backward) */
+  float *target = bc_dmalloc((size_t)in.T * in.K * 4);
+  for (int pass = 0; pass < 3; ++pass) {
+    const int det = pass == 1, tgt = pass == 2;
     char variant[32];
-    snprintf(variant, sizeof variant, "%s", det ? "det1" : "det0");
+    snprintf(variant, sizeof variant, "%s", det ? "det1" : tgt ? "det0,tgt" : "det0");
     if (bwd_variant_forced > 0) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",bv%d", bwd_variant_forced);
     progress(sh, variant);
     bwd_arg a;
@@ -799,6 +812,7 @@ static void bench_bwd(bench *b, const shape *sh) {
     p->lse = lse;
     p->dq = dq;
     p->dkv = dkv;
+    p->slot_target = tgt ? target : NULL;
     double ms = NAN;
     dsa_status st = dsa_sparse_attn_bwd(b->ctx, p, NULL, &a.ws_bytes, b->timer.stream);
     if (st == DSA_SUCCESS) {
@@ -808,6 +822,31 @@ static void bench_bwd(bench *b, const shape *sh) {
     }
     add_result(b, sh, variant, note, st, ms, bc_flops_bwd_d(in.slots, in.H, in.D), 0, NULL);
   }
+  { /* the standalone slot target on the same inputs (op "slot target"; FLOP 2 H D per slot: S only) */
+    progress(sh, "slot-target");
+    target_arg ta;
+    memset(&ta, 0, sizeof ta);
+    ta.ctx = b->ctx;
+    dsa_slot_target_params *tp = &ta.p;
+    tp->num_tokens = in.T;
+    tp->num_heads = in.H;
+    tp->head_dim = in.D;
+    tp->num_kv = in.s_kv;
+    tp->topk = in.K;
+    tp->softmax_scale = in.scale;
+    tp->q = in.q;
+    tp->kv = in.kv;
+    tp->indices = in.idx;
+    tp->topk_length = in.len;
+    tp->sink = in.sink;
+    tp->lse = lse;
+    tp->target = target;
+    double ms = NAN;
+    const dsa_status st = bc_time_op(&b->timer, target_run, &ta, &ms);
+    add_result(b, sh, "slot-target", note, st, ms, 2.0 * in.H * in.slots * in.D, 0, NULL);
+    b->rows[b->num_rows - 1].op = "slot target";
+  }
+  cudaFree(target);
   cudaFree(out);
   cudaFree(dout);
   cudaFree(dq);

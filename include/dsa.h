@@ -338,10 +338,15 @@ typedef struct dsa_attn_bwd_params {
   uint16_t *dkv;             /* [T_kv, D] bf16 out; row stride (0: D) */
   int64_t dkv_stride;
   float *dsink;              /* [H] fp32 out, optional */
+  /* Optional [T, K] fp32 out: the slot target of dsa_attn_slot_target (below) for these inputs,
+   * a[t, j] = sum_h P[t, h, j], computed from the P the backward recomputes (NULL: not computed).
+   * Row stride slot_target_stride (0: K). Bitwise reproducible in both modes. */
+  float *slot_target;
+  int64_t slot_target_stride;
 } dsa_attn_bwd_params;
 /* workspace == NULL: a size query; ctx may be NULL (the deterministic size needs a CUDA device
- * for CUB's sort scratch: DSA_ERROR_NO_DEVICE without one). dq, dkv and dsink may not overlap any
- * input (q, kv, indices, topk_length, sink, out, dout, lse) or each other. */
+ * for CUB's sort scratch: DSA_ERROR_NO_DEVICE without one). dq, dkv, dsink and slot_target may not
+ * overlap any input (q, kv, indices, topk_length, sink, out, dout, lse) or each other. */
 DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_params *p,
                                        void *workspace, size_t *workspace_bytes,
                                        dsa_stream_t stream);

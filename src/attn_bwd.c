@@ -24,6 +24,9 @@ static dsa_status bwd_workspace_size(const dsa_context *ctx, const dsa_attn_bwd_
   return DSA_SUCCESS;
 }
 
+static dsa_status bwd_dispatch(dsa_context *ctx, const dsa_attn_bwd_params *pr, void *workspace, cudaStream_t stream,
+                               int *target_done);
+
 DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_params *p,
                                        void *workspace, size_t *workspace_bytes,
                                        dsa_stream_t stream) {
@@ -44,11 +47,28 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
                     "%s: workspace_bytes = %zu is below the %zu bytes this call needs (query the "
                     "size with workspace = NULL)",
                     fn, *workspace_bytes, need);
+  /* The optional slot target: the warp-specialised kernel sums it from the P it recomputes; after
+   * any other kernel the slot target's own kernel runs on the same stream. */
+  int target_done = r.slot_target == NULL || r.num_tokens == 0;
+  const dsa_status s = bwd_dispatch(ctx, &r, workspace, (cudaStream_t)stream, &target_done);
+  if (s != DSA_SUCCESS || target_done) return s;
+  const dsa_slot_target_params sp = dsa_slot_target_of_bwd(&r);
+  return dsa_launch_slot_target(ctx, &sp, (cudaStream_t)stream);
+}
+
+/* The kernel choice (DSA_OPTION_BWD_KERNEL, else automatic); *target_done = 1 when the kernel that
+ * ran wrote the slot target too. */
+static dsa_status bwd_dispatch(dsa_context *ctx, const dsa_attn_bwd_params *pr, void *workspace, cudaStream_t stream,
+                               int *target_done) {
+  const dsa_attn_bwd_params r = *pr;
   const int64_t kernel = ctx->options[DSA_OPTION_BWD_KERNEL];
-  if (kernel == DSA_BWD_KERNEL_SM90_H64) return dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
-  if (kernel == DSA_BWD_KERNEL_SM90_SMALL)
-    return dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, (cudaStream_t)stream);
-  if (kernel == DSA_BWD_KERNEL_SM90_WS) return dsa_launch_attn_bwd_sm90_ws(ctx, &r, workspace, (cudaStream_t)stream);
+  if (kernel == DSA_BWD_KERNEL_SM90_H64) return dsa_launch_attn_bwd_sm90(ctx, &r, workspace, stream);
+  if (kernel == DSA_BWD_KERNEL_SM90_SMALL) return dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, stream);
+  if (kernel == DSA_BWD_KERNEL_SM90_WS) {
+    const dsa_status s = dsa_launch_attn_bwd_sm90_ws(ctx, &r, workspace, stream);
+    if (s == DSA_SUCCESS) *target_done = 1;
+    return s;
+  }
   if (kernel == DSA_BWD_KERNEL_AUTO && ctx->cc_major == 9 && ctx->cc_minor == 0) {
     /* The sm_90a kernels decline configurations they do not run with DSA_ERROR_UNSUPPORTED (before
      * any launch); the call then succeeds on the next one, so a decline's message must not outlive
@@ -60,15 +80,18 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
      * the fp32 reductions bind, not the MMA). The deterministic mode: the small-H kernel for H <= 32,
      * else the 64-head kernel (docs/design.md section 6). */
     if (!r.deterministic) {
-      s = dsa_launch_attn_bwd_sm90_ws(ctx, &r, workspace, (cudaStream_t)stream);
-      if (!dsa_declined(s, &saved)) return s;
+      s = dsa_launch_attn_bwd_sm90_ws(ctx, &r, workspace, stream);
+      if (!dsa_declined(s, &saved)) {
+        if (s == DSA_SUCCESS) *target_done = 1;
+        return s;
+      }
     }
     if (r.num_heads <= 32 && r.deterministic) {
-      s = dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, (cudaStream_t)stream);
+      s = dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, stream);
       if (!dsa_declined(s, &saved)) return s;
     }
-    s = dsa_launch_attn_bwd_sm90(ctx, &r, workspace, (cudaStream_t)stream);
+    s = dsa_launch_attn_bwd_sm90(ctx, &r, workspace, stream);
     if (!dsa_declined(s, &saved)) return s;
   }
-  return dsa_launch_attn_bwd(ctx, &r, workspace, (cudaStream_t)stream);
+  return dsa_launch_attn_bwd(ctx, &r, workspace, stream);
 }

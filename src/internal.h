@@ -6,6 +6,7 @@
 #ifndef DSA_INTERNAL_H
 #define DSA_INTERNAL_H
 
+#include <string.h>
 #include <cuda_runtime_api.h>
 #include "dsa.h"
 #include "dsa_tune.h"
@@ -17,7 +18,7 @@ extern "C" {
 #define DSA_HIDDEN __attribute__((visibility("hidden")))
 
 /* One past the largest dsa_option id (include/dsa_tune.h). */
-#define DSA_OPTION_COUNT 13
+#define DSA_OPTION_COUNT 14
 
 struct dsa_context {
   int device;
@@ -287,6 +288,36 @@ DSA_HIDDEN dsa_status dsa_launch_indexer_reduce(int64_t rows, int32_t heads, int
  * checked. Workspace pointers: at least the size below, any alignment (aligned up inside). */
 DSA_HIDDEN dsa_status dsa_launch_slot_target(const dsa_context *ctx, const dsa_slot_target_params *p,
                                              cudaStream_t stream);
+/* Its sm_90a kernel (cuda/indexer_train/slot_target_sm90.cu): cc 9.0, D 576 / 512, 16-B aligned q / kv
+ * rows; DSA_ERROR_UNSUPPORTED before any launch otherwise (dsa_launch_slot_target then runs the
+ * CUDA-core kernel, unless DSA_OPTION_SLOT_TARGET_KERNEL forces this one). */
+DSA_HIDDEN dsa_status dsa_launch_slot_target_sm90(const dsa_context *ctx, const dsa_slot_target_params *p,
+                                                  cudaStream_t stream);
+/* The slot target's params for the inputs of a validated, stride-resolved backward call whose
+ * slot_target is non-NULL (the backward's optional output; src/attn_bwd.c, src/reference.c). */
+static inline dsa_slot_target_params dsa_slot_target_of_bwd(const dsa_attn_bwd_params *p) {
+  dsa_slot_target_params s;
+  memset(&s, 0, sizeof s);
+  s.num_tokens = p->num_tokens;
+  s.num_heads = p->num_heads;
+  s.head_dim = p->head_dim;
+  s.num_kv = p->num_kv;
+  s.topk = p->topk;
+  s.softmax_scale = p->softmax_scale;
+  s.q = p->q;
+  s.q_stride_token = p->q_stride_token;
+  s.q_stride_head = p->q_stride_head;
+  s.kv = p->kv;
+  s.kv_stride = p->kv_stride;
+  s.indices = p->indices;
+  s.indices_stride = p->indices_stride;
+  s.topk_length = p->topk_length;
+  s.sink = p->sink;
+  s.lse = p->lse;
+  s.target = p->slot_target;
+  s.target_stride = p->slot_target_stride;
+  return s;
+}
 DSA_HIDDEN dsa_status dsa_launch_indexer_slot_scores(const dsa_context *ctx,
                                                      const dsa_indexer_slot_scores_params *p,
                                                      cudaStream_t stream);

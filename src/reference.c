@@ -455,7 +455,12 @@ DSA_API dsa_status dsa_ref_sparse_attn_bwd(const dsa_attn_bwd_params *p_in) {
     free(dod);
     return oom(fn);
   }
-  for (int64_t t = 0; t < T; ++t) {
+  dsa_status st = DSA_SUCCESS;
+  if (p.slot_target != NULL && T > 0) { /* the optional output, by the slot target's own reference */
+    const dsa_slot_target_params sp = dsa_slot_target_of_bwd(&p);
+    st = dsa_ref_attn_slot_target(&sp);
+  }
+  for (int64_t t = 0; t < T && st == DSA_SUCCESS; ++t) {
     const int32_t n = valid_slots(p.indices, p.indices_stride, p.topk_length, K, Tkv, t, rows);
     for (int32_t j = 0; j < n; ++j) {
       const uint16_t *kv = p.kv + (int64_t)rows[j] * p.kv_stride;
@@ -494,11 +499,11 @@ DSA_API dsa_status dsa_ref_sparse_attn_bwd(const dsa_attn_bwd_params *p_in) {
       for (int64_t d = 0; d < D; ++d) dq_out[d] = dsa_ref_double_to_bf16(scale * dqr[d]);
     }
   }
-  if (p.dkv != NULL)
+  if (p.dkv != NULL && st == DSA_SUCCESS)
     for (int64_t r = 0; r < Tkv; ++r)
       for (int64_t d = 0; d < D; ++d)
         p.dkv[r * p.dkv_stride + d] = dsa_ref_double_to_bf16(dkv[r * D + d]);
-  if (p.dsink)
+  if (p.dsink && st == DSA_SUCCESS)
     for (int64_t h = 0; h < H; ++h) p.dsink[h] = (float)dsink[h];
   free(dkv);
   free(dsink);
@@ -507,5 +512,5 @@ DSA_API dsa_status dsa_ref_sparse_attn_bwd(const dsa_attn_bwd_params *p_in) {
   free(qd);
   free(dqr);
   free(dod);
-  return DSA_SUCCESS;
+  return st;
 }

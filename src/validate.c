@@ -264,6 +264,20 @@ dsa_status dsa_check_indexer(const dsa_indexer_params *p, const char *fn, dsa_in
 /* ---------------------------------------------------------------------------------------------
  * sparse attention
  * ------------------------------------------------------------------------------------------- */
+/* An fp32 [T, K] slot tensor: stride resolved (0: K), extent checked, pointer 4-aligned when
+ * required (optional: NULL accepted). */
+static dsa_status check_slot_tensor(const char *fn, const char *name, const char *stride_name,
+                                    const void *ptr, int64_t T, int64_t K, int64_t *stride,
+                                    int optional) {
+  DSA_TRY(resolve_row_stride(fn, stride_name, stride, K, K));
+  DSA_TRY(check_extent(fn, name, T, *stride, 1, 0, K, 4));
+  if (T > 0) {
+    if (optional) DSA_TRY(check_opt_ptr(fn, name, ptr, 4));
+    else DSA_TRY(check_ptr(fn, name, ptr, 4));
+  }
+  return DSA_SUCCESS;
+}
+
 /* The checks forward and backward share: sizes, scale, q / kv / indices. */
 static dsa_status check_attn_common(const char *fn, int64_t T, int32_t H, int32_t Dh, int64_t Tkv,
                                     int32_t K, float scale, int64_t *q_st, int64_t *q_sh,
@@ -361,6 +375,8 @@ dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
   DSA_TRY(resolve_row_stride(fn, "dkv_stride", &c.dkv_stride, c.head_dim, c.head_dim));
   DSA_TRY(check_vec_stride(fn, "dkv_stride", c.dkv_stride));
   DSA_TRY(check_extent(fn, "dkv", c.num_kv, c.dkv_stride, 1, 0, c.head_dim, 2));
+  DSA_TRY(check_slot_tensor(fn, "slot_target", "slot_target_stride", c.slot_target, c.num_tokens, c.topk,
+                            &c.slot_target_stride, 1));
   if (c.num_tokens > 0) {
     DSA_TRY(check_attn_inputs(fn, c.q, c.num_kv, c.kv, c.indices, c.topk_length, c.sink));
     DSA_TRY(check_ptr(fn, "out", c.out, 16));
@@ -389,8 +405,9 @@ dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
                         span_1d("lse", c.lse, Tr * H, 4)};
     const span outs[] = {span_of("dq", c.dq, T, c.dq_stride_token, H, c.dq_stride_head, c.head_dim, 2),
                          span_of("dkv", c.dkv, c.num_kv, c.dkv_stride, 1, 0, c.head_dim, 2),
-                         span_1d("dsink", c.dsink, H, 4)};
-    DSA_TRY(check_no_alias(fn, outs, 3, ins, 8));
+                         span_1d("dsink", c.dsink, H, 4),
+                         span_of("slot_target", c.slot_target, Tr, c.slot_target_stride, 1, 0, c.topk, 4)};
+    DSA_TRY(check_no_alias(fn, outs, 4, ins, 8));
   }
   *r = c;
   return DSA_SUCCESS;
@@ -399,20 +416,6 @@ dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
 /* ---------------------------------------------------------------------------------------------
  * indexer training (docs/indexer-training.md)
  * ------------------------------------------------------------------------------------------- */
-/* An fp32 [T, K] slot tensor: stride resolved (0: K), extent checked, pointer 4-aligned when
- * required (optional: NULL accepted). */
-static dsa_status check_slot_tensor(const char *fn, const char *name, const char *stride_name,
-                                    const void *ptr, int64_t T, int64_t K, int64_t *stride,
-                                    int optional) {
-  DSA_TRY(resolve_row_stride(fn, stride_name, stride, K, K));
-  DSA_TRY(check_extent(fn, name, T, *stride, 1, 0, K, 4));
-  if (T > 0) {
-    if (optional) DSA_TRY(check_opt_ptr(fn, name, ptr, 4));
-    else DSA_TRY(check_ptr(fn, name, ptr, 4));
-  }
-  return DSA_SUCCESS;
-}
-
 dsa_status dsa_check_slot_target(const dsa_slot_target_params *p, const char *fn,
                                  dsa_slot_target_params *r) {
   if (p == NULL) return fail(fn, "p is NULL");

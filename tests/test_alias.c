@@ -173,6 +173,10 @@ Test(alias, backward_gradients_on_inputs) {
   bwd_bad(&f, &p, "dsink", "topk_length");
   p = f.p, p.dkv = (uint16_t *)at(p.dq, 2 * 2 * 576 * 2 - 16); /* gradients on each other */
   bwd_bad(&f, &p, "dq", "dkv");
+  p = f.p, p.slot_target = (float *)p.lse; /* the optional slot target is an output like the others */
+  bwd_bad(&f, &p, "slot_target", "lse");
+  p = f.p, p.slot_target = (float *)at(p.dsink, 4);
+  bwd_bad(&f, &p, "dsink", "slot_target");
   /* no tokens: nothing is read, but dkv and dsink are still written: only they are compared */
   p = f.p, p.num_tokens = 0, p.dsink = (float *)p.dkv;
   bwd_bad(&f, &p, "dkv", "dsink");

@@ -109,8 +109,40 @@ static int only_kernel = 0;
 
 typedef struct gpu_result {
   uint16_t *dq, *dkv; /* host copies of the whole allocations */
+  float *target;      /* the slot target's whole allocation */
   float dsink[DSA_MAX_HEADS];
 } gpu_result;
+
+/* The optional slot target (dsa_attn_bwd_params.slot_target) against the reference's: every element
+ * of the T x K region within 1e-4 of its row's largest reference value, exactly 0 at invalid slots,
+ * the padding of a strided row untouched (still the 0xFF poison). */
+static void check_target(const char *name, const float *got, int64_t st, const float *ref, const int32_t *idx,
+                         int64_t idx_st, const int32_t *len, int64_t T, int K, int64_t Tkv) {
+  for (int64_t t = 0; t < T; ++t) {
+    int lim = len ? len[t] : K;
+    lim = lim < 0 ? 0 : lim > K ? K : lim;
+    double mx = 0;
+    for (int j = 0; j < K; ++j) mx = fmax(mx, fabs((double)ref[t * K + j]));
+    for (int64_t j = 0; j < st; ++j) {
+      const float g = got[t * st + j];
+      if (j >= K) {
+        uint32_t bits;
+        memcpy(&bits, &g, 4);
+        cr_assert(bits == 0xFFFFFFFFu, "%s: slot target padding [%lld, %lld] was written", name, (long long)t,
+                  (long long)j);
+        continue;
+      }
+      const int32_t v = idx[t * idx_st + j];
+      const int valid = j < lim && v >= 0 && (int64_t)v < Tkv;
+      const double e = ref[t * K + j];
+      cr_assert(!isnan(g), "%s: slot target [%lld, %lld] is NaN", name, (long long)t, (long long)j);
+      if (!valid) cr_assert(g == 0.f, "%s: slot target [%lld, %lld] = %g at an invalid slot", name, (long long)t,
+                            (long long)j, (double)g);
+      cr_assert(fabs(g - e) <= 1e-4 * mx, "%s: slot target [%lld, %lld] = %.9g, reference %.9g (row max %g)", name,
+                (long long)t, (long long)j, (double)g, e, mx);
+    }
+  }
+}
 
 static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   bwd_case shrunk;
@@ -128,6 +160,7 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   const int64_t dq_sh = c->strided ? D + 8 : D, dq_st = H * dq_sh + (c->strided ? 16 : 0);
   const int64_t kv_st = D + (c->strided ? 64 : 0), dkv_st = D + (c->strided ? 40 : 0);
   const int64_t idx_st = K + (c->strided ? 5 : 0);
+  const int64_t tg_st = K + (c->strided ? 3 : 0); /* the optional slot target, every pass */
   cr_log_info("%s: T=%lld H=%lld D=%lld T_kv=%lld K=%lld len=%d sink=%d invalid=%.2f dup=%.2f "
               "empty=%.2f strided=%d",
               name, (long long)T, (long long)H, (long long)D, (long long)Tkv, (long long)K,
@@ -187,8 +220,9 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   TC_OK(dsa_ref_sparse_attn_fwd(&fp));
   uint16_t *dq_ref = malloc(nz(T * H * D) * 2);
   uint16_t *dkv_ref = malloc(nz(Tkv * D) * 2);
+  float *tg_ref = malloc(nz(T * K) * 4);
   float dsink_ref[DSA_MAX_HEADS];
-  cr_assert(dq_ref && dkv_ref);
+  cr_assert(dq_ref && dkv_ref && tg_ref);
   for (int64_t i = 0; i < Tkv * D; ++i) dkv_ref[i] = 0; /* T = 0: the op defines dkv = 0 */
   for (int h = 0; h < H; ++h) dsink_ref[h] = 0.f;
   dsa_attn_bwd_params rp = {
@@ -197,7 +231,8 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
       .q_stride_head = q_sh, .kv = kv, .kv_stride = kv_st, .indices = idx, .indices_stride = idx_st,
       .topk_length = has_len ? len : NULL, .sink = has_sink ? sink : NULL, .out = out,
       .out_stride_token = o_st, .out_stride_head = o_sh, .dout = dout, .dout_stride_token = g_st,
-      .dout_stride_head = g_sh, .lse = lse, .dq = dq_ref, .dkv = dkv_ref, .dsink = dsink_ref};
+      .dout_stride_head = g_sh, .lse = lse, .dq = dq_ref, .dkv = dkv_ref, .dsink = dsink_ref,
+      .slot_target = tg_ref, .slot_target_stride = K};
   TC_OK(dsa_ref_sparse_attn_bwd(&rp));
   if (!has_sink)
     for (int h = 0; h < H; ++h) dsink_ref[h] = 0.f;
@@ -212,7 +247,9 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   int32_t *d_idx = dev_copy(idx, nidx * 4), *d_len = dev_copy(len, (size_t)T * 4);
   float *d_lse = dev_copy(lse, (size_t)(T * H) * 4), *d_sink = dev_copy(sink, sizeof sink);
   uint16_t *d_dq, *d_dkv;
-  float *d_dsink;
+  float *d_dsink, *d_tg;
+  const size_t ntg = nz(T * tg_st);
+  TC_CUDA(cudaMalloc((void **)&d_tg, ntg * 4));
   TC_CUDA(cudaMalloc((void **)&d_dq, ndq * 2));
   TC_CUDA(cudaMalloc((void **)&d_dkv, ndkv * 2));
   TC_CUDA(cudaMalloc((void **)&d_dsink, DSA_MAX_HEADS * 4));
@@ -228,6 +265,10 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   p.dq = d_dq; p.dq_stride_token = dq_st; p.dq_stride_head = dq_sh;
   p.dkv = d_dkv; p.dkv_stride = dkv_st;
   p.dsink = c->no_dsink ? NULL : d_dsink;
+  p.slot_target = d_tg;
+  p.slot_target_stride = tg_st;
+  float *tg_host = malloc(ntg * 4);
+  cr_assert(tg_host);
 
   uint16_t *dq_host = malloc(ndq * 2), *dkv_host = malloc(ndkv * 2);
   uint16_t *dq_c = malloc(nz(T * H * D) * 2);
@@ -251,12 +292,15 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
     cr_assert(ws_bytes >= 1 && ws_bytes == ws_again, "workspace size %zu / %zu", ws_bytes, ws_again);
     unsigned char *ws;
     TC_CUDA(cudaMalloc((void **)&ws, ws_bytes + 1)); /* used from ws + 1: exactly ws_bytes */
-    /* under compute-sanitizer (DSA_TEST_SANITIZE): one rerun, with 2 tokens per chunk on a sweep pass */
-    const int runs = mode ? (tc_sanitize() ? 2 : sweep_pass ? 4 : 3) : 1;
+    /* under compute-sanitizer (DSA_TEST_SANITIZE): one rerun, with 2 tokens per chunk on a sweep pass;
+     * the ws_* tests rerun the non-deterministic mode once for its slot target (reproducible in both
+     * modes) */
+    const int runs = mode ? (tc_sanitize() ? 2 : sweep_pass ? 4 : 3) : only_kernel ? 2 : 1;
     for (int run = 0; run < runs; ++run) {
       TC_CUDA(cudaMemcpy(d_dq, poison16, ndq * 2, cudaMemcpyHostToDevice));
       TC_CUDA(cudaMemcpy(d_dkv, poison16, ndkv * 2, cudaMemcpyHostToDevice));
       TC_CUDA(cudaMemcpy(d_dsink, poison32, sizeof poison32, cudaMemcpyHostToDevice));
+      TC_CUDA(cudaMemset(d_tg, 0xFF, ntg * 4));
       size_t b = ws_bytes;
       TC_SET_OPTION(ctx, DSA_OPTION_BWD_KERNEL, variant);
       TC_SET_OPTION(ctx, DSA_OPTION_BWD_DET_CHUNK_TOKENS, sweep_pass ? (tc_sanitize() ? 2 * run : sweep[run]) : 0);
@@ -279,6 +323,7 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
       TC_CUDA(cudaMemcpy(dkv_host, d_dkv, ndkv * 2, cudaMemcpyDeviceToHost));
       float dsink_got[DSA_MAX_HEADS];
       TC_CUDA(cudaMemcpy(dsink_got, d_dsink, sizeof dsink_got, cudaMemcpyDeviceToHost));
+      TC_CUDA(cudaMemcpy(tg_host, d_tg, ntg * 4, cudaMemcpyDeviceToHost));
       if (T > 0) check_gaps("dq", dq_host, ndq, T, dq_st, H, dq_sh, D);
       if (Tkv > 0) check_gaps("dkv", dkv_host, ndkv, Tkv, dkv_st, 1, 0, D);
       gather3(dq_c, dq_host, T, dq_st, H, dq_sh, D);
@@ -304,13 +349,21 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
           for (int h = 0; h < DSA_MAX_HEADS; ++h)
             cr_assert(isnan(dsink_got[h]), "dsink = NULL but the buffer was written");
         }
+        check_target(name, tg_host, tg_st, tg_ref, idx, idx_st, has_len ? len : NULL, T, (int)K, Tkv);
         res[pass].dq = malloc(ndq * 2);
         res[pass].dkv = malloc(ndkv * 2);
-        cr_assert(res[pass].dq && res[pass].dkv);
+        res[pass].target = malloc(ntg * 4);
+        cr_assert(res[pass].dq && res[pass].dkv && res[pass].target);
         memcpy(res[pass].dq, dq_host, ndq * 2);
         memcpy(res[pass].dkv, dkv_host, ndkv * 2);
+        memcpy(res[pass].target, tg_host, ntg * 4);
         memcpy(res[pass].dsink, dsink_got, sizeof dsink_got);
+      } else if (!mode) {
+        cr_assert(memcmp(res[pass].target, tg_host, ntg * 4) == 0,
+                  "%s: slot target (variant %d, mode 0) differs between run 0 and run %d", name, variant, run);
       } else {
+        cr_assert(memcmp(res[pass].target, tg_host, ntg * 4) == 0,
+                  "%s: slot target (variant %d, deterministic) differs between run 0 and run %d", name, variant, run);
         cr_assert(memcmp(res[pass].dkv, dkv_host, ndkv * 2) == 0,
                   "%s: deterministic dkv (variant %d) differs between run 0 and run %d", name, variant, run);
         cr_assert(memcmp(res[pass].dq, dq_host, ndq * 2) == 0,
@@ -334,11 +387,12 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   for (int m = 0; m < 6; ++m) {
     free(res[m].dq);
     free(res[m].dkv);
+    free(res[m].target);
   }
   free(q); free(kv); free(out); free(dout); free(idx); free(len); free(lse);
-  free(dq_ref); free(dkv_ref); free(poison16); free(dq_host); free(dkv_host); free(dq_c); free(dkv_c);
+  free(dq_ref); free(dkv_ref); free(tg_ref); free(tg_host); free(poison16); free(dq_host); free(dkv_host); free(dq_c); free(dkv_c);
   cudaFree(d_q); cudaFree(d_kv); cudaFree(d_out); cudaFree(d_dout); cudaFree(d_idx); cudaFree(d_len);
-  cudaFree(d_lse); cudaFree(d_sink); cudaFree(d_dq); cudaFree(d_dkv); cudaFree(d_dsink);
+  cudaFree(d_lse); cudaFree(d_sink); cudaFree(d_dq); cudaFree(d_dkv); cudaFree(d_dsink); cudaFree(d_tg);
   TC_CUDA(cudaStreamDestroy(stream));
   dsa_context_destroy(ctx);
 }

@@ -226,22 +226,35 @@ static void run_slot_target(gpu_env *env, tc_rng *rng, int64_t T, int H, int D, 
   const size_t ntg = nz(T * tg_st) * 4;
   d.target = dpoison(ntg);
   d.target_stride = tg_st;
-  float *first = NULL;
-  for (int run = 0; run < 2; ++run) {
-    TC_CUDA(cudaMemset(d.target, 0xFF, ntg));
-    TC_OK(dsa_attn_slot_target(env->ctx, &d, env->stream));
-    TC_SYNC(env);
-    float *got = hget(d.target, ntg);
-    if (run == 0) {
-      check_rows_f32("target", got, tg_st, ref, K, T, K, 1e-4, zero);
-      check_gaps32("target", got, T, tg_st, K);
-      first = got;
-    } else {
-      cr_assert(memcmp(first, got, ntg) == 0, "slot target differs between two runs");
-      free(got);
+  /* both kernels (DSA_OPTION_SLOT_TARGET_KERNEL), each twice: equal to the reference, then bitwise
+   * equal to itself; the sm_90a one may decline only off an H200-class device (DSA_TEST_REQUIRE_SM90) */
+  for (int kernel = DSA_SLOT_TARGET_KERNEL_PORTABLE; kernel <= DSA_SLOT_TARGET_KERNEL_SM90; ++kernel) {
+    float *first = NULL;
+    for (int run = 0; run < 2; ++run) {
+      TC_CUDA(cudaMemset(d.target, 0xFF, ntg));
+      TC_SET_OPTION(env->ctx, DSA_OPTION_SLOT_TARGET_KERNEL, kernel);
+      const dsa_status st = dsa_attn_slot_target(env->ctx, &d, env->stream);
+      TC_SET_OPTION(env->ctx, DSA_OPTION_SLOT_TARGET_KERNEL, DSA_SLOT_TARGET_KERNEL_AUTO);
+      if (kernel == DSA_SLOT_TARGET_KERNEL_SM90 && st == DSA_ERROR_UNSUPPORTED) {
+        cr_assert(getenv("DSA_TEST_REQUIRE_SM90") == NULL, "the sm_90a slot target declined D=%d H=%d: %s", D, H,
+                  dsa_last_error_message());
+        cr_log_info("slot_target: the sm_90a kernel declined: %s", dsa_last_error_message());
+        break;
+      }
+      TC_OK(st);
+      TC_SYNC(env);
+      float *got = hget(d.target, ntg);
+      if (run == 0) {
+        check_rows_f32("target", got, tg_st, ref, K, T, K, 1e-4, zero);
+        check_gaps32("target", got, T, tg_st, K);
+        first = got;
+      } else {
+        cr_assert(memcmp(first, got, ntg) == 0, "slot target (kernel %d) differs between two runs", kernel);
+        free(got);
+      }
     }
+    free(first);
   }
-  free(first);
   cudaFree((void *)d.q); cudaFree((void *)d.kv); cudaFree((void *)d.indices); cudaFree((void *)d.topk_length);
   cudaFree((void *)d.sink); cudaFree((void *)d.lse); cudaFree(d.target);
   free(q); free(kv); free(out); free(idx); free(len); free(lse); free(ref); free(zero);
@@ -258,6 +271,11 @@ Test(gpu_indexer_train, slot_target_matches_reference) {
       run_slot_target(&env, &rng, 37, Hs[hi], di ? 512 : 576, 50, 77, sinks[(hi + di) % 4], hi == 1);
   run_slot_target(&env, &rng, 37, 7, 576, 50, 77, SINK_NEG_INF, 1);
   run_slot_target(&env, &rng, 5, 3, 576, 0, 77, SINK_FINITE, 0); /* no keys: every slot invalid */
+  /* many tiles (the sm_90a kernel's two KV stages), K not a multiple of 64, two head blocks with zero
+   * rows in the second, K = DSA_MAX_ATTN_TOPK */
+  run_slot_target(&env, &rng, 6, 100, 576, 3001, 2051, SINK_FINITE, 1);
+  run_slot_target(&env, &rng, 3, 64, 512, 5003, 4096, SINK_MIX, 0);
+  run_slot_target(&env, &rng, 11, 128, 576, 700, 192, SINK_NULL, 0);
   env_close(&env);
 }
 

@@ -422,7 +422,7 @@ static const op FWD = {"dsa_ref_sparse_attn_fwd", "dsa_sparse_attn_fwd", fwd_ref
 typedef struct {
   uint16_t *q, *kv, *out, *dout, *dq, *dkv;
   int32_t *idx, *len;
-  float *sink, *lse, *mx, *dsink;
+  float *sink, *lse, *mx, *dsink, *tgt;
   dsa_attn_fwd_params p;
   dsa_attn_bwd_params b;
   outputs outs, bouts;
@@ -442,6 +442,7 @@ static void attn_fix_init(attn_fix *f) {
   f->lse = val_alloc(sizeof(float) * 4);
   f->mx = val_alloc(sizeof(float) * 4);
   f->dsink = val_alloc(sizeof(float) * 2);
+  f->tgt = val_alloc(sizeof(float) * 2 * 8); /* the backward's slot target: 2 rows of stride <= 8 */
   for (int i = 0; i < 6; ++i) f->idx[i] = i % 5;
   f->len[0] = 3;
   f->len[1] = 2;
@@ -484,6 +485,7 @@ static void attn_fix_init(attn_fix *f) {
   out_add(&f->bouts, f->dq, sizeof(uint16_t) * 2 * 2 * 576);
   out_add(&f->bouts, f->dkv, sizeof(uint16_t) * 5 * 576);
   out_add(&f->bouts, f->dsink, sizeof(float) * 2);
+  out_add(&f->bouts, f->tgt, sizeof(float) * 2 * 8);
 }
 static void attn_fix_free(attn_fix *f) {
   free(f->q);
@@ -498,6 +500,7 @@ static void attn_fix_free(attn_fix *f) {
   free(f->lse);
   free(f->mx);
   free(f->dsink);
+  free(f->tgt);
 }
 
 #define FWD_CASE(word, ...)                  \
@@ -701,6 +704,22 @@ Test(validation_attn_bwd, pointers) {
   BWD_CASE("dkv is NULL", p.dkv = NULL);
   BWD_CASE("dkv is not 16-byte aligned", p.dkv = off(p.dkv, 2));
   BWD_CASE("dsink is not 4-byte aligned", p.dsink = off(p.dsink, 2));
+}
+
+/* The optional slot target ([T, K] fp32, stride 0 = K): checked like every output when given. */
+Test(validation_attn_bwd, slot_target) {
+  BWD_CASE("slot_target_stride = 2 is below the row length 3", p.slot_target = f.tgt; p.slot_target_stride = 2);
+  BWD_CASE("slot_target_stride = -3 is negative", p.slot_target = f.tgt; p.slot_target_stride = -3);
+  BWD_CASE("slot_target is not 4-byte aligned", p.slot_target = off(f.tgt, 2));
+  BWD_CASE("byte size of slot_target overflows", p.slot_target = f.tgt; p.slot_target_stride = INT64_MAX / 2);
+  attn_fix f;
+  attn_fix_init(&f);
+  dsa_attn_bwd_params p = f.b;
+  p.slot_target = f.tgt;
+  expect_ok(&BWD, &p);
+  p.slot_target_stride = 8;
+  expect_ok(&BWD, &p);
+  attn_fix_free(&f);
 }
 
 Test(validation_attn_bwd, valid_layouts_and_zero_size) {

@@ -118,6 +118,19 @@ constexpr int kBarPdSFull = 1; /* WG0 -> WG1: P(n), dS(n) in smem, KV(n) and idx
 constexpr int kBarPdSFree = 2; /* WG1 -> WG0: WG1's wgmmas reading P(n), dS(n) have completed */
 constexpr int kBarKVFree = 3;  /* WG1 -> WG0: WG1's dQ wgmmas reading KV(n) have completed */
 constexpr int kBarKV = 4;      /* WG0: every WG0 thread's copies of KV(n), idx(n) landed and fenced */
+constexpr int kBarTgt = 5;     /* WG0: the four warps' slot-target partial sums in spart */
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
+
+/* This kernel's shared memory: the Smem<NBT> map, then spart, f32 [4][64] (the slot target's per-warp
+ * column sums), at the map's end: 232448 / 216064 B with the alignment slack (the D = 576 one is the
+ * whole 227 KB opt-in). */
+template <int NBT>
+constexpr int kWsTgt = Smem<NBT>::kEnd;
+template <int NBT>
+constexpr int kWsBytes = Smem<NBT>::kBytes + 4 * kBlockN * 4;
+static_assert(kWsBytes<9> == 232448 && kWsBytes<8> == 216064, "the sizes the comments quote");
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 /* Arrive on named barrier `id` without waiting (non-.aligned: the two warpgroups reach a barrier from
  * different code, as sm90_named_bar_sync_any). Release: this thread's earlier memory accesses are
@@ -136,25 +149,114 @@ __device__ __forceinline__ void ws_cta_token_head(int num_hblocks, int64_t *tok,
   *h0 = (int)(b % (uint32_t)num_hblocks) * kBlockM;
 }
 
-/* WG0's gather of one 64-key tile into the SW128 KV tile at skv: thread (g = t / 8, j = t % 8) copies
- * 16-B chunk j of each of the NBT 64-column blocks of rows g, g + 16, g + 32, g + 48 (rows 16 apart keep
- * r % 8, so 8 consecutive threads fill one 128-B piece: conflict free), 4 NBT cp.async per thread; an
- * invalid slot (idx < 0 or >= T_kv, or past the row's length: idxs -1) copies 0 bytes (zero fill)
- * from a harmless address. Thread j == 0 of each row writes the row's kv index (or -1) to tidx. */
+/* fp32 s + the dot product of two 16-B vectors of 8 bf16 (fma, element order 0..7). */
+__device__ __forceinline__ float ws_dot8(uint4 a, uint4 b, float s) {
+  const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s = fmaf(__uint_as_float(aw[i] << 16), __uint_as_float(bw[i] << 16), s);
+    s = fmaf(__uint_as_float(aw[i] & 0xffff0000u), __uint_as_float(bw[i] & 0xffff0000u), s);
+  }
+  return s;
+}
+
+/* The backward's per-row prep inside the kernel (what bwd_prep_kernel computes for the other
+ * launchers, so this one launches no prep pass): Delta = sum_{d<512} out * dout, L' = logaddexp(lse,
+ * sink) (+inf where the token has no valid slot or lse = +inf) and the dsink partial exp(sink - L')
+ * Delta, for the CTA's 64 head rows. Thread (r = tid / 4, qd = tid % 4) owns dims [128 qd, 128 qd +
+ * 128) of head row r.
+ * Part 1, before the prologue's cp.async wait (its latency hides under the Q / dO / KV copies): this
+ * thread's out chunks, lse and sink, and whether any of its slots j = tid + 256 m (< klen) is valid. */
+struct WsPrep {
+  uint4 o[16];
+  float lse, sink;
+  int any;
+};
+__device__ __forceinline__ void ws_prep_load(const dsa_attn_bwd_params &p, int tid, int64_t tok, int h0, int klen,
+                                             WsPrep &w) {
+  const int r = tid >> 2, qd = tid & 3, h = h0 + r;
+  const bool live = h < p.num_heads;
+  const uint4 *src = (const uint4 *)(p.out + tok * p.out_stride_token + (int64_t)(live ? h : h0) * p.out_stride_head +
+                                     128 * qd);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) w.o[i] = live ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
+  w.lse = live ? p.lse[tok * p.num_heads + h] : INFINITY;
+  w.sink = (live && p.sink) ? p.sink[h] : -INFINITY;
+  const int32_t *irow = p.indices + tok * p.indices_stride;
+  int any = 0;
+  for (int j0 = tid; j0 < klen; j0 += 4 * kThreads) {
+    int32_t v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = j0 + u * kThreads < klen ? __ldg(irow + j0 + u * kThreads) : -1;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) any |= v[u] >= 0 && (int64_t)v[u] < p.num_kv;
+  }
+  w.any = any;
+}
+/* Part 2, after the barrier that published dO in shared memory (any: the OR over the CTA): Delta
+ * from out (registers) and dO (the SW128 tile), summed over the row's four threads in a fixed order;
+ * L' log2e and Delta into shared memory (the layout bwd_sm90_load_lp_delta fills), the dsink partial
+ * into part (when dsink is requested). */
+template <int NBT>
+__device__ __forceinline__ void ws_prep_finish(const MainArgs &args, uint8_t *smem, int tid, int64_t tok, int h0,
+                                               int any, const WsPrep &w) {
+  typedef Smem<NBT> L;
+  const dsa_attn_bwd_params &p = args.p;
+  const int r = tid >> 2, qd = tid & 3, h = h0 + r;
+  const bool live = h < p.num_heads;
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int b = 2 * qd + (i >> 3); /* 64-dim block of dims 128 qd + 8 i .. + 8 */
+    const uint4 d = *(const uint4 *)(smem + L::kDO + b * kBlkBytes + sm90_sw128_chunk_off(r, i & 7));
+    s = ws_dot8(w.o[i], d, s);
+  }
+  s += __shfl_xor_sync(0xffffffffu, s, 1);
+  s += __shfl_xor_sync(0xffffffffu, s, 2);
+  if (qd != 0) return;
+  const float Lse = w.lse, sk = w.sink;
+  float Lp = INFINITY;
+  if (any && Lse != INFINITY) {
+    if (sk == -INFINITY) Lp = Lse;
+    else Lp = fmaxf(Lse, sk) + log1pf(expf(-fabsf(Lse - sk)));
+  }
+  ((float *)(smem + L::kLp))[r] = live ? Lp * kLog2e : INFINITY; /* +inf * log2e = +inf */
+  ((float *)(smem + L::kDelta))[r] = live ? s : 0.f;
+  if (live && p.dsink)
+    args.part[tok * p.num_heads + h] = (any && isfinite(sk) && Lp != INFINITY) ? expf(sk - Lp) * s : 0.f;
+}
+
+/* The slot target's share of one tile (p.slot_target non-NULL): WG0's P summed over the CTA's 64 head
+ * rows per key column, added to target[tok][64 n + c] for the valid slots (the launcher zeroes the
+ * target first; a key column gets one add per head block, at most two, and (0 + a) + b = a + b in
+ * either order, so the result does not depend on which block adds first).
+ * Per warp: each thread adds its two rows, then sm90_warp_colsum64 leaves lane l with columns 2l,
+ * 2l + 1 of the warp's 16 rows; the four warps' sums meet in spart [4][64] (named barrier kBarTgt)
+ * and thread c < 64 adds them in warp order. Fixed order throughout: bitwise reproducible. */
+__device__ __forceinline__ void ws_target_tile(const dsa_attn_bwd_params &p, const float *pv, float *spart,
+                                               const int32_t *tidx, int64_t tok, int n, int t, int warp,
+                                               int lane) {
+  float v[16], z[2];
+#pragma unroll
+  for (int cc = 0; cc < 8; ++cc)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) v[2 * cc + e] = pv[4 * cc + e] + pv[4 * cc + 2 + e];
+  sm90_warp_colsum64(v, lane, z);
+  *(float2 *)(spart + 64 * warp + 2 * lane) = make_float2(z[0], z[1]);
+  sm90_named_bar_sync(kBarTgt, 128);
+  if (t < kBlockN && tidx[t] >= 0) {
+    const float a = ((spart[t] + spart[64 + t]) + spart[128 + t]) + spart[192 + t];
+    atomicAdd(p.slot_target + tok * p.slot_target_stride + kBlockN * n + t, a);
+  }
+}
+
+/* WG0's gather of one 64-key tile into the SW128 KV tile at skv (rows g, g + 16, g + 32, g + 48 of
+ * thread (g = t / 8, j = t % 8), 4 NBT cp.async per thread, zero fill for invalid slots: idxs -1 past
+ * the row's length) and of the tile's kv indices (or -1) into tidx. */
 template <int NBT>
 __device__ __forceinline__ void ws_gather(const dsa_attn_bwd_params &p, uint32_t skv, int32_t *tidx,
                                           const int32_t idxs[4], int g, int j) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = g + 16 * i;
-    const int32_t idx = idxs[i];
-    const bool ok = idx >= 0 && (int64_t)idx < p.num_kv;
-    const uint16_t *src = ok ? p.kv + (int64_t)idx * p.kv_stride + j * 8 : p.q + j * 8;
-#pragma unroll
-    for (int b = 0; b < NBT; ++b)
-      sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
-    if (j == 0) tidx[r] = ok ? idx : -1;
-  }
+  sm90_gather_tile_idx<NBT>(skv, tidx, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
 }
 
 /* WG0 ("front"): gather, S, dP, P / dS, dQ dims [0, 256) by RS wgmma, P / dS to smem. */
@@ -169,6 +271,7 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
   const uint32_t skv = sm90_smem_addr(smem + L::kKV);
   const uint32_t sp = sm90_smem_addr(smem + L::kP), sds = sm90_smem_addr(smem + L::kDS);
   int32_t *sidx = (int32_t *)(smem + L::kIdx);
+  float *spart = (float *)(smem + kWsTgt<NBT>);
   const float *slp = (const float *)(smem + L::kLp), *sdelta = (const float *)(smem + L::kDelta);
   const int32_t *irow = p.indices + tok * p.indices_stride;
   const float scale = args.scale, scale_log2 = args.scale_log2;
@@ -233,6 +336,7 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
      * k16 slice kk (docs/hopper.md section 2). */
     float pv[32], dsv[32];
     bwd_sm90_p_ds<8>(sacc, dpacc, sidx + s * kBlockN, 0, lane, lp2, dl, scale, scale_log2, pv, dsv);
+    if (p.slot_target) ws_target_tile(p, pv, spart, sidx + s * kBlockN, tok, n, t, warp, lane);
     uint32_t pp[16], dsp[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -458,10 +562,15 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
       sm90_gather_read_indices(p.indices + tok * p.indices_stride, 0, tid >> 3, klen, idxs);
       ws_gather<NBT>(p, sm90_smem_addr(smem + L::kKV), (int32_t *)(smem + L::kIdx), idxs, tid >> 3, tid & 7);
     }
-    bwd_sm90_load_lp_delta<NBT>(args, smem, tid, tok, h0);
+    WsPrep w;
+    ws_prep_load(p, tid, tok, h0, klen, w);
     sm90_cp_async_wait_all();
     sm90_fence_proxy_async();
+    const int any = __syncthreads_or(w.any);
+    ws_prep_finish<NBT>(args, smem, tid, tok, h0, any, w);
     __syncthreads();
+  } else if (p.dsink && tid < kBlockM && h0 + tid < p.num_heads) {
+    args.part[tok * p.num_heads + h0 + tid] = 0.f; /* no slot: no dsink share */
   }
   if (wg == 0)
     ws_front<NBT>(args, smem, ntiles, tok, h0, klen);
@@ -477,7 +586,7 @@ template <int NBT>
 dsa_status ws_prepare(int dev) {
   static int attr_set[DSA_TRACKED_DEVICES];
   const void *fn = (const void *)attn_bwd_sm90_ws_kernel<NBT>;
-  return dsa_kernel_smem_once(fn, Smem<NBT>::kBytes, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
+  return dsa_kernel_smem_once(fn, kWsBytes<NBT>, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
 /* The non-deterministic sequence of dsa_launch_attn_bwd_sm90: prep, memset of the fp32 accumulator,
@@ -490,12 +599,18 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
   unsigned char *ws = bwd_align_workspace(workspace);
   const BwdBaseRegions R = bwd_base_regions(ws, p);
   if (p->num_tokens == 0) return bwd_zero_tokens(p, R.part, stream);
+  if (kWsBytes<NBT> > ctx->max_smem_optin)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the warp-specialised sm_90a kernel needs %d bytes of shared memory, "
+                    "device has %d", fn, kWsBytes<NBT>, ctx->max_smem_optin);
   DSA_TRY(ws_prepare<NBT>(ctx->device));
-  DSA_TRY(bwd_launch_prep(p, R.delta, R.lp, R.part, stream));
   if (p->num_kv > 0)
     DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(R.acc, 0, (size_t)p->num_kv * kD * 4, stream), fn));
+  if (p->slot_target)
+    DSA_TRY(dsa_cuda_status((int)cudaMemset2DAsync(p->slot_target, (size_t)p->slot_target_stride * 4, 0,
+                                                   (size_t)p->topk * 4, (size_t)p->num_tokens, stream),
+                            fn));
   const MainArgs args = bwd_sm90_main_args(p, R, num_hblocks);
-  attn_bwd_sm90_ws_kernel<NBT><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, Smem<NBT>::kBytes, stream>>>(args);
+  attn_bwd_sm90_ws_kernel<NBT><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(args);
   DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   if (p->num_kv > 0) DSA_TRY(bwd_launch_convert_lay1<kD>(p, R.acc, stream));
   if (p->dsink) DSA_TRY(bwd_launch_dsink(p, R.part, stream));

@@ -325,6 +325,43 @@ __device__ __forceinline__ void sm90_gather_read_indices(const int32_t *irow, in
     idxs[i] = slot < klen ? __ldg(irow + slot) : -1;
   }
 }
+/* The gather of one 64-row tile with its kv indices: thread (g, j) as above issues 16-B chunk j of
+ * each of the NB 64-column blocks of rows g, g + 16, g + 32, g + 48 into the SW128 tile at skv (4 NB
+ * cp.async); an invalid slot (idx < 0 or >= num_kv) copies 0 bytes (zero fill) from `harmless`, a
+ * readable address; thread j == 0 of each row writes the row's kv index (or -1) to tidx (the
+ * backward's and the slot target's tiles, whose consumers read the index itself). */
+template <int NB>
+__device__ __forceinline__ void sm90_gather_tile_idx(uint32_t skv, int32_t *tidx, const int32_t idxs[4], int g, int j,
+                                                     const uint16_t *kv, int64_t kv_stride, int64_t num_kv,
+                                                     const uint16_t *harmless) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 16 * i;
+    const int32_t idx = idxs[i];
+    const bool ok = idx >= 0 && (int64_t)idx < num_kv;
+    const uint16_t *src = ok ? kv + (int64_t)idx * kv_stride + j * 8 : harmless + j * 8;
+#pragma unroll
+    for (int b = 0; b < NB; ++b) sm90_cp_async16(skv + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+    if (j == 0) tidx[r] = ok ? idx : -1;
+  }
+}
+
+/* Column sums of an m64n64 accumulator over a warp's 16 rows. v[2 cc + e] holds this thread's two
+ * rows already added for column 8 cc + 2 (lane % 4) + e (the accumulator map, docs/hopper.md
+ * section 2); a reduce-scatter over the 8 lanes that hold the same columns (lane bits 4, 3, 2: 8 + 4 +
+ * 2 shuffles) leaves lane l with the sums of columns 2l and 2l + 1 in z[0], z[1]. Fixed order:
+ * bitwise reproducible. */
+__device__ __forceinline__ void sm90_warp_colsum64(const float v[16], int lane, float z[2]) {
+  float u[8], x[4];
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) u[k] = (b4 ? v[k + 8] : v[k]) + __shfl_xor_sync(0xffffffffu, b4 ? v[k] : v[k + 8], 16);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) x[k] = (b3 ? u[k + 4] : u[k]) + __shfl_xor_sync(0xffffffffu, b3 ? u[k] : u[k + 4], 8);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) z[k] = (b2 ? x[k + 2] : x[k]) + __shfl_xor_sync(0xffffffffu, b2 ? x[k] : x[k + 2], 4);
+}
+
 /* Masks a completed m64nSNk16 S accumulator into log2-domain logits: x[i] = sacc[i] * scale_log2
  * where its key slot is valid, -inf where not. Register i holds column 8 (i >> 2) + 2 (lane % 4) +
  * (i & 1) (docs/hopper.md section 2); the pair (i, i + 1), i even, covers two adjacent columns: one 2-byte read

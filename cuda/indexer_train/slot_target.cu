@@ -12,8 +12,8 @@
  * its slot's P over the heads in ascending order and writes a[t, j]. No atomics, every sum in a fixed
  * order: bitwise reproducible. Slots past the row's length are written 0 up front.
  *
- * Simple CUDA-core version: q is re-read (through L1 / L2) once per slot; a tensor-core version
- * would stage q per head group and run the [H, D] x [D, 16] products as MMAs.
+ * The CUDA-core kernel: q is re-read (through L1 / L2) once per slot. Every device and configuration;
+ * on cc 9.0 the tensor-core kernel of slot_target_sm90.cu runs instead where it can.
  */
 #include <math.h>
 #include "internal.h"
@@ -94,9 +94,19 @@ __global__ void __launch_bounds__(kThreads) slot_target_kernel(const __grid_cons
 
 }  // namespace
 
+/* DSA_OPTION_SLOT_TARGET_KERNEL: AUTO tries the sm_90a kernel (cuda/indexer_train/slot_target_sm90.cu)
+ * and falls back here where it declines; SM90 forces it (its decline is the op's error); PORTABLE
+ * runs this kernel. */
 extern "C" dsa_status dsa_launch_slot_target(const dsa_context *ctx, const dsa_slot_target_params *p,
                                              cudaStream_t stream) {
-  (void)ctx;
+  const int64_t kernel = ctx->options[DSA_OPTION_SLOT_TARGET_KERNEL];
+  if (kernel == DSA_SLOT_TARGET_KERNEL_SM90) return dsa_launch_slot_target_sm90(ctx, p, stream);
+  if (kernel == DSA_SLOT_TARGET_KERNEL_AUTO) {
+    dsa_saved_message saved;
+    dsa_message_save(&saved);
+    const dsa_status s = dsa_launch_slot_target_sm90(ctx, p, stream);
+    if (!dsa_declined(s, &saved)) return s;
+  }
   slot_target_kernel<<<tr_grid_for(p->num_tokens, 1), kThreads, 0, stream>>>(*p);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_attn_slot_target");
 }

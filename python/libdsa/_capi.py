@@ -120,13 +120,13 @@ class AttnBwdParams(C.Structure):
                 ("out", P), ("out_stride_token", I64), ("out_stride_head", I64), ("dout", P),
                 ("dout_stride_token", I64), ("dout_stride_head", I64), ("lse", P), ("dq", P),
                 ("dq_stride_token", I64), ("dq_stride_head", I64), ("dkv", P), ("dkv_stride", I64),
-                ("dsink", P)]
+                ("dsink", P), ("slot_target", P), ("slot_target_stride", I64)]
 
 
 # sizeof of each struct as gcc -Iinclude printed it for dsa.h on x86-64 (with every offset equal
 # to ctypes' own); a mismatch means dsa.h changed and the binding above must follow it.
 EXPECTED_SIZES = {PlanDesc: 64, PlanView: 128, CompactParams: 64, PadHeadsParams: 72, TopkParams: 64,
-                  IndexerParams: 112, AttnFwdParams: 144, AttnBwdParams: 216, SlotTargetParams: 128,
+                  IndexerParams: 112, AttnFwdParams: 144, AttnBwdParams: 232, SlotTargetParams: 128,
                   IndexerSlotScoresParams: 128, IndexerLossParams: 120, IndexerBwdParams: 192}
 
 
