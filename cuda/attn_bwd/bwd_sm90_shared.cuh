@@ -64,7 +64,6 @@ static_assert(Smem<9>::kBytes <= 232448 && Smem<8>::kBytes <= 232448, "fits the 
 struct MainArgs {
   dsa_attn_bwd_params p;
   const float *delta, *lp; /* [T, H] from the prep pass */
-  float *part;             /* [T, H] dsink partials: written by the warp-specialised kernel, which runs no prep pass */
   float *acc;              /* [T_kv, D] fp32 (non-deterministic mode: the atomics' target) */
   float *contrib;          /* deterministic mode: [chunk CTAs][K][D] fp32 per-slot dKV rows */
   int64_t tok0;            /* deterministic mode: first token of this chunk (0 otherwise) */
@@ -261,7 +260,6 @@ inline MainArgs bwd_sm90_main_args(const dsa_attn_bwd_params *p, const BwdBaseRe
   args.p = *p;
   args.delta = R.delta;
   args.lp = R.lp;
-  args.part = R.part;
   args.acc = R.acc;
   args.contrib = nullptr;
   args.tok0 = 0;

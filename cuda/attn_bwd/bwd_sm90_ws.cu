@@ -33,7 +33,9 @@
  *     2. S = Q K^T: 4 NBT SS m64n64k16; dP = dO V^T: 32 SS m64n64k16 (both K-major; all 64 keys);
  *        one commit, wait<0>.
  *     3. P = exp2(S scale log2e - L' log2e) (0 for invalid slots), dS = scale P (dP - Delta); packed to
- *        bf16 pairs (pp, dsp: 16 registers each, the stmatrix and RS-A register order).
+ *        bf16 pairs (pp, dsp: 16 registers each, the stmatrix and RS-A register order). With the
+ *        optional slot target (p.slot_target, zeroed by the launcher): P summed over the 64 head rows
+ *        per key (ws_target_tile: shuffles, spart, named barrier kBarTgt) and added to the slot.
  *     4. dQ[:, 0:256) += dS K[:, 0:256): 4 RS m64n256k16 (A = dsp, B = KV MN-major), wait<0>.
  *     5. n > 0: bar.sync kBarPdSFree. stmatrix P, dS (4 x4 each) -> fence.proxy.async ->
  *        bar.arrive kBarPdSFull.
@@ -55,14 +57,16 @@
  *
  * Shared memory (Smem<NBT>, cuda/attn_bwd/bwd_sm90_shared.cuh; 1024-B aligned SW128 tiles
  * [rows][64-column blocks of 8 KB]): Q [64 x D] 72 / 64 KB at 0, dO [64 x 512] 64 KB, KV [64 x D] 72 / 64 KB (single
- * buffer), P, dS [64 heads x 64 keys] 8 KB each, idx int32 [2][64], L' log2e [64], Delta [64]:
- * 230400 / 214016 B + 1024 B alignment slack = 231424 / 215040 B of the 232448 B opt-in. No mbarriers.
+ * buffer), P, dS [64 heads x 64 keys] 8 KB each, idx int32 [2][64], L' log2e [64], Delta [64], and
+ * after the map spart f32 [4][64] (the slot target's per-warp sums): 231424 / 215040 B + 1024 B
+ * alignment slack = 232448 / 216064 B, the whole 232448 B opt-in at D = 576. No mbarriers.
  *
  * Barrier protocol (named barriers, non-.aligned barrier.sync / barrier.arrive; 256 = both WGs, the
  * waiting side syncs, the other arrives): kBarPdSFull 1 (WG0 arrives, WG1 syncs, every tile),
  * kBarPdSFree 2 (WG1 arrives after tile n for n < ntiles - 1; WG0 syncs before storing P / dS of tile
  * n >= 1), kBarKVFree 3 (WG1 arrives after its dQ wgmmas of tile n for n < ntiles - 1; WG0 syncs before
- * gather(n + 1)), kBarKV 4 (WG0 only, 128). Arrivals and syncs pair up one to one per tile, so no
+ * gather(n + 1)), kBarKV 4 and kBarTgt 5 (WG0 only, 128; spart is rewritten only after the next
+ * tile's kBarKV, which every WG0 thread reaches after its reads of it). Arrivals and syncs pair up one to one per tile, so no
  * barrier is left half-arrived at exit. Why there is no race:
  *   - P / dS smem: written only by WG0's stmatrix of tile n, after kBarPdSFree(n - 1), which WG1 arrives
  *     after wait<0> on its last chunk of tile n - 1 (every wgmma reading P / dS(n - 1), the dQ ones
@@ -85,8 +89,8 @@
  *     writes that accumulator only after a wgmma.fence that follows those reads.
  *
  * Registers (ptxas, nvcc 13, -Xptxas -v, __launch_bounds__(256, 1), both warpgroups share one
- * allocation): D = 576 254 registers, D = 512 240; 0 spill
- * bytes, no C7510 / C7511 / C7515 / C7519 (no serialised wgmma, no injected warpgroup.arrive), 5 named
+ * allocation): D = 576 254 registers, D = 512 250; 0 spill
+ * bytes, no C7510 / C7511 / C7515 / C7519 (no serialised wgmma, no injected warpgroup.arrive), 6 named
  * barriers. 254 of 255 leaves no headroom at D = 576: recheck spills after any change to WG1's loop
  * (the dq store re-reads %ctaid instead of keeping token / head live: that alone was a 4-B spill).
  * Live fp32 at the peak: WG1 dQ 160 + 2 x 32 dKV = 224 (D = 512: 192); WG0 dQ 128 + S 32 + dP 32 = 192.
@@ -147,83 +151,6 @@ __device__ __forceinline__ void ws_cta_token_head(int num_hblocks, int64_t *tok,
   asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
   *tok = (int64_t)(b / (uint32_t)num_hblocks);
   *h0 = (int)(b % (uint32_t)num_hblocks) * kBlockM;
-}
-
-/* fp32 s + the dot product of two 16-B vectors of 8 bf16 (fma, element order 0..7). */
-__device__ __forceinline__ float ws_dot8(uint4 a, uint4 b, float s) {
-  const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    s = fmaf(__uint_as_float(aw[i] << 16), __uint_as_float(bw[i] << 16), s);
-    s = fmaf(__uint_as_float(aw[i] & 0xffff0000u), __uint_as_float(bw[i] & 0xffff0000u), s);
-  }
-  return s;
-}
-
-/* The backward's per-row prep inside the kernel (what bwd_prep_kernel computes for the other
- * launchers, so this one launches no prep pass): Delta = sum_{d<512} out * dout, L' = logaddexp(lse,
- * sink) (+inf where the token has no valid slot or lse = +inf) and the dsink partial exp(sink - L')
- * Delta, for the CTA's 64 head rows. Thread (r = tid / 4, qd = tid % 4) owns dims [128 qd, 128 qd +
- * 128) of head row r.
- * Part 1, before the prologue's cp.async wait (its latency hides under the Q / dO / KV copies): this
- * thread's out chunks, lse and sink, and whether any of its slots j = tid + 256 m (< klen) is valid. */
-struct WsPrep {
-  uint4 o[16];
-  float lse, sink;
-  int any;
-};
-__device__ __forceinline__ void ws_prep_load(const dsa_attn_bwd_params &p, int tid, int64_t tok, int h0, int klen,
-                                             WsPrep &w) {
-  const int r = tid >> 2, qd = tid & 3, h = h0 + r;
-  const bool live = h < p.num_heads;
-  const uint4 *src = (const uint4 *)(p.out + tok * p.out_stride_token + (int64_t)(live ? h : h0) * p.out_stride_head +
-                                     128 * qd);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) w.o[i] = live ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
-  w.lse = live ? p.lse[tok * p.num_heads + h] : INFINITY;
-  w.sink = (live && p.sink) ? p.sink[h] : -INFINITY;
-  const int32_t *irow = p.indices + tok * p.indices_stride;
-  int any = 0;
-  for (int j0 = tid; j0 < klen; j0 += 4 * kThreads) {
-    int32_t v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = j0 + u * kThreads < klen ? __ldg(irow + j0 + u * kThreads) : -1;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) any |= v[u] >= 0 && (int64_t)v[u] < p.num_kv;
-  }
-  w.any = any;
-}
-/* Part 2, after the barrier that published dO in shared memory (any: the OR over the CTA): Delta
- * from out (registers) and dO (the SW128 tile), summed over the row's four threads in a fixed order;
- * L' log2e and Delta into shared memory (the layout bwd_sm90_load_lp_delta fills), the dsink partial
- * into part (when dsink is requested). */
-template <int NBT>
-__device__ __forceinline__ void ws_prep_finish(const MainArgs &args, uint8_t *smem, int tid, int64_t tok, int h0,
-                                               int any, const WsPrep &w) {
-  typedef Smem<NBT> L;
-  const dsa_attn_bwd_params &p = args.p;
-  const int r = tid >> 2, qd = tid & 3, h = h0 + r;
-  const bool live = h < p.num_heads;
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int b = 2 * qd + (i >> 3); /* 64-dim block of dims 128 qd + 8 i .. + 8 */
-    const uint4 d = *(const uint4 *)(smem + L::kDO + b * kBlkBytes + sm90_sw128_chunk_off(r, i & 7));
-    s = ws_dot8(w.o[i], d, s);
-  }
-  s += __shfl_xor_sync(0xffffffffu, s, 1);
-  s += __shfl_xor_sync(0xffffffffu, s, 2);
-  if (qd != 0) return;
-  const float Lse = w.lse, sk = w.sink;
-  float Lp = INFINITY;
-  if (any && Lse != INFINITY) {
-    if (sk == -INFINITY) Lp = Lse;
-    else Lp = fmaxf(Lse, sk) + log1pf(expf(-fabsf(Lse - sk)));
-  }
-  ((float *)(smem + L::kLp))[r] = live ? Lp * kLog2e : INFINITY; /* +inf * log2e = +inf */
-  ((float *)(smem + L::kDelta))[r] = live ? s : 0.f;
-  if (live && p.dsink)
-    args.part[tok * p.num_heads + h] = (any && isfinite(sk) && Lp != INFINITY) ? expf(sk - Lp) * s : 0.f;
 }
 
 /* The slot target's share of one tile (p.slot_target non-NULL): WG0's P summed over the CTA's 64 head
@@ -562,15 +489,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
       sm90_gather_read_indices(p.indices + tok * p.indices_stride, 0, tid >> 3, klen, idxs);
       ws_gather<NBT>(p, sm90_smem_addr(smem + L::kKV), (int32_t *)(smem + L::kIdx), idxs, tid >> 3, tid & 7);
     }
-    WsPrep w;
-    ws_prep_load(p, tid, tok, h0, klen, w);
+    bwd_sm90_load_lp_delta<NBT>(args, smem, tid, tok, h0);
     sm90_cp_async_wait_all();
     sm90_fence_proxy_async();
-    const int any = __syncthreads_or(w.any);
-    ws_prep_finish<NBT>(args, smem, tid, tok, h0, any, w);
     __syncthreads();
-  } else if (p.dsink && tid < kBlockM && h0 + tid < p.num_heads) {
-    args.part[tok * p.num_heads + h0 + tid] = 0.f; /* no slot: no dsink share */
   }
   if (wg == 0)
     ws_front<NBT>(args, smem, ntiles, tok, h0, klen);
@@ -603,6 +525,7 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the warp-specialised sm_90a kernel needs %d bytes of shared memory, "
                     "device has %d", fn, kWsBytes<NBT>, ctx->max_smem_optin);
   DSA_TRY(ws_prepare<NBT>(ctx->device));
+  DSA_TRY(bwd_launch_prep(p, R.delta, R.lp, R.part, stream));
   if (p->num_kv > 0)
     DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(R.acc, 0, (size_t)p->num_kv * kD * 4, stream), fn));
   if (p->slot_target)
