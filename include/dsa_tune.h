@@ -62,9 +62,10 @@ typedef enum dsa_option {
   DSA_OPTION_INDEXER_LOGITS_BUDGET = 11,
   /* Keys per GEMM of the indexer's cuBLAS engine: 1..2^30, default 32768. */
   DSA_OPTION_INDEXER_KEY_TILE = 12,
-  /* dsa_attn_slot_target's kernel (and the backward's slot target after a kernel that does not
-   * sum it itself): a dsa_slot_target_kernel value. Default DSA_SLOT_TARGET_KERNEL_AUTO. */
-  DSA_OPTION_SLOT_TARGET_KERNEL = 13
+  /* The indexer-training kernels of dsa_attn_slot_target and dsa_indexer_bwd (and of the backward's
+   * slot target after a backward kernel that does not sum it itself): a dsa_train_kernel value.
+   * Default DSA_TRAIN_KERNEL_AUTO. */
+  DSA_OPTION_TRAIN_KERNEL = 13
 } dsa_option;
 
 typedef enum dsa_fwd_kernel {
@@ -111,11 +112,11 @@ typedef enum dsa_indexer_fused_kernel {
   DSA_INDEXER_FUSED_WGMMA = 2     /* sm_90a wgmma (cc 9.0 and enough shared memory) */
 } dsa_indexer_fused_kernel;
 
-typedef enum dsa_slot_target_kernel {
-  DSA_SLOT_TARGET_KERNEL_AUTO = 0,     /* SM90 on cc 9.0 where it runs, else PORTABLE */
-  DSA_SLOT_TARGET_KERNEL_PORTABLE = 1, /* the CUDA-core kernel (any device, any configuration) */
-  DSA_SLOT_TARGET_KERNEL_SM90 = 2      /* the sm_90a wgmma kernel (cc 9.0, D 576 / 512) */
-} dsa_slot_target_kernel;
+typedef enum dsa_train_kernel {
+  DSA_TRAIN_KERNEL_AUTO = 0,     /* SM90 on cc 9.0 where it runs, else PORTABLE */
+  DSA_TRAIN_KERNEL_PORTABLE = 1, /* the CUDA-core kernels (any device, any configuration) */
+  DSA_TRAIN_KERNEL_SM90 = 2      /* the sm_90a wgmma kernels (cc 9.0; the slot target at D 576 / 512) */
+} dsa_train_kernel;
 
 DSA_API dsa_status dsa_context_set_option(dsa_context *ctx, dsa_option opt, int64_t value);
 DSA_API dsa_status dsa_context_get_option(const dsa_context *ctx, dsa_option opt, int64_t *value);

@@ -290,7 +290,7 @@ DSA_HIDDEN dsa_status dsa_launch_slot_target(const dsa_context *ctx, const dsa_s
                                              cudaStream_t stream);
 /* Its sm_90a kernel (cuda/indexer_train/slot_target_sm90.cu): cc 9.0, D 576 / 512, 16-B aligned q / kv
  * rows; DSA_ERROR_UNSUPPORTED before any launch otherwise (dsa_launch_slot_target then runs the
- * CUDA-core kernel, unless DSA_OPTION_SLOT_TARGET_KERNEL forces this one). */
+ * CUDA-core kernel, unless DSA_OPTION_TRAIN_KERNEL forces this one). */
 DSA_HIDDEN dsa_status dsa_launch_slot_target_sm90(const dsa_context *ctx, const dsa_slot_target_params *p,
                                                   cudaStream_t stream);
 /* The slot target's params for the inputs of a validated, stride-resolved backward call whose
@@ -330,6 +330,14 @@ DSA_HIDDEN dsa_status dsa_launch_indexer_loss(const dsa_context *ctx, const dsa_
 DSA_HIDDEN dsa_status dsa_indexer_bwd_workspace_size(const dsa_indexer_bwd_params *p, size_t *bytes);
 DSA_HIDDEN dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
                                              void *workspace, cudaStream_t stream);
+/* Its sm_90a per-token kernel (cuda/indexer_train/indexer_bwd_sm90.cu, T > 0 or nothing): d_index_q,
+ * d_weights and, with acc non-NULL (zeroed [T_k, 128] fp32), d_index_k's fp32 reductions into acc in
+ * the permuted layout of dsa_bwd_dkv_slot, which dsa_launch_indexer_dk_convert_lay1 turns into
+ * d_index_k. DSA_ERROR_UNSUPPORTED before any launch off cc 9.0. */
+DSA_HIDDEN dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc,
+                                                  cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_launch_indexer_dk_convert_lay1(const dsa_indexer_bwd_params *p, const float *acc,
+                                                         cudaStream_t stream);
 
 #ifdef __cplusplus
 }

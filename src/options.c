@@ -29,8 +29,8 @@ static const option_row option_table[DSA_OPTION_COUNT] = {
     [DSA_OPTION_INDEXER_LOGITS_BUDGET] = {"DSA_OPTION_INDEXER_LOGITS_BUDGET", 1, (int64_t)1 << 62,
                                           (int64_t)64 << 20},
     [DSA_OPTION_INDEXER_KEY_TILE] = {"DSA_OPTION_INDEXER_KEY_TILE", 1, (int64_t)1 << 30, 32768},
-    [DSA_OPTION_SLOT_TARGET_KERNEL] = {"DSA_OPTION_SLOT_TARGET_KERNEL", DSA_SLOT_TARGET_KERNEL_AUTO,
-                                       DSA_SLOT_TARGET_KERNEL_SM90, DSA_SLOT_TARGET_KERNEL_AUTO},
+    [DSA_OPTION_TRAIN_KERNEL] = {"DSA_OPTION_TRAIN_KERNEL", DSA_TRAIN_KERNEL_AUTO,
+                                       DSA_TRAIN_KERNEL_SM90, DSA_TRAIN_KERNEL_AUTO},
 };
 
 /* Ids 1 .. DSA_OPTION_COUNT - 1 have a row (every row has a name). */

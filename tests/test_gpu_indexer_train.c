@@ -226,16 +226,16 @@ static void run_slot_target(gpu_env *env, tc_rng *rng, int64_t T, int H, int D, 
   const size_t ntg = nz(T * tg_st) * 4;
   d.target = dpoison(ntg);
   d.target_stride = tg_st;
-  /* both kernels (DSA_OPTION_SLOT_TARGET_KERNEL), each twice: equal to the reference, then bitwise
+  /* both kernels (DSA_OPTION_TRAIN_KERNEL), each twice: equal to the reference, then bitwise
    * equal to itself; the sm_90a one may decline only off an H200-class device (DSA_TEST_REQUIRE_SM90) */
-  for (int kernel = DSA_SLOT_TARGET_KERNEL_PORTABLE; kernel <= DSA_SLOT_TARGET_KERNEL_SM90; ++kernel) {
+  for (int kernel = DSA_TRAIN_KERNEL_PORTABLE; kernel <= DSA_TRAIN_KERNEL_SM90; ++kernel) {
     float *first = NULL;
     for (int run = 0; run < 2; ++run) {
       TC_CUDA(cudaMemset(d.target, 0xFF, ntg));
-      TC_SET_OPTION(env->ctx, DSA_OPTION_SLOT_TARGET_KERNEL, kernel);
+      TC_SET_OPTION(env->ctx, DSA_OPTION_TRAIN_KERNEL, kernel);
       const dsa_status st = dsa_attn_slot_target(env->ctx, &d, env->stream);
-      TC_SET_OPTION(env->ctx, DSA_OPTION_SLOT_TARGET_KERNEL, DSA_SLOT_TARGET_KERNEL_AUTO);
-      if (kernel == DSA_SLOT_TARGET_KERNEL_SM90 && st == DSA_ERROR_UNSUPPORTED) {
+      TC_SET_OPTION(env->ctx, DSA_OPTION_TRAIN_KERNEL, DSA_TRAIN_KERNEL_AUTO);
+      if (kernel == DSA_TRAIN_KERNEL_SM90 && st == DSA_ERROR_UNSUPPORTED) {
         cr_assert(getenv("DSA_TEST_REQUIRE_SM90") == NULL, "the sm_90a slot target declined D=%d H=%d: %s", D, H,
                   dsa_last_error_message());
         cr_log_info("slot_target: the sm_90a kernel declined: %s", dsa_last_error_message());
@@ -445,7 +445,10 @@ static void run_indexer_bwd(gpu_env *env, tc_rng *rng, const idx_case *c) {
   d.dw_stride = dw_st;
   d.d_index_k = dpoison(ndk);
   d.dk_stride = dk_st;
-  for (int det = 0; det < 2; ++det) {
+  /* both kernels (DSA_OPTION_TRAIN_KERNEL) in both modes; the sm_90a one may decline only off an
+   * H200-class device (DSA_TEST_REQUIRE_SM90) */
+  for (int kd = 0; kd < 4; ++kd) {
+    const int det = kd % 2, kernel = kd < 2 ? DSA_TRAIN_KERNEL_PORTABLE : DSA_TRAIN_KERNEL_SM90;
     d.deterministic = det;
     size_t bytes = 0, again = 0;
     TC_OK(dsa_indexer_bwd(env->ctx, &d, NULL, &bytes, env->stream));
@@ -461,11 +464,21 @@ static void run_indexer_bwd(gpu_env *env, tc_rng *rng, const idx_case *c) {
       TC_CUDA(cudaMemset(d.d_index_k, 0xFF, ndk));
       TC_CUDA(cudaMemset(ws, 0xFF, bytes + 1)); /* a stale workspace must not matter */
       size_t b = bytes;
-      TC_OK(dsa_indexer_bwd(env->ctx, &d, ws + 1, &b, env->stream));
+      TC_SET_OPTION(env->ctx, DSA_OPTION_TRAIN_KERNEL, kernel);
+      const dsa_status st = dsa_indexer_bwd(env->ctx, &d, ws + 1, &b, env->stream);
+      TC_SET_OPTION(env->ctx, DSA_OPTION_TRAIN_KERNEL, DSA_TRAIN_KERNEL_AUTO);
+      if (kernel == DSA_TRAIN_KERNEL_SM90 && st == DSA_ERROR_UNSUPPORTED) {
+        cr_assert(getenv("DSA_TEST_REQUIRE_SM90") == NULL, "the sm_90a indexer backward declined: %s",
+                  dsa_last_error_message());
+        cr_log_info("indexer_bwd: the sm_90a kernel declined: %s", dsa_last_error_message());
+        break;
+      }
+      TC_OK(st);
       TC_SYNC(env);
       uint16_t *dq = hget(d.d_index_q, ndq), *dk = hget(d.d_index_k, ndk);
       float *dw = hget(d.d_weights, ndw);
       if (run == 0) {
+        cr_log_info("indexer_bwd: kernel %d deterministic %d", kernel, det);
         check_rows_bf16(det ? "d_index_q (det)" : "d_index_q", dq, T, dq_st, H, dq_sh, dq_ref, 128, 1e-2);
         check_rows_bf16(det ? "d_index_k (det)" : "d_index_k", dk, Tk, dk_st, 1, 0, dk_ref, 128, 1e-2);
         check_rows_f32_base("d_weights", dw, dw_st, dw_ref, H, dw_base, T, (int)H, 1e-4, NULL);
@@ -506,7 +519,9 @@ Test(gpu_indexer_train, indexer_bwd_matches_reference) {
   const idx_case no_tokens = {0, 41, 7, 77, 0, 1};   /* d_index_k all zeros */
   const idx_case no_keys = {6, 0, 7, 77, 1, 0};      /* every slot invalid: d_index_q, d_weights 0 */
   const idx_case wide = {2, 2100, 32, 2048, 1, 0};   /* K = DSA_MAX_TOPK */
+  const idx_case tiles = {9, 700, 33, 450, 0, 1};     /* 8 tiles (the sm_90a kernel's stages wrap), K % 64 != 0 */
   run_indexer_bwd(&env, &rng, &few_keys);
+  run_indexer_bwd(&env, &rng, &tiles);
   run_indexer_bwd(&env, &rng, &no_tokens);
   run_indexer_bwd(&env, &rng, &no_keys);
   run_indexer_bwd(&env, &rng, &wide);

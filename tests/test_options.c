@@ -28,7 +28,7 @@ static const struct {
     {DSA_OPTION_INDEXER_SCORES_BUDGET, 1, (int64_t)1 << 62, (int64_t)128 << 20},
     {DSA_OPTION_INDEXER_LOGITS_BUDGET, 1, (int64_t)1 << 62, (int64_t)64 << 20},
     {DSA_OPTION_INDEXER_KEY_TILE, 1, (int64_t)1 << 30, 32768},
-    {DSA_OPTION_SLOT_TARGET_KERNEL, 0, 2, DSA_SLOT_TARGET_KERNEL_AUTO},
+    {DSA_OPTION_TRAIN_KERNEL, 0, 2, DSA_TRAIN_KERNEL_AUTO},
 };
 #define NOPT (sizeof kOptions / sizeof kOptions[0])
 
@@ -51,8 +51,8 @@ Test(options, ids_are_pinned) {
   cr_assert_eq(DSA_OPTION_INDEXER_SCORES_BUDGET, 10);
   cr_assert_eq(DSA_OPTION_INDEXER_LOGITS_BUDGET, 11);
   cr_assert_eq(DSA_OPTION_INDEXER_KEY_TILE, 12);
-  cr_assert_eq(DSA_OPTION_SLOT_TARGET_KERNEL, 13);
-  cr_assert_eq(DSA_SLOT_TARGET_KERNEL_SM90, 2);
+  cr_assert_eq(DSA_OPTION_TRAIN_KERNEL, 13);
+  cr_assert_eq(DSA_TRAIN_KERNEL_SM90, 2);
   cr_assert_eq(NOPT, DSA_OPTION_COUNT - 1, "every option id has a row in this test");
   cr_assert_eq(DSA_FWD_KERNEL_SM90_SPLIT, 4);
   cr_assert_eq(DSA_BWD_KERNEL_SM90_SMALL, 3);

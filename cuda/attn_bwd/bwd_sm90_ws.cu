@@ -50,7 +50,7 @@
  *        into accumulator c % 2 (acc0 / acc1, 32 fp32 each): 4 SS m64n64k16 dS^T Q[:, c] (+ 4 P^T
  *        dO[:, c] for c < 8), tA = tB = 1, first one scale-d 0; commit; for c > 0: wait<1> (chunk c - 1
  *        done, chunk c still running) and chunk c - 1's reductions into the permuted accumulator
- *        (ws_dkv_red: 8 red.global.add.v4.f32 + 16 shfl.xor 4 per thread, 4 rows x 128 B per
+ *        (sm90_red_block_lay1: 8 red.global.add.v4.f32 + 16 shfl.xor 4 per thread, 4 rows x 128 B per
  *        warp instruction). After the last chunk: wait<0>, n + 1 < ntiles: bar.arrive kBarPdSFree,
  *        its reductions.
  *     After the loop: dq dims [256, D) from registers (160 / 128 fp32).
@@ -99,7 +99,7 @@
  * nothing to switch to: ~7-8 cycles per instruction, ~1570 instructions per tile) and the SM's share of
  * the L2 reduction stream (147 KB per tile); the two are close, so WG1 stays lean: every wgmma
  * descriptor is one add on one base register (sm90_desc_at), each reduced value costs three selects and
- * one shuffle (ws_dkv_red), and a key row's two accumulator row pointers are the only per-chunk
+ * one shuffle (sm90_red_block_lay1), and a key row's two accumulator row pointers are the only per-chunk
  * address arithmetic (docs/bwd-sm90-v3.md part III).
  * Later steps (docs/bwd-sm90-v3.md part II section 5): persistent LPT grid, a kv_full mbarrier instead
  * of WG0's cp.async.wait, Q / dO by TMA with evict_first, softmax under dP (wait<1>).
@@ -318,60 +318,6 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
   bwd_sm90_store_dq<128, 0>(p, dq, tok, h0, warp, lane);
 }
 
-/* One red.global.add.v4.f32 of four fp32 into the permuted dKV accumulator where the key row is valid
- * (row >= 0), with the L2 policy `pol` (evict_last: the accumulator's lines stay while the gather and
- * the Q / dO loads stream past them). (A predicate set inside the asm instead of
- * the branch costs D = 576 12-28 bytes of spills at 255 registers.) */
-__device__ __forceinline__ void ws_red4(float *dst, float a, float b, float c, float d, int32_t row, uint64_t pol) {
-  if (row < 0) return;
-  asm volatile("red.relaxed.gpu.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(dst), "f"(a), "f"(b),
-               "f"(c), "f"(d), "l"(pol)
-               : "memory");
-}
-
-/* The reductions of one completed 64-dim dKV chunk b (an m64n64 accumulator, keys on M) into the
- * permuted accumulator: the memory order of bwd_sm90_dkv_red (cuda/attn_bwd/bwd_sm90_shared.cuh: per
- * 32-column pair G the even quad writes group 2G, the odd quad group 2G + 1, each warp instruction 4 rows
- * x 128 contiguous bytes), with fewer instructions: per value one select picks what the peer (lane ^ 4)
- * needs, one shfl.xor 4 moves it, and one select each assembles the even quad's row (`lo` of the even
- * lane, the received `hi` on the odd one) and the odd quad's row (the received `lo`, the own `hi`).
- * rowp: this lane's base in the accumulator (+ 16 odd + 4 (lane % 4) columns); ka / kb [hr]: the even /
- * the odd quad's kv row of key row r0 + 8 hr (-1: invalid, predicated off). */
-template <int kD>
-__device__ __forceinline__ void ws_dkv_red(float *rowp, const float *acc, int b, int odd, const int32_t ka[2],
-                                           const int32_t kb[2], uint64_t pol) {
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    float *const pa = rowp + (int64_t)max(ka[hr], 0) * kD + 64 * b;
-    float *const pb = rowp + (int64_t)max(kb[hr], 0) * kD + 64 * b;
-#pragma unroll
-    for (int G = 0; G < 2; ++G) {
-      float va[4], vb[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ri = (e & 1) + 4 * (e >> 1) + 2 * hr; /* {0, 1, 4, 5} (+ 2 for row r0 + 8) */
-        const float lo = acc[16 * G + ri], hi = acc[16 * G + 8 + ri]; /* groups 2G, 2G + 1 */
-        const float r = __shfl_xor_sync(0xffffffffu, odd ? lo : hi, 4);
-        va[e] = odd ? r : lo;
-        vb[e] = odd ? hi : r;
-      }
-      ws_red4(pa + 32 * G, va[0], va[1], va[2], va[3], ka[hr], pol);
-      ws_red4(pb + 32 * G, vb[0], vb[1], vb[2], vb[3], kb[hr], pol);
-    }
-  }
-}
-
-/* The kv rows of this thread's two key rows (r0, r0 + 8) of one tile's index half, arranged for
- * ws_dkv_red: ka = the even quad's rows, kb = the odd quad's (lane ^ 4 pairs the quads). */
-__device__ __forceinline__ void ws_key_rows(const int32_t *idx, int r0, int odd, int32_t ka[2], int32_t kb[2]) {
-  const int32_t kr0 = idx[r0], kr1 = idx[r0 + 8];
-  const int32_t kp0 = __shfl_xor_sync(0xffffffffu, kr0, 4), kp1 = __shfl_xor_sync(0xffffffffu, kr1, 4);
-  ka[0] = odd ? kp0 : kr0;
-  ka[1] = odd ? kp1 : kr1;
-  kb[0] = odd ? kr0 : kp0;
-  kb[1] = odd ? kr1 : kp1;
-}
-
 /* WG1 ("back"): dQ dims [256, 64 NBT) by SS wgmma, then the NBT 64-dim dKV chunks with two alternating
  * accumulators, each chunk's dKV reductions issued under the next chunk's wgmmas. */
 template <int NBT>
@@ -399,7 +345,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
     const int s = n & 1;
     sm90_named_bar_sync_any(kBarPdSFull, kThreads); /* P(n), dS(n), KV(n), idx(n) */
     int32_t ka[2], kb[2];
-    ws_key_rows(sidx + s * kBlockN, r0, odd, ka, kb);
+    sm90_lay1_key_rows(sidx + s * kBlockN, r0, odd, ka, kb);
 
     /* ---- dQ[:, 256:) += dS K[:, 256:): SS, A = dS tile K-major (+32 B per k16 of keys), B = KV tile
      * dims [256, 64 NBT) MN-major (as WG0's B). Waited at once: KV(n) is then free for gather(n + 1). */
@@ -448,7 +394,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
         sm90_wgmma_wait<1>(); /* chunk c - 1 */
 #pragma unroll
         for (int i = 0; i < 32; ++i) sm90_fence_operand(prev[i]);
-        ws_dkv_red<kD>(rowp, prev, c - 1, odd, ka, kb, pol);
+        sm90_red_block_lay1<kD>(rowp, prev, c - 1, odd, ka, kb, pol);
       }
     }
     float *last = ((NBT - 1) & 1) ? acc1 : acc0;
@@ -456,7 +402,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
 #pragma unroll
     for (int i = 0; i < 32; ++i) sm90_fence_operand(last[i]);
     if (n + 1 < ntiles) ws_bar_arrive(kBarPdSFree, kThreads);
-    ws_dkv_red<kD>(rowp, last, NBT - 1, odd, ka, kb, pol);
+    sm90_red_block_lay1<kD>(rowp, last, NBT - 1, odd, ka, kb, pol);
   }
   int64_t tok_e;
   int h0_e;

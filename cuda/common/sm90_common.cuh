@@ -311,6 +311,82 @@ __device__ __forceinline__ void sm90_wgmma_ss_m64n256k16(float *d, uint64_t desc
       : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TB));
 }
 
+/* D(64x128, f32) (+)= A(64x16) * B(16x128) from shared memory; A K-major (TA = 0) or M-major (TA = 1),
+ * B K-major (TB = 0) or N-major (TB = 1); scale_d = 0 overwrites D. */
+template <int TA, int TB>
+__device__ __forceinline__ void sm90_wgmma_ss_m64n128k16(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
+}
+
+/* D(64x128, f32) (+)= A(64x16, registers, the accumulator-pair map) * B(16x128, smem; TB = 1: N-major). */
+template <int TB>
+__device__ __forceinline__ void sm90_wgmma_rs_m64n128k16(float *d, const uint32_t *a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TB));
+}
+
+/* ---- fp32 row reductions into a permuted accumulator ("layout 1", src/internal.h dsa_bwd_dkv_slot:
+ * the backward's dKV and the indexer backward's d_index_k), 128-B row segments per warp instruction --- */
+/* One red.global.add.v4.f32 of four fp32 where the row is valid (row >= 0), with the L2 policy `pol`
+ * (evict_last: the accumulator's lines stay while gathers and other operands stream past them). (A predicate set inside the asm instead of
+ * the branch costs D = 576 12-28 bytes of spills at 255 registers.) */
+__device__ __forceinline__ void sm90_red4_hint(float *dst, float a, float b, float c, float d, int32_t row, uint64_t pol) {
+  if (row < 0) return;
+  asm volatile("red.relaxed.gpu.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(dst), "f"(a), "f"(b),
+               "f"(c), "f"(d), "l"(pol)
+               : "memory");
+}
+
+/* The reductions of one completed 64-column block b (an m64n64 accumulator, keys on M; row stride kD)
+ * into the permuted accumulator: the memory order of bwd_sm90_dkv_red (cuda/attn_bwd/bwd_sm90_shared.cuh: per
+ * 32-column pair G the even quad writes group 2G, the odd quad group 2G + 1, each warp instruction 4 rows
+ * x 128 contiguous bytes), with fewer instructions: per value one select picks what the peer (lane ^ 4)
+ * needs, one shfl.xor 4 moves it, and one select each assembles the even quad's row (`lo` of the even
+ * lane, the received `hi` on the odd one) and the odd quad's row (the received `lo`, the own `hi`).
+ * rowp: this lane's base in the accumulator (+ 16 odd + 4 (lane % 4) columns); ka / kb [hr]: the even /
+ * the odd quad's kv row of key row r0 + 8 hr (-1: invalid, predicated off). */
+template <int kD>
+__device__ __forceinline__ void sm90_red_block_lay1(float *rowp, const float *acc, int b, int odd, const int32_t ka[2],
+                                           const int32_t kb[2], uint64_t pol) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float *const pa = rowp + (int64_t)max(ka[hr], 0) * kD + 64 * b;
+    float *const pb = rowp + (int64_t)max(kb[hr], 0) * kD + 64 * b;
+#pragma unroll
+    for (int G = 0; G < 2; ++G) {
+      float va[4], vb[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ri = (e & 1) + 4 * (e >> 1) + 2 * hr; /* {0, 1, 4, 5} (+ 2 for row r0 + 8) */
+        const float lo = acc[16 * G + ri], hi = acc[16 * G + 8 + ri]; /* groups 2G, 2G + 1 */
+        const float r = __shfl_xor_sync(0xffffffffu, odd ? lo : hi, 4);
+        va[e] = odd ? r : lo;
+        vb[e] = odd ? hi : r;
+      }
+      sm90_red4_hint(pa + 32 * G, va[0], va[1], va[2], va[3], ka[hr], pol);
+      sm90_red4_hint(pb + 32 * G, vb[0], vb[1], vb[2], vb[3], kb[hr], pol);
+    }
+  }
+}
+
+/* The accumulator rows of this thread's two key rows (r0, r0 + 8) of a tile's index list, arranged for
+ * sm90_red_block_lay1: ka = the even quad's rows, kb = the odd quad's (lane ^ 4 pairs the quads). */
+__device__ __forceinline__ void sm90_lay1_key_rows(const int32_t *idx, int r0, int odd, int32_t ka[2], int32_t kb[2]) {
+  const int32_t kr0 = idx[r0], kr1 = idx[r0 + 8];
+  const int32_t kp0 = __shfl_xor_sync(0xffffffffu, kr0, 4), kp1 = __shfl_xor_sync(0xffffffffu, kr1, 4);
+  ka[0] = odd ? kp0 : kr0;
+  ka[1] = odd ? kp1 : kr1;
+  kb[0] = odd ? kr0 : kp0;
+  kb[1] = odd ? kr1 : kp1;
+}
+
 /* ---- the KV gather of one 64-row tile (notes 5), shared by the forward kernels ------------------- *
  * A producer warpgroup of 128 threads: thread (g = t / 8, j = t % 8) owns rows g, g + 16, g + 32,
  * g + 48 of the tile and 16-B chunk j of each of its NB 64-column SW128 blocks (rows 16 apart keep the

@@ -318,28 +318,54 @@ extern "C" dsa_status dsa_indexer_bwd_workspace_size(const dsa_indexer_bwd_param
   return DSA_SUCCESS;
 }
 
+/* The per-token pass (d_index_q, d_weights, and d_index_k's reductions into acc when non-NULL):
+ * DSA_OPTION_TRAIN_KERNEL AUTO tries the sm_90a kernel (cuda/indexer_train/indexer_bwd_sm90.cu, its
+ * accumulator in the permuted layout: *lay1 = 1) and falls back to bwd_token_kernel where it declines;
+ * SM90 forces it; PORTABLE runs bwd_token_kernel (*lay1 = 0). */
+static dsa_status token_pass(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc, cudaStream_t stream,
+                             int *lay1) {
+  const int64_t kernel = ctx->options[DSA_OPTION_TRAIN_KERNEL];
+  *lay1 = 0;
+  if (kernel == DSA_TRAIN_KERNEL_SM90) {
+    DSA_TRY(dsa_launch_indexer_bwd_sm90(ctx, p, acc, stream));
+    *lay1 = 1;
+    return DSA_SUCCESS;
+  }
+  if (kernel == DSA_TRAIN_KERNEL_AUTO) {
+    dsa_saved_message saved;
+    dsa_message_save(&saved);
+    const dsa_status s = dsa_launch_indexer_bwd_sm90(ctx, p, acc, stream);
+    if (!dsa_declined(s, &saved)) {
+      *lay1 = s == DSA_SUCCESS;
+      return s;
+    }
+  }
+  const int H = p->num_heads; /* NI >= ceil(H * 128 / 256) elements of d_index_q per thread */
+  cudaError_t e;
+  if (H <= 2) e = launch_token<1>(p, acc, stream);
+  else if (H <= 4) e = launch_token<2>(p, acc, stream);
+  else if (H <= 8) e = launch_token<4>(p, acc, stream);
+  else if (H <= 16) e = launch_token<8>(p, acc, stream);
+  else if (H <= 32) e = launch_token<16>(p, acc, stream);
+  else e = launch_token<32>(p, acc, stream);
+  return dsa_cuda_status((int)e, "dsa_indexer_bwd");
+}
+
 extern "C" dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
                                              void *workspace, cudaStream_t stream) {
   static const char fn[] = "dsa_indexer_bwd";
-  (void)ctx;
   BwdLayout L;
   DSA_TRY(bwd_layout(p, &L));
   unsigned char *ws = tr_align_workspace(workspace);
   const int64_t T = p->num_tokens, Tk = p->num_keys;
   float *acc = (!p->deterministic && Tk > 0) ? (float *)(ws + L.acc) : nullptr;
+  int lay1 = 0;
   if (T > 0) {
     if (acc != nullptr) DSA_TRY(dsa_cuda_status(cudaMemsetAsync(acc, 0, (size_t)Tk * kD * 4, stream), fn));
-    const int H = p->num_heads; /* NI >= ceil(H * 128 / 256) elements of d_index_q per thread */
-    cudaError_t e;
-    if (H <= 2) e = launch_token<1>(p, acc, stream);
-    else if (H <= 4) e = launch_token<2>(p, acc, stream);
-    else if (H <= 8) e = launch_token<4>(p, acc, stream);
-    else if (H <= 16) e = launch_token<8>(p, acc, stream);
-    else if (H <= 32) e = launch_token<16>(p, acc, stream);
-    else e = launch_token<32>(p, acc, stream);
-    DSA_TRY(dsa_cuda_status((int)e, fn));
+    DSA_TRY(token_pass(ctx, p, acc, stream, &lay1));
   }
   if (Tk == 0) return DSA_SUCCESS;
+  if (T > 0 && !p->deterministic && lay1) return dsa_launch_indexer_dk_convert_lay1(p, acc, stream);
   if (T == 0 || !p->deterministic) { /* d_index_k from the accumulator, or zeros without tokens */
     dk_convert_kernel<<<tr_grid_for(Tk * kD, kThreads), kThreads, 0, stream>>>(*p, T > 0 ? acc : nullptr);
     return dsa_cuda_status((int)cudaGetLastError(), fn);

@@ -94,14 +94,14 @@ __global__ void __launch_bounds__(kThreads) slot_target_kernel(const __grid_cons
 
 }  // namespace
 
-/* DSA_OPTION_SLOT_TARGET_KERNEL: AUTO tries the sm_90a kernel (cuda/indexer_train/slot_target_sm90.cu)
+/* DSA_OPTION_TRAIN_KERNEL: AUTO tries the sm_90a kernel (cuda/indexer_train/slot_target_sm90.cu)
  * and falls back here where it declines; SM90 forces it (its decline is the op's error); PORTABLE
  * runs this kernel. */
 extern "C" dsa_status dsa_launch_slot_target(const dsa_context *ctx, const dsa_slot_target_params *p,
                                              cudaStream_t stream) {
-  const int64_t kernel = ctx->options[DSA_OPTION_SLOT_TARGET_KERNEL];
-  if (kernel == DSA_SLOT_TARGET_KERNEL_SM90) return dsa_launch_slot_target_sm90(ctx, p, stream);
-  if (kernel == DSA_SLOT_TARGET_KERNEL_AUTO) {
+  const int64_t kernel = ctx->options[DSA_OPTION_TRAIN_KERNEL];
+  if (kernel == DSA_TRAIN_KERNEL_SM90) return dsa_launch_slot_target_sm90(ctx, p, stream);
+  if (kernel == DSA_TRAIN_KERNEL_AUTO) {
     dsa_saved_message saved;
     dsa_message_save(&saved);
     const dsa_status s = dsa_launch_slot_target_sm90(ctx, p, stream);

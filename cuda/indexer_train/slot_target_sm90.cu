@@ -3,7 +3,7 @@
  * the math: docs/indexer-training.md section 1):
  *   a[t, j] = sum_h exp(scale * q[t, h, :D] . kv[s_j, :D] - L'[t, h]),  L' = logaddexp(lse, sink[h]),
  * a head with lse = +inf contributing 0, invalid slots 0. The automatic choice on cc 9.0 for D = 576
- * / 512 (DSA_OPTION_SLOT_TARGET_KERNEL forces either kernel); the CUDA-core kernel of slot_target.cu
+ * / 512 (DSA_OPTION_TRAIN_KERNEL forces either kernel); the CUDA-core kernel of slot_target.cu
  * runs everything else.
  *
  * The forward's S = Q K^T on tensor cores, without the P V product: one CTA per (token, block of 64
