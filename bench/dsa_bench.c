@@ -285,8 +285,16 @@ static void write_json(const bench *b) {
 
 /* Records a finished (or failed) measurement and its peer's (pr NULL: the op's peer is not run by
  * this program), prints its line, rewrites the JSON. */
-static void add_result(bench *b, const shape *sh, const char *variant, const char *note, dsa_status s,
-                       double ms, double work, int is_bytes, const peer_result *pr) {
+/* add_result for a row whose op is not its shape's (op: the row's op name). */
+static void add_result_op(bench *b, const shape *sh, const char *op, const char *variant, const char *note,
+                          dsa_status s, double ms, double work, int is_bytes, const peer_result *pr);
+static void add_result(bench *b, const shape *sh, const char *variant, const char *note, dsa_status s, double ms,
+                       double work, int is_bytes, const peer_result *pr) {
+  add_result_op(b, sh, op_names[sh->op], variant, note, s, ms, work, is_bytes, pr);
+}
+
+static void add_result_op(bench *b, const shape *sh, const char *op, const char *variant, const char *note,
+                          dsa_status s, double ms, double work, int is_bytes, const peer_result *pr) {
   if (b->num_rows == b->cap_rows) {
     b->cap_rows = b->cap_rows ? 2 * b->cap_rows : 64;
     b->rows = realloc(b->rows, (size_t)b->cap_rows * sizeof(result));
@@ -295,7 +303,7 @@ static void add_result(bench *b, const shape *sh, const char *variant, const cha
   result *r = &b->rows[b->num_rows++];
   memset(r, 0, sizeof *r);
   r->shape = sh->name;
-  r->op = op_names[sh->op];
+  r->op = op;
   snprintf(r->variant, sizeof r->variant, "%s", variant);
   snprintf(r->note, sizeof r->note, "%s", note ? note : "");
   r->work = work;
@@ -843,8 +851,7 @@ static void bench_bwd(bench *b, const shape *sh) {
     tp->target = target;
     double ms = NAN;
     const dsa_status st = bc_time_op(&b->timer, target_run, &ta, &ms);
-    add_result(b, sh, "slot-target", note, st, ms, 2.0 * in.H * in.slots * in.D, 0, NULL);
-    b->rows[b->num_rows - 1].op = "slot target";
+    add_result_op(b, sh, "slot target", "slot-target", note, st, ms, 2.0 * in.H * in.slots * in.D, 0, NULL);
   }
   cudaFree(target);
   cudaFree(out);

@@ -382,7 +382,9 @@ typedef struct dsa_slot_target_params {
   float *target;             /* [T, K] fp32 out; row stride target_stride (0: K) */
   int64_t target_stride;
 } dsa_slot_target_params;
-/* No workspace. Bitwise reproducible (each a[t, j] sums its heads in ascending order). */
+/* No workspace. Bitwise reproducible (each a[t, j] sums its heads in a fixed order). The backward
+ * computes the same a as an optional output (dsa_attn_bwd_params.slot_target), without a second
+ * gather of the keys. */
 DSA_API dsa_status dsa_attn_slot_target(dsa_context *ctx, const dsa_slot_target_params *p,
                                         dsa_stream_t stream);
 
