@@ -7,18 +7,15 @@
  * runs everything else.
  *
  * The forward's S = Q K^T on tensor cores, without the P V product: one CTA per (token, block of 64
- * heads), one warpgroup of 128 threads, __launch_bounds__(128, 1). The op is bound by the KV gather
- * (1152 B per slot at D = 576), so shared memory holds as many KV stages as fit, and Q lives in
- * registers as the wgmma A operand (RS: 4 D / 16 registers per thread, loaded once through stage 2
- * with ldmatrix). Shared memory (1024-B aligned, SW128 K-major [rows][64-column blocks of 8 KB]): three
- * KV stages [64 x D], idx int32 [3][64], L' log2e [64], the per-warp column sums [4][64]: 224256 /
- * 199680 B with the alignment slack. Heads past H are zero rows with L' = +inf (P = 0).
+ * heads), one warpgroup of 128 threads, __launch_bounds__(128, 1). Shared memory (1024-B aligned,
+ * SW128 K-major [rows][64-column blocks of 8 KB]): Q [64 x D], two KV stages [64 x D], idx int32
+ * [2][64], L' log2e [64], the per-warp column sums [4][64]: 224000 / 199424 B with the alignment
+ * slack. Heads past H are zero rows with L' = +inf (P = 0).
  *
- * Per 64-slot tile n (stage n % 3): cp.async.wait_group for tile n, fence.proxy.async,
- * __syncthreads; the gather of tile n + 2 into the stage tile n - 1 used (cp.async, zero fill for
- * invalid slots, as the backward's WG0 gathers), so two tiles are in flight while tile n runs; 4 D /
- * 16 RS m64n64k16 wgmmas (one commit, wait<0>); P = exp2(S scale log2e - L' log2e), 0 at invalid
- * slots; per warp the column
+ * Per 64-slot tile n (stage n & 1): the gather of tile n + 1 into the other stage is issued first
+ * (cp.async, zero fill for invalid slots, as the backward's WG0 gathers), so it lands while tile n
+ * runs; cp.async.wait_group for tile n, fence.proxy.async, __syncthreads; 4 D / 64 SS m64n64k16 wgmmas
+ * (one commit, wait<0>); P = exp2(S scale log2e - L' log2e), 0 at invalid slots; per warp the column
  * sums over its 16 head rows (each thread adds its two rows, then a reduce-scatter over the 8 lanes
  * holding the same columns leaves lane l with columns 2l, 2l + 1); the four warps' sums meet in
  * shared memory and thread c < 64 adds them in warp order and atomically adds the result to a[t, 64 n
@@ -26,11 +23,11 @@
  * invalid slots read 0, and a slot gets one add per head block: at most two (H <= 128), and (0 + x) +
  * y = x + y in either order, so the result is bitwise reproducible.
  *
- * Hazards: stage (n - 1) % 3 and its idx third are rewritten by the gather of tile n + 2, issued
- * after iteration n's top __syncthreads, which every thread reaches after its wait<0> of tile n - 1's
- * wgmmas and its reads of that idx third; stage 2 first holds Q, read by ldmatrix before the
- * __syncthreads that precedes the loop; the column-sum buffer is rewritten only after the next
- * tile's top __syncthreads, which every thread reaches after its reads of the buffer.
+ * Hazards: stage n & 1 and idx half n & 1 are rewritten by the gather of tile n + 2, issued at the
+ * top of iteration n + 1, after the __syncthreads that follows every thread's wait<0> of tile n's
+ * wgmmas and its last read of idx half n & 1 (the slot validity is read into a register before that
+ * barrier); the column-sum buffer is rewritten only after the next tile's top __syncthreads, which
+ * every thread reaches after its reads of the buffer.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -46,19 +43,18 @@ constexpr int kBlockM = 64;   /* heads per CTA: the wgmma M */
 constexpr int kBlockN = 64;   /* slots per tile */
 constexpr int kBlk = 64 * 128; /* one 64 x 64 bf16 SW128 block */
 
-constexpr int kStages = 3;
-
 template <int NB>
 struct StSmem {
-  static constexpr int kKV = 0;                      /* kStages stages of NB blocks; stage 2 first holds Q */
-  static constexpr int kStage = NB * kBlk;
-  static constexpr int kIdx = kKV + kStages * kStage; /* int32 [kStages][64]: kv row or -1 */
-  static constexpr int kLp = kIdx + kStages * kBlockN * 4; /* f32 [64]: L' log2e, +inf for dead rows */
+  static constexpr int kQ = 0;
+  static constexpr int kKV0 = kQ + NB * kBlk;
+  static constexpr int kKV1 = kKV0 + NB * kBlk;
+  static constexpr int kIdx = kKV1 + NB * kBlk;      /* int32 [2][64]: kv row or -1 */
+  static constexpr int kLp = kIdx + 2 * kBlockN * 4; /* f32 [64]: L' log2e, +inf for dead rows */
   static constexpr int kPart = kLp + kBlockM * 4;    /* f32 [4][64]: per-warp column sums */
   static constexpr int kEnd = kPart + 4 * kBlockN * 4;
   static constexpr int kBytes = kEnd + 1024;         /* + slack to align the base */
 };
-static_assert(StSmem<9>::kBytes == 224256 && StSmem<8>::kBytes == 199680, "the sizes the comment quotes");
+static_assert(StSmem<9>::kBytes == 224000 && StSmem<8>::kBytes == 199424, "the sizes the comment quotes");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void st_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -106,19 +102,14 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
   float *slp = (float *)(smem + L::kLp), *spart = (float *)(smem + L::kPart);
   const int32_t *irow = p.indices + tok * p.indices_stride;
 
-  /* Q rows (zero rows past H) into stage 2 with tile 0 (group 0), tile 1 (group 1); L' log2e by
-   * threads 0..63 */
-  sm90_load_q_heads64<NB>(base + L::kKV + 2 * L::kStage, p.q, tok, p.q_stride_token, p.q_stride_head, h0, p.num_heads,
-                          g, j);
-#pragma unroll
-  for (int n = 0; n < 2; ++n) {
-    if (n < ntiles) {
-      int32_t idxs[4];
-      sm90_gather_read_indices(irow, n, g, klen, idxs);
-      st_gather<NB>(p, base + L::kKV + n * L::kStage, sidx + n * kBlockN, idxs, g, j);
-    }
-    st_commit();
+  /* Q rows (zero rows past H) and tile 0: one cp.async group; L' log2e by threads 0..63 */
+  sm90_load_q_heads64<NB>(base + L::kQ, p.q, tok, p.q_stride_token, p.q_stride_head, h0, p.num_heads, g, j);
+  {
+    int32_t idxs[4];
+    sm90_gather_read_indices(irow, 0, g, klen, idxs);
+    st_gather<NB>(p, base + L::kKV0, sidx, idxs, g, j);
   }
+  st_commit();
   if (t < kBlockM) {
     const int h = h0 + t;
     float lp = INFINITY;
@@ -128,34 +119,24 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
     }
     slp[t] = lp * kLog2e; /* +inf * log2e = +inf */
   }
-  st_wait_group<1>(); /* group 0: Q and tile 0 */
-  __syncthreads();    /* every thread's copies, slp */
-  /* Q's A fragments: k16 slice kk = dims [16 kk, 16 kk + 16) of the warp's 16 head rows */
-  uint32_t qf[4 * NB * 4];
-  {
-    const int r = 16 * warp + (lane & 15);
-#pragma unroll
-    for (int kk = 0; kk < 4 * NB; ++kk) {
-      const int chunk = 2 * (kk & 3) + (lane >> 4);
-      sm90_ldmatrix_x4(base + L::kKV + 2 * L::kStage + (kk >> 2) * kBlk + r * 128 + (((chunk ^ r) & 7) << 4), qf + 4 * kk);
-    }
-  }
+  __syncthreads(); /* slp */
   const int r0 = 16 * warp + (lane >> 2);
   const float lp2[2] = {slp[r0], slp[r0 + 8]};
   const float scale_log2 = p.softmax_scale * kLog2e;
 
   for (int n = 0; n < ntiles; ++n) {
-    const int s = n % kStages;
-    st_wait_group<1>(); /* tile n's group; tile n + 1's may still be in flight */
-    sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
-    __syncthreads();          /* every thread's copies of tile n and its idx writes; stage (n + 2) % 3 free */
-    if (n + 2 < ntiles) {
+    const int s = n & 1;
+    if (n + 1 < ntiles) {
       int32_t idxs[4];
-      sm90_gather_read_indices(irow, n + 2, g, klen, idxs);
-      const int s2 = (n + 2) % kStages;
-      st_gather<NB>(p, base + L::kKV + s2 * L::kStage, sidx + s2 * kBlockN, idxs, g, j);
+      sm90_gather_read_indices(irow, n + 1, g, klen, idxs);
+      st_gather<NB>(p, base + (s ? L::kKV0 : L::kKV1), sidx + (s ^ 1) * kBlockN, idxs, g, j);
+      st_commit();
+      st_wait_group<1>(); /* tile n (and Q) landed; tile n + 1 may still be in flight */
+    } else {
+      st_wait_group<0>();
     }
-    st_commit();
+    sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
+    __syncthreads();          /* every thread's copies of tile n and its idx writes */
     const int32_t *tidx = sidx + s * kBlockN;
     const bool slot_ok = t < kBlockN && tidx[t] >= 0;
 
@@ -165,20 +146,20 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
       sacc[i] = 0.f;
       sm90_fence_operand(sacc[i]);
     }
-#pragma unroll
-    for (int i = 0; i < 4 * NB * 4; ++i) sm90_fence_operand_u32(qf[i]);
     sm90_wgmma_fence();
-    const uint32_t kv_off = L::kKV + s * L::kStage;
+    const uint32_t kv_off = s ? L::kKV1 : L::kKV0;
 #pragma unroll
-    for (int kk = 0; kk < 4 * NB; ++kk)
-      sm90_wgmma_rs_m64n64k16(sacc, qf + 4 * kk, sm90_desc_at(b4, kv_off + (kk >> 2) * kBlk + (kk & 3) * 32, 16, 1024),
-                              kk != 0);
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t off = b * kBlk + k * 32;
+        sm90_wgmma_ss_m64n64k16<0, 0>(sacc, sm90_desc_at(b4, L::kQ + off, 16, 1024),
+                                      sm90_desc_at(b4, kv_off + off, 16, 1024), (b | k) != 0);
+      }
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; ++i) sm90_fence_operand(sacc[i]);
-#pragma unroll
-    for (int i = 0; i < 4 * NB * 4; ++i) sm90_fence_operand_u32(qf[i]);
 
     /* P (0 at invalid slots) summed over this thread's two rows: v[2 cc + e] = column 8 cc + 2 (lane
      * % 4) + e (register i = 4 cc + 2 hr + e: row r0 + 8 hr) */
