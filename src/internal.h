@@ -336,6 +336,11 @@ DSA_HIDDEN dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_i
  * d_index_k. DSA_ERROR_UNSUPPORTED before any launch off cc 9.0. */
 DSA_HIDDEN dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc,
                                                   cudaStream_t stream);
+/* The slot scores on sm_90a (the same file; T > 0): zeroes the scores, then one warpgroup per token
+ * computes X = K q^T by wgmma and sum_h w ReLU(X) per slot. DSA_ERROR_UNSUPPORTED off cc 9.0. */
+DSA_HIDDEN dsa_status dsa_launch_indexer_slot_scores_sm90(const dsa_context *ctx,
+                                                          const dsa_indexer_slot_scores_params *p,
+                                                          cudaStream_t stream);
 DSA_HIDDEN dsa_status dsa_launch_indexer_dk_convert_lay1(const dsa_indexer_bwd_params *p, const float *acc,
                                                          cudaStream_t stream);
 

@@ -353,22 +353,33 @@ static void run_slot_scores(gpu_env *env, tc_rng *rng, const idx_case *c) {
   const size_t ns = nz(T * sst) * 4;
   d.scores = dpoison(ns);
   d.scores_stride = sst;
-  float *first = NULL;
-  for (int run = 0; run < 2; ++run) {
-    TC_CUDA(cudaMemset(d.scores, 0xFF, ns));
-    TC_OK(dsa_indexer_slot_scores(env->ctx, &d, env->stream));
-    TC_SYNC(env);
-    float *got = hget(d.scores, ns);
-    if (run == 0) {
-      check_rows_f32("scores", got, sst, ref, K, T, (int)K, 1e-4, zero);
-      check_gaps32("scores", got, T, sst, (int)K);
-      first = got;
-    } else {
-      cr_assert(memcmp(first, got, ns) == 0, "slot scores differ between two runs");
-      free(got);
+  /* both kernels (DSA_OPTION_TRAIN_KERNEL), each twice */
+  for (int kernel = DSA_TRAIN_KERNEL_PORTABLE; kernel <= DSA_TRAIN_KERNEL_SM90; ++kernel) {
+    float *first = NULL;
+    for (int run = 0; run < 2; ++run) {
+      TC_CUDA(cudaMemset(d.scores, 0xFF, ns));
+      TC_SET_OPTION(env->ctx, DSA_OPTION_TRAIN_KERNEL, kernel);
+      const dsa_status st = dsa_indexer_slot_scores(env->ctx, &d, env->stream);
+      TC_SET_OPTION(env->ctx, DSA_OPTION_TRAIN_KERNEL, DSA_TRAIN_KERNEL_AUTO);
+      if (kernel == DSA_TRAIN_KERNEL_SM90 && st == DSA_ERROR_UNSUPPORTED) {
+        cr_assert(getenv("DSA_TEST_REQUIRE_SM90") == NULL, "the sm_90a slot scores declined: %s",
+                  dsa_last_error_message());
+        break;
+      }
+      TC_OK(st);
+      TC_SYNC(env);
+      float *got = hget(d.scores, ns);
+      if (run == 0) {
+        check_rows_f32("scores", got, sst, ref, K, T, (int)K, 1e-4, zero);
+        check_gaps32("scores", got, T, sst, (int)K);
+        first = got;
+      } else {
+        cr_assert(memcmp(first, got, ns) == 0, "slot scores (kernel %d) differ between two runs", kernel);
+        free(got);
+      }
     }
+    free(first);
   }
-  free(first);
   cudaFree((void *)d.index_q); cudaFree((void *)d.index_k); cudaFree((void *)d.weights);
   cudaFree((void *)d.indices); cudaFree((void *)d.lengths); cudaFree(d.scores);
   free(ref); free(zero);
@@ -387,6 +398,8 @@ Test(gpu_indexer_train, slot_scores_match_reference) {
     }
   const idx_case wide = {3, 2100, 64, 2048, 0, 0}; /* K = DSA_MAX_TOPK */
   run_slot_scores(&env, &rng, &wide);
+  const idx_case tiles = {9, 700, 33, 450, 1, 1}; /* 8 tiles: the sm_90a kernel's stages wrap */
+  run_slot_scores(&env, &rng, &tiles);
   env_close(&env);
 }
 

@@ -1,6 +1,8 @@
 /*
  * indexer_bwd_sm90.cu - dsa_indexer_bwd's per-token kernel on sm_90a (dsa_launch_indexer_bwd_sm90,
- * src/internal.h; the math: docs/indexer-training.md section 4). With x[j, h] = k_idx[s_j] .
+ * src/internal.h; the math: docs/indexer-training.md section 4), and dsa_indexer_slot_scores' (its
+ * tiles, stages and X = K q^T, then z = sum_h w ReLU(x) per slot: slot_scores_sm90_kernel at the end
+ * of the file). With x[j, h] = k_idx[s_j] .
  * q_idx[t, h] and G[j, h] = g[t, j] w[t, h] [x > 0] over the valid slots j of token t:
  *   d_weights[t, h] = sum_j g[t, j] ReLU(x[j, h])          (column sums of g ReLU(X))
  *   d_index_q[t]    = G^T K                                  ([H x 128], K = the slots' key rows)
@@ -72,19 +74,64 @@ __device__ __forceinline__ void ib_wait_stages() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
 }
 
-/* Tile n's gather into stage st: key rows (sm90_gather_tile_idx: zero fill and -1 for invalid slots),
- * and by threads 0..63 the slot's g (0 where invalid). */
-__device__ __forceinline__ void ib_gather(const dsa_indexer_bwd_params &p, uint8_t *smem, uint32_t base,
-                                          const int32_t *irow, const float *grow, int n, int st, int klen, int t) {
+/* Tile n's key rows into stage st (sm90_gather_tile_idx: zero fill and -1 for invalid slots); P: the
+ * backward's or the slot scores' params. */
+template <class P>
+__device__ __forceinline__ void ib_gather_keys(const P &p, uint8_t *smem, uint32_t base, const int32_t *irow, int n,
+                                               int st, int klen, int t) {
   int32_t idxs[4];
   sm90_gather_read_indices(irow, n, t >> 3, klen, idxs);
   sm90_gather_tile_idx<2>(base + IbSmem::kK + st * kTile, (int32_t *)(smem + IbSmem::kIdx) + st * kBlockN, idxs,
                           t >> 3, t & 7, p.index_k, p.k_stride, p.num_keys, p.index_q);
+}
+/* The backward's gather: the key rows, and by threads 0..63 the slot's g (0 where invalid). */
+__device__ __forceinline__ void ib_gather(const dsa_indexer_bwd_params &p, uint8_t *smem, uint32_t base,
+                                          const int32_t *irow, const float *grow, int n, int st, int klen, int t) {
+  ib_gather_keys(p, smem, base, irow, n, st, klen, t);
   if (t < kBlockN) {
     const int j = n * kBlockN + t;
     const int32_t v = j < klen ? __ldg(irow + j) : -1;
     ((float *)(smem + IbSmem::kGr))[st * kBlockN + t] = (v >= 0 && (int64_t)v < p.num_keys) ? __ldg(grow + j) : 0.f;
   }
+}
+
+/* X = K q^T of the key tile at koff (keys on M, heads on N; both K-major SW128): 8 SS m64n64k16, waited. */
+__device__ __forceinline__ void ib_x_tile(float x[32], uint32_t b4, uint32_t koff) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    x[i] = 0.f;
+    sm90_fence_operand(x[i]);
+  }
+  sm90_wgmma_fence();
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t off = b * 8192 + k * 32;
+      sm90_wgmma_ss_m64n64k16<0, 0>(x, sm90_desc_at(b4, koff + off, 16, 1024), sm90_desc_at(b4, IbSmem::kQ + off, 16, 1024),
+                                    (b | k) != 0);
+    }
+  sm90_wgmma_commit();
+  sm90_wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 32; ++i) sm90_fence_operand(x[i]);
+}
+
+/* This thread's 16 head columns 8 cc + 2 (lane % 4) + e of the X map: their weights (0 past H). */
+template <class P>
+__device__ __forceinline__ void ib_weights(const P &p, int64_t tok, int lane, float w[16]) {
+  const int wbf16 = p.weights_dtype == DSA_DTYPE_BF16;
+#pragma unroll
+  for (int cc = 0; cc < 8; ++cc)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int h = 8 * cc + 2 * (lane & 3) + e;
+      float x = 0.f;
+      if (h < p.num_heads)
+        x = wbf16 ? __uint_as_float((uint32_t)((const uint16_t *)p.weights)[tok * p.weights_stride + h] << 16)
+                  : ((const float *)p.weights)[tok * p.weights_stride + h];
+      w[2 * cc + e] = x;
+    }
 }
 #endif
 
@@ -106,20 +153,8 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_bwd_sm90_kernel(const __g
   const int r0 = 16 * warp + (lane >> 2), odd = (lane >> 2) & 1;
   const uint64_t pol = sm90_l2_policy(true); /* reductions: evict_last */
 
-  /* this thread's 16 head columns 8 cc + 2 (lane % 4) + e: their weights (0 past H) */
   float w[16];
-  const int wbf16 = p.weights_dtype == DSA_DTYPE_BF16;
-#pragma unroll
-  for (int cc = 0; cc < 8; ++cc)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int h = 8 * cc + 2 * (lane & 3) + e;
-      float x = 0.f;
-      if (h < H)
-        x = wbf16 ? __uint_as_float((uint32_t)((const uint16_t *)p.weights)[tok * p.weights_stride + h] << 16)
-                  : ((const float *)p.weights)[tok * p.weights_stride + h];
-      w[2 * cc + e] = x;
-    }
+  ib_weights(p, tok, lane, w);
 
   float dq[64], dwp[16];
 #pragma unroll
@@ -146,24 +181,7 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_bwd_sm90_kernel(const __g
 
     /* 1. X = K q^T (keys on M, heads on N) */
     float x[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      x[i] = 0.f;
-      sm90_fence_operand(x[i]);
-    }
-    sm90_wgmma_fence();
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t off = b * 8192 + k * 32;
-        sm90_wgmma_ss_m64n64k16<0, 0>(x, sm90_desc_at(b4, koff + off, 16, 1024), sm90_desc_at(b4, IbSmem::kQ + off, 16, 1024),
-                                      (b | k) != 0);
-      }
-    sm90_wgmma_commit();
-    sm90_wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 32; ++i) sm90_fence_operand(x[i]);
+    ib_x_tile(x, b4, koff);
 
     /* 2. d_weights partials, G (register i: slot row r0 + 8 ((i >> 1) & 1), head column 8 (i >> 2) +
      * 2 (lane % 4) + (i & 1)) */
@@ -270,6 +288,71 @@ __global__ void dk_convert_lay1_kernel(const __grid_constant__ dsa_indexer_bwd_p
   }
 }
 
+/* dsa_indexer_slot_scores on sm_90a: z[t, j] = sum_h w[t, h] ReLU(x[j, h]) with the backward's tiles,
+ * stages and X = K q^T; each thread sums its two slot rows' 16 head columns, then the quad of lanes
+ * that holds the row adds its four sums (lanes l ^ 1, l ^ 2: a fixed order, bitwise reproducible).
+ * The launcher zeroes the scores first; every slot of the row's tiles is written (0 where invalid). */
+__global__ void __launch_bounds__(kThreads, 2) slot_scores_sm90_kernel(
+    const __grid_constant__ dsa_indexer_slot_scores_params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t *smem = sm90_smem_align1024(smem_raw);
+  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
+  const int64_t tok = blockIdx.x;
+  const int klen = p.lengths ? min(max(p.lengths[tok], 0), p.topk) : p.topk;
+  const int ntiles = (klen + kBlockN - 1) / kBlockN;
+  if (ntiles == 0) return;
+  const uint32_t base = sm90_smem_addr(smem), b4 = base >> 4;
+  const int32_t *irow = p.indices + tok * p.indices_stride;
+  const int32_t *sidx = (const int32_t *)(smem + IbSmem::kIdx);
+  const int r0 = 16 * warp + (lane >> 2);
+  float w[16];
+  ib_weights(p, tok, lane, w);
+  sm90_load_q_heads64<2>(base + IbSmem::kQ, p.index_q, tok, p.q_stride_token, p.q_stride_head, 0, p.num_heads, t >> 3,
+                         t & 7);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ntiles) ib_gather_keys(p, smem, base, irow, s, s, klen, t);
+    ib_commit();
+  }
+  for (int n = 0; n < ntiles; ++n) {
+    const int st = n % kStages;
+    ib_wait_stages();
+    sm90_fence_proxy_async();
+    __syncthreads();
+    if (n + kStages - 1 < ntiles) ib_gather_keys(p, smem, base, irow, n + kStages - 1, (n + kStages - 1) % kStages, klen, t);
+    ib_commit();
+    float x[32];
+    ib_x_tile(x, b4, IbSmem::kK + st * kTile);
+    float z[2] = {0.f, 0.f};
+#pragma unroll
+    for (int cc = 0; cc < 8; ++cc)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float xv = x[4 * cc + 2 * hr + e];
+          z[hr] = fmaf(w[2 * cc + e], (xv > 0.f || xv != xv) ? xv : 0.f, z[hr]); /* ReLU keeps NaN */
+        }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      z[hr] += __shfl_xor_sync(0xffffffffu, z[hr], 1);
+      z[hr] += __shfl_xor_sync(0xffffffffu, z[hr], 2);
+    }
+    if ((lane & 3) == 0) {
+      const int32_t *tidx = sidx + st * kBlockN;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int row = r0 + 8 * hr;
+        p.scores[tok * p.scores_stride + kBlockN * n + row] = tidx[row] >= 0 ? z[hr] : 0.f;
+      }
+    }
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
 }  // namespace
 
 extern "C" dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc,
@@ -299,4 +382,25 @@ extern "C" dsa_status dsa_launch_indexer_dk_convert_lay1(const dsa_indexer_bwd_p
   if (g < 1) g = 1;
   dk_convert_lay1_kernel<<<(unsigned)g, 256, 0, stream>>>(*p, acc);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_indexer_bwd");
+}
+
+extern "C" dsa_status dsa_launch_indexer_slot_scores_sm90(const dsa_context *ctx, const dsa_indexer_slot_scores_params *p,
+                                                          cudaStream_t stream) {
+  static const char fn[] = "dsa_indexer_slot_scores";
+  static int attr_set[DSA_TRACKED_DEVICES];
+  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
+                    ctx->cc_major, ctx->cc_minor);
+  if (p->num_tokens > 0x7fffffff)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most 2^31-1 tokens", fn);
+  if (IbSmem::kBytes > ctx->max_smem_optin)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d", fn,
+                    IbSmem::kBytes, ctx->max_smem_optin);
+  DSA_TRY(dsa_kernel_smem_once((const void *)slot_scores_sm90_kernel, IbSmem::kBytes, 0, ctx->device, attr_set,
+                               "dsa_indexer_slot_scores: cudaFuncSetAttribute"));
+  DSA_TRY(dsa_cuda_status((int)cudaMemset2DAsync(p->scores, (size_t)p->scores_stride * 4, 0, (size_t)p->topk * 4,
+                                                 (size_t)p->num_tokens, stream),
+                          fn));
+  slot_scores_sm90_kernel<<<(unsigned)p->num_tokens, kThreads, IbSmem::kBytes, stream>>>(*p);
+  return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
