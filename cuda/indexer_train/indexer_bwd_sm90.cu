@@ -356,20 +356,26 @@ __global__ void __launch_bounds__(kThreads, 2) slot_scores_sm90_kernel(
 #endif
 }
 
+/* The launch checks both sm_90a kernels of this file share (one CTA per token). */
+dsa_status ib_check(const dsa_context *ctx, int64_t num_tokens, const char *fn) {
+  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
+                    ctx->cc_major, ctx->cc_minor);
+  if (num_tokens > 0x7fffffff)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most 2^31-1 tokens", fn);
+  if (IbSmem::kBytes > ctx->max_smem_optin)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d", fn,
+                    IbSmem::kBytes, ctx->max_smem_optin);
+  return DSA_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc,
                                                   cudaStream_t stream) {
   static const char fn[] = "dsa_indexer_bwd";
   static int attr_set[DSA_TRACKED_DEVICES];
-  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
-                    ctx->cc_major, ctx->cc_minor);
-  if (p->num_tokens > 0x7fffffff)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most 2^31-1 tokens", fn);
-  if (IbSmem::kBytes > ctx->max_smem_optin)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d", fn,
-                    IbSmem::kBytes, ctx->max_smem_optin);
+  DSA_TRY(ib_check(ctx, p->num_tokens, fn));
   if (p->num_tokens == 0) return DSA_SUCCESS;
   DSA_TRY(dsa_kernel_smem_once((const void *)indexer_bwd_sm90_kernel, IbSmem::kBytes, 0, ctx->device, attr_set,
                                "dsa_indexer_bwd: cudaFuncSetAttribute"));
@@ -391,14 +397,7 @@ extern "C" dsa_status dsa_launch_indexer_slot_scores_sm90(const dsa_context *ctx
                                                           cudaStream_t stream) {
   static const char fn[] = "dsa_indexer_slot_scores";
   static int attr_set[DSA_TRACKED_DEVICES];
-  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
-                    ctx->cc_major, ctx->cc_minor);
-  if (p->num_tokens > 0x7fffffff)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most 2^31-1 tokens", fn);
-  if (IbSmem::kBytes > ctx->max_smem_optin)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d", fn,
-                    IbSmem::kBytes, ctx->max_smem_optin);
+  DSA_TRY(ib_check(ctx, p->num_tokens, fn));
   DSA_TRY(dsa_kernel_smem_once((const void *)slot_scores_sm90_kernel, IbSmem::kBytes, 0, ctx->device, attr_set,
                                "dsa_indexer_slot_scores: cudaFuncSetAttribute"));
   DSA_TRY(dsa_cuda_status((int)cudaMemset2DAsync(p->scores, (size_t)p->scores_stride * 4, 0, (size_t)p->topk * 4,
