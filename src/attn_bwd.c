@@ -24,7 +24,7 @@ static dsa_status bwd_workspace_size(const dsa_context *ctx, const dsa_attn_bwd_
   return DSA_SUCCESS;
 }
 
-static dsa_status bwd_dispatch(dsa_context *ctx, const dsa_attn_bwd_params *pr, void *workspace, cudaStream_t stream,
+static dsa_status bwd_dispatch(dsa_context *ctx, const dsa_attn_bwd_params *r, void *workspace, cudaStream_t stream,
                                int *target_done);
 
 DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_params *p,
@@ -58,14 +58,13 @@ DSA_API dsa_status dsa_sparse_attn_bwd(dsa_context *ctx, const dsa_attn_bwd_para
 
 /* The kernel choice (DSA_OPTION_BWD_KERNEL, else automatic); *target_done = 1 when the kernel that
  * ran wrote the slot target too. */
-static dsa_status bwd_dispatch(dsa_context *ctx, const dsa_attn_bwd_params *pr, void *workspace, cudaStream_t stream,
+static dsa_status bwd_dispatch(dsa_context *ctx, const dsa_attn_bwd_params *r, void *workspace, cudaStream_t stream,
                                int *target_done) {
-  const dsa_attn_bwd_params r = *pr;
   const int64_t kernel = ctx->options[DSA_OPTION_BWD_KERNEL];
-  if (kernel == DSA_BWD_KERNEL_SM90_H64) return dsa_launch_attn_bwd_sm90(ctx, &r, workspace, stream);
-  if (kernel == DSA_BWD_KERNEL_SM90_SMALL) return dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, stream);
+  if (kernel == DSA_BWD_KERNEL_SM90_H64) return dsa_launch_attn_bwd_sm90(ctx, r, workspace, stream);
+  if (kernel == DSA_BWD_KERNEL_SM90_SMALL) return dsa_launch_attn_bwd_sm90_small(ctx, r, workspace, stream);
   if (kernel == DSA_BWD_KERNEL_SM90_WS) {
-    const dsa_status s = dsa_launch_attn_bwd_sm90_ws(ctx, &r, workspace, stream);
+    const dsa_status s = dsa_launch_attn_bwd_sm90_ws(ctx, r, workspace, stream);
     if (s == DSA_SUCCESS) *target_done = 1;
     return s;
   }
@@ -79,19 +78,19 @@ static dsa_status bwd_dispatch(dsa_context *ctx, const dsa_attn_bwd_params *pr, 
     /* The non-deterministic mode: the warp-specialised kernel, every H (below 64 heads as zero rows:
      * the fp32 reductions bind, not the MMA). The deterministic mode: the small-H kernel for H <= 32,
      * else the 64-head kernel (docs/design.md section 6). */
-    if (!r.deterministic) {
-      s = dsa_launch_attn_bwd_sm90_ws(ctx, &r, workspace, stream);
+    if (!r->deterministic) {
+      s = dsa_launch_attn_bwd_sm90_ws(ctx, r, workspace, stream);
       if (!dsa_declined(s, &saved)) {
         if (s == DSA_SUCCESS) *target_done = 1;
         return s;
       }
     }
-    if (r.num_heads <= 32 && r.deterministic) {
-      s = dsa_launch_attn_bwd_sm90_small(ctx, &r, workspace, stream);
+    if (r->num_heads <= 32 && r->deterministic) {
+      s = dsa_launch_attn_bwd_sm90_small(ctx, r, workspace, stream);
       if (!dsa_declined(s, &saved)) return s;
     }
-    s = dsa_launch_attn_bwd_sm90(ctx, &r, workspace, stream);
+    s = dsa_launch_attn_bwd_sm90(ctx, r, workspace, stream);
     if (!dsa_declined(s, &saved)) return s;
   }
-  return dsa_launch_attn_bwd(ctx, &r, workspace, stream);
+  return dsa_launch_attn_bwd(ctx, r, workspace, stream);
 }
