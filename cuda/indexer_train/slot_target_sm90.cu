@@ -6,28 +6,33 @@
  * / 512 (DSA_OPTION_TRAIN_KERNEL forces either kernel); the CUDA-core kernel of slot_target.cu
  * runs everything else.
  *
- * The forward's S = Q K^T on tensor cores, without the P V product: one CTA per (token, block of 64
- * heads), one warpgroup of 128 threads, __launch_bounds__(128, 1). Shared memory (1024-B aligned,
- * SW128 K-major [rows][64-column blocks of 8 KB]): Q [64 x D], two KV stages [64 x D], idx int32
- * [2][64], L' log2e [64], the per-warp column sums [4][64]: 224000 / 199424 B with the alignment
- * slack. Heads past H are zero rows with L' = +inf (P = 0).
- *
- * Per 64-slot tile n (stage n & 1): the gather of tile n + 1 into the other stage is issued first
- * (cp.async, zero fill for invalid slots, as the backward's WG0 gathers), so it lands while tile n
- * runs; cp.async.wait_group for tile n, fence.proxy.async, __syncthreads; 4 D / 64 SS m64n64k16 wgmmas
- * (one commit, wait<0>); P = exp2(S scale log2e - L' log2e), 0 at invalid slots; per warp the column
- * sums over its 16 head rows (each thread adds its two rows, then a reduce-scatter over the 8 lanes
- * holding the same columns leaves lane l with columns 2l, 2l + 1); the four warps' sums meet in
- * shared memory and thread c < 64 adds them in warp order and atomically adds the result to a[t, 64 n
- * + c] of a valid slot. The launcher zeroes the target first, so slots past the row's tiles and
- * invalid slots read 0, and a slot gets one add per head block: at most two (H <= 128), and (0 + x) +
- * y = x + y in either order, so the result is bitwise reproducible.
- *
- * Hazards: stage n & 1 and idx half n & 1 are rewritten by the gather of tile n + 2, issued at the
- * top of iteration n + 1, after the __syncthreads that follows every thread's wait<0> of tile n's
- * wgmmas and its last read of idx half n & 1 (the slot validity is read into a register before that
- * barrier); the column-sum buffer is rewritten only after the next tile's top __syncthreads, which
- * every thread reaches after its reads of the buffer.
+ * The forward's S = Q K^T on tensor cores, without the P V product. The op moves 1152 B of kv per
+ * slot for 64 x 64 x 576 MACs per tile, so it is bound by the gather; the kernel keeps the gather
+ * issuing without a pause. One CTA per (token, block of 64 heads), three warpgroups,
+ * __launch_bounds__(384, 1):
+ *   WG0 consumer: per 64-slot tile n (stage n & 1) waits full[n & 1], issues the 4 D / 64 SS
+ *       m64n64k16 wgmmas of S = Q K^T, reads the slots' validity while they run, retires them and
+ *       releases the stage (empty[n & 1]) before its exponentials: P = exp2(S scale log2e - L'
+ *       log2e), 0 at invalid slots; per warp the column sums over its 16 head rows
+ *       (sm90_warp_colsum64), the four warps' sums meet in shared memory (double-buffered by n & 1,
+ *       one named barrier per tile) and thread c < 64 adds them in warp order and atomically adds the
+ *       result to a[t, 64 n + c] of a valid slot.
+ *   WG1, WG2 producers: WG 1 + s gathers the tiles of stage s (n = s, s + 2, ...): waits empty[s],
+ *       cp.async of the 64 kv rows (zero fill for invalid slots) into the SW128 stage and the kv
+ *       indices (or -1) into idx[s], then a .noinc arrive (the copies) and a plain arrive (the
+ *       indices) on full[s]. Two issuing warpgroups keep eight warps of cp.async in flight; WG1 also
+ *       loads Q (zero rows past H) and completes q_full.
+ * Shared memory (1024-B aligned, SW128 K-major [rows][64-column blocks of 8 KB]): Q [64 x D], two KV
+ * stages [64 x D], idx int32 [2][64], the column sums f32 [2][4][64], five mbarriers: 224808 /
+ * 200232 B with the alignment slack.
+ * The launcher zeroes the target first, so slots past the row's tiles and invalid slots read 0, and a
+ * slot gets one add per head block: at most two (H <= 128), and (0 + x) + y = x + y in either order,
+ * so the result is bitwise reproducible.
+ * Hazards: a stage and its idx half are rewritten only after the consumer's empty arrive, which
+ * follows its wait<0> of the stage's wgmmas and its reads of the indices; the column-sum half of tile
+ * n is rewritten at tile n + 2, after the named barrier of tile n + 1, which each reader of tile n's
+ * sums reaches after its reads. cp.async writes are generic-proxy: the consumer runs
+ * fence.proxy.async after each full wait (docs/hopper.md section 3).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -38,10 +43,11 @@
 
 namespace {
 
-constexpr int kThreads = 128; /* one warpgroup */
+constexpr int kThreads = 384; /* WG0 consumer, WG1 / WG2 producers */
 constexpr int kBlockM = 64;   /* heads per CTA: the wgmma M */
 constexpr int kBlockN = 64;   /* slots per tile */
 constexpr int kBlk = 64 * 128; /* one 64 x 64 bf16 SW128 block */
+constexpr int kBarSums = 1;   /* named barrier of the consumer WG: the column sums of a tile */
 
 template <int NB>
 struct StSmem {
@@ -49,20 +55,14 @@ struct StSmem {
   static constexpr int kKV0 = kQ + NB * kBlk;
   static constexpr int kKV1 = kKV0 + NB * kBlk;
   static constexpr int kIdx = kKV1 + NB * kBlk;      /* int32 [2][64]: kv row or -1 */
-  static constexpr int kLp = kIdx + 2 * kBlockN * 4; /* f32 [64]: L' log2e, +inf for dead rows */
-  static constexpr int kPart = kLp + kBlockM * 4;    /* f32 [4][64]: per-warp column sums */
-  static constexpr int kEnd = kPart + 4 * kBlockN * 4;
+  static constexpr int kPart = kIdx + 2 * kBlockN * 4; /* f32 [2][4][64]: per-warp column sums */
+  static constexpr int kBars = kPart + 2 * 4 * kBlockN * 4; /* q_full, full[2], empty[2] */
+  static constexpr int kEnd = kBars + 5 * 8;
   static constexpr int kBytes = kEnd + 1024;         /* + slack to align the base */
 };
-static_assert(StSmem<9>::kBytes == 224000 && StSmem<8>::kBytes == 199424, "the sizes the comment quotes");
+static_assert(StSmem<9>::kBytes == 224808 && StSmem<8>::kBytes == 200232, "the sizes the comment quotes");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void st_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void st_wait_group() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /* logaddexp in fp32, as slot_target.cu and the backward's prep compute it. */
 __device__ __forceinline__ float st_logaddexp(float a, float b) {
   if (a == -INFINITY) return b;
@@ -71,12 +71,13 @@ __device__ __forceinline__ float st_logaddexp(float a, float b) {
   return fmaxf(a, b) + log1pf(expf(-fabsf(a - b)));
 }
 
-/* The gather of one 64-slot tile into the SW128 stage at skv and of its kv indices (or -1) into
- * tidx; an invalid slot reads 0 bytes from q. */
-template <int NB>
-__device__ __forceinline__ void st_gather(const dsa_slot_target_params &p, uint32_t skv, int32_t *tidx,
-                                          const int32_t idxs[4], int g, int j) {
-  sm90_gather_tile_idx<NB>(skv, tidx, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
+/* L' log2e of head h (+inf for a head past H or with lse = +inf: P = 0). */
+__device__ __forceinline__ float st_lp_log2(const dsa_slot_target_params &p, int64_t tok, int h) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (h >= p.num_heads) return INFINITY;
+  const float lse = p.lse[tok * p.num_heads + h];
+  const float lp = lse == INFINITY ? INFINITY : st_logaddexp(lse, p.sink ? p.sink[h] : -INFINITY);
+  return lp * kLog2e; /* +inf * log2e = +inf */
 }
 #endif
 
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = sm90_smem_align1024(smem_raw);
-  const int t = threadIdx.x, warp = t >> 5, lane = t & 31, g = t >> 3, j = t & 7;
+  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
   const int64_t tok = blockIdx.x / num_hblocks;
   const int h0 = (int)(blockIdx.x % num_hblocks) * kBlockM;
   int klen = p.topk;
@@ -97,49 +98,54 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
   if (ntiles == 0) return; /* the target row is zero already */
 
   const uint32_t base = sm90_smem_addr(smem);
-  const uint32_t b4 = base >> 4;
   int32_t *sidx = (int32_t *)(smem + L::kIdx);
-  float *slp = (float *)(smem + L::kLp), *spart = (float *)(smem + L::kPart);
-  const int32_t *irow = p.indices + tok * p.indices_stride;
-
-  /* Q rows (zero rows past H) and tile 0: one cp.async group; L' log2e by threads 0..63 */
-  sm90_load_q_heads64<NB>(base + L::kQ, p.q, tok, p.q_stride_token, p.q_stride_head, h0, p.num_heads, g, j);
-  {
-    int32_t idxs[4];
-    sm90_gather_read_indices(irow, 0, g, klen, idxs);
-    st_gather<NB>(p, base + L::kKV0, sidx, idxs, g, j);
-  }
-  st_commit();
-  if (t < kBlockM) {
-    const int h = h0 + t;
-    float lp = INFINITY;
-    if (h < p.num_heads) {
-      const float lse = p.lse[tok * p.num_heads + h];
-      lp = lse == INFINITY ? INFINITY : st_logaddexp(lse, p.sink ? p.sink[h] : -INFINITY);
+  uint64_t *bars = (uint64_t *)(smem + L::kBars);
+  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 3;
+  if (tid == 0) {
+    sm90_mbar_init(q_full, 128); /* WG1's cp.async .noinc */
+    for (int s = 0; s < 2; ++s) {
+      sm90_mbar_init(&full[s], 256); /* 128 cp.async .noinc + 128 plain (the indices) */
+      sm90_mbar_init(&empty[s], 128); /* the consumer WG */
     }
-    slp[t] = lp * kLog2e; /* +inf * log2e = +inf */
+    sm90_mbar_init_fence();
   }
-  __syncthreads(); /* slp */
+  __syncthreads();
+
+  if (wg > 0) {
+    /* ================= producers: WG 1 + s fills stage s ================= */
+    const int s = wg - 1, g = t >> 3, j = t & 7;
+    const int32_t *irow = p.indices + tok * p.indices_stride;
+    if (s == 0) {
+      sm90_load_q_heads64<NB>(base + L::kQ, p.q, tok, p.q_stride_token, p.q_stride_head, h0, p.num_heads, g, j);
+      sm90_cp_async_mbar_arrive_noinc(q_full);
+    }
+    const uint32_t skv = base + (s ? L::kKV1 : L::kKV0);
+    for (int n = s, k = 0; n < ntiles; n += 2, ++k) {
+      int32_t idxs[4];
+      sm90_gather_read_indices(irow, n, g, klen, idxs);
+      sm90_mbar_wait(&empty[s], ((uint32_t)k & 1) ^ 1); /* first use: parity 1 returns at once */
+      sm90_gather_tile_idx<NB>(skv, sidx + s * kBlockN, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
+      sm90_cp_async_mbar_arrive_noinc(&full[s]);
+      sm90_mbar_arrive(&full[s]);
+    }
+    sm90_cp_async_wait_all();
+    return;
+  }
+
+  /* ================= consumer ================= */
+  const int warp = t >> 5, lane = t & 31;
+  float *spart = (float *)(smem + L::kPart);
   const int r0 = 16 * warp + (lane >> 2);
-  const float lp2[2] = {slp[r0], slp[r0 + 8]};
+  const float lp2[2] = {st_lp_log2(p, tok, h0 + r0), st_lp_log2(p, tok, h0 + r0 + 8)};
   const float scale_log2 = p.softmax_scale * kLog2e;
+  const uint32_t b4 = base >> 4;
+  float *trow = p.target + tok * p.target_stride;
+  sm90_mbar_wait(q_full, 0);
 
   for (int n = 0; n < ntiles; ++n) {
     const int s = n & 1;
-    if (n + 1 < ntiles) {
-      int32_t idxs[4];
-      sm90_gather_read_indices(irow, n + 1, g, klen, idxs);
-      st_gather<NB>(p, base + (s ? L::kKV0 : L::kKV1), sidx + (s ^ 1) * kBlockN, idxs, g, j);
-      st_commit();
-      st_wait_group<1>(); /* tile n (and Q) landed; tile n + 1 may still be in flight */
-    } else {
-      st_wait_group<0>();
-    }
+    sm90_mbar_wait(&full[s], (uint32_t)(n >> 1) & 1);
     sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
-    __syncthreads();          /* every thread's copies of tile n and its idx writes */
-    const int32_t *tidx = sidx + s * kBlockN;
-    const bool slot_ok = t < kBlockN && tidx[t] >= 0;
-
     float sacc[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
@@ -157,31 +163,41 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
                                       sm90_desc_at(b4, kv_off + off, 16, 1024), (b | k) != 0);
       }
     sm90_wgmma_commit();
+    /* the slots' validity while the wgmmas run: bit 2 cc + e = column 8 cc + 2 (lane % 4) + e */
+    const int32_t *tidx = sidx + s * kBlockN;
+    uint32_t okbits = 0;
+#pragma unroll
+    for (int cc = 0; cc < 8; ++cc) {
+      const int2 pr = *(const int2 *)(tidx + 8 * cc + 2 * (lane & 3));
+      okbits |= (pr.x >= 0 ? 1u : 0u) << (2 * cc);
+      okbits |= (pr.y >= 0 ? 1u : 0u) << (2 * cc + 1);
+    }
+    const bool slot_ok = t < kBlockN && tidx[t] >= 0;
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; ++i) sm90_fence_operand(sacc[i]);
+    sm90_mbar_arrive(&empty[s]); /* stage s: its wgmmas retired, its indices read */
 
     /* P (0 at invalid slots) summed over this thread's two rows: v[2 cc + e] = column 8 cc + 2 (lane
      * % 4) + e (register i = 4 cc + 2 hr + e: row r0 + 8 hr) */
     float v[16];
 #pragma unroll
-    for (int cc = 0; cc < 8; ++cc) {
-      const int col = 8 * cc + 2 * (lane & 3);
+    for (int cc = 0; cc < 8; ++cc)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const bool ok = tidx[col + e] >= 0;
+        const bool ok = (okbits >> (2 * cc + e)) & 1u;
         const float p0 = ok ? exp2f(sacc[4 * cc + e] * scale_log2 - lp2[0]) : 0.f;
         const float p1 = ok ? exp2f(sacc[4 * cc + 2 + e] * scale_log2 - lp2[1]) : 0.f;
         v[2 * cc + e] = p0 + p1;
       }
-    }
     float z[2];
     sm90_warp_colsum64(v, lane, z);
-    *(float2 *)(spart + kBlockN * warp + 2 * lane) = make_float2(z[0], z[1]);
-    __syncthreads();
+    float *part = spart + s * 4 * kBlockN;
+    *(float2 *)(part + kBlockN * warp + 2 * lane) = make_float2(z[0], z[1]);
+    sm90_named_bar_sync(kBarSums, 128);
     if (slot_ok) {
-      const float a = ((spart[t] + spart[kBlockN + t]) + spart[2 * kBlockN + t]) + spart[3 * kBlockN + t];
-      atomicAdd(p.target + tok * p.target_stride + kBlockN * n + t, a);
+      const float a = ((part[t] + part[kBlockN + t]) + part[2 * kBlockN + t]) + part[3 * kBlockN + t];
+      atomicAdd(trow + kBlockN * n + t, a);
     }
   }
 #elif defined(__CUDA_ARCH__)
