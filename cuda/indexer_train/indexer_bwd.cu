@@ -303,13 +303,20 @@ cudaError_t launch_token(const dsa_indexer_bwd_params *p, float *acc, cudaStream
 
 }  // namespace
 
-/* DSA_OPTION_TRAIN_KERNEL = SM90 runs the sm_90a kernel (cuda/indexer_train/indexer_bwd_sm90.cu; opt-in
- * until its fix has run on a GPU); AUTO and PORTABLE run slot_scores_kernel. */
+/* DSA_OPTION_TRAIN_KERNEL: AUTO tries the sm_90a kernel (cuda/indexer_train/indexer_bwd_sm90.cu) and
+ * falls back here where it declines; SM90 forces it (its decline is the op's error); PORTABLE runs
+ * slot_scores_kernel. */
 extern "C" dsa_status dsa_launch_indexer_slot_scores(const dsa_context *ctx,
                                                      const dsa_indexer_slot_scores_params *p,
                                                      cudaStream_t stream) {
-  if (ctx->options[DSA_OPTION_TRAIN_KERNEL] == DSA_TRAIN_KERNEL_SM90)
-    return dsa_launch_indexer_slot_scores_sm90(ctx, p, stream);
+  const int64_t kernel = ctx->options[DSA_OPTION_TRAIN_KERNEL];
+  if (kernel == DSA_TRAIN_KERNEL_SM90) return dsa_launch_indexer_slot_scores_sm90(ctx, p, stream);
+  if (kernel == DSA_TRAIN_KERNEL_AUTO) {
+    dsa_saved_message saved;
+    dsa_message_save(&saved);
+    const dsa_status s = dsa_launch_indexer_slot_scores_sm90(ctx, p, stream);
+    if (!dsa_declined(s, &saved)) return s;
+  }
   slot_scores_kernel<<<tr_grid_for(p->num_tokens, 1), kThreads, 0, stream>>>(*p);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_indexer_slot_scores");
 }

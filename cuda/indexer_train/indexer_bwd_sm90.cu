@@ -291,10 +291,8 @@ __global__ void dk_convert_lay1_kernel(const __grid_constant__ dsa_indexer_bwd_p
 /* dsa_indexer_slot_scores on sm_90a: z[t, j] = sum_h w[t, h] ReLU(x[j, h]) with the backward's tiles,
  * stages and X = K q^T; each thread sums its two slot rows' 16 head columns, then the quad of lanes
  * that holds the row adds its four sums (lanes l ^ 1, l ^ 2: a fixed order, bitwise reproducible).
- * The launcher zeroes the scores first; every slot j < the row's length is written (0 where invalid).
- * Opt-in (DSA_OPTION_TRAIN_KERNEL = DSA_TRAIN_KERNEL_SM90): its one H200 run (60f25b9) found the last
- * tile writing zeros past the row's length into the next row; the fix (j < klen) has not run on a GPU
- * yet, so the automatic choice keeps the CUDA-core kernel (docs/reliability.md section 3b). */
+ * The launcher zeroes the scores first; every slot j < the row's length is written (0 where invalid),
+ * none past it (the row's last tile stops at its length: the next row may start there). */
 __global__ void __launch_bounds__(kThreads, 2) slot_scores_sm90_kernel(
     const __grid_constant__ dsa_indexer_slot_scores_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
