@@ -41,6 +41,9 @@
  *   Each WG sums its own tiles' P (in fp32) into its row sums; the sums meet in the epilogue.
  * The WGs thus alternate: WG0's softmax runs under WG1's S, WG1's softmax under WG0's RS PV, and WG0
  * issues the next S right behind its SS PV.
+ Epilogue: each WG normalises its O half and, where out rows are 16-B aligned, stages it as bf16 in
+ * the Q tile (free once both WGs passed kBarSum: every S retired) so that each warp writes its rows
+ * as whole 16-B chunks; otherwise it stores bf16 pairs from the accumulator registers.
  * Stage ownership (who releases which half; the producer refills in this order: 0L, 1R, 0R, 1L):
  *   buffer 0 L: S(even) + WG0's RS PV             -> WG0 after the RS PV (empty[0][0])
  *   buffer 0 R: S(even) + WG1's SS PV (V0 dims 256..511; at D = 576 block 8 also holds sP0)
@@ -112,6 +115,7 @@ struct FwdArgs {
   float scale_log2;
   int num_hblocks, head_begin, head_end;
   int kv_evict_last; /* the KV gather's L2 policy (dsa_fwd_kv_evict_last) */
+  int out_vec16;     /* 1: out rows 16-B aligned (staged, 16-B stores), else 4-B stores from registers */
 };
 
 /* Device helpers: only in the sm_90a pass (and the host pass, which never calls them): the compute_90
@@ -560,15 +564,41 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
         if (p.max_logits) p.max_logits[th] = empty_row ? -INFINITY : true_max[hr] * kLn2;
       }
     }
+    if (args.out_vec16) {
+      /* out through shared memory: the warp stages its 16 rows x 256 dims as bf16 in the Q tile (free:
+       * every S retired before kBarSum), [64 rows][1024 B] with 16-B chunk c of row r at c ^ (r % 8) (the
+       * 4-B writes of 8 rows and the 16-B reads of one row are both conflict-free), then writes each row
+       * as 32 x 16 B: whole 32-B sectors, a quarter of the store instructions. */
+      uint8_t *stage = smem + L::kQ;
+      const int r0 = 16 * warp + (lane >> 2);
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
-      if (h >= h_end) continue;
-      uint16_t *orow = p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * 256 + 2 * (lane & 3);
+      for (int hr = 0; hr < 2; ++hr) {
+        uint8_t *srow = stage + (r0 + 8 * hr) * 1024 + 4 * (lane & 3);
 #pragma unroll
-      for (int cc = 0; cc < 32; ++cc) {
-        const int i = 4 * cc + 2 * hr;
-        *(uint32_t *)(orow + 8 * cc) = sm90_pack_bf16x2(o[i] * fac[hr], o[i + 1] * fac[hr]);
+        for (int cc = 0; cc < 32; ++cc) {
+          const int i = 4 * cc + 2 * hr;
+          *(uint32_t *)(srow + (((32 * c + cc) ^ (lane >> 2)) << 4)) = sm90_pack_bf16x2(o[i] * fac[hr], o[i + 1] * fac[hr]);
+        }
+      }
+      __syncwarp();
+#pragma unroll 4
+      for (int rr = 0; rr < 16; ++rr) {
+        const int r = 16 * warp + rr, h = h0 + r;
+        const uint4 v = *(const uint4 *)(stage + r * 1024 + (((32 * c + lane) ^ (r & 7)) << 4));
+        if (h < h_end)
+          *(uint4 *)(p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * 256 + 8 * lane) = v;
+      }
+    } else {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
+        if (h >= h_end) continue;
+        uint16_t *orow = p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * 256 + 2 * (lane & 3);
+#pragma unroll
+        for (int cc = 0; cc < 32; ++cc) {
+          const int i = 4 * cc + 2 * hr;
+          *(uint32_t *)(orow + 8 * cc) = sm90_pack_bf16x2(o[i] * fac[hr], o[i + 1] * fac[hr]);
+        }
       }
     }
   }
@@ -596,6 +626,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   args.head_begin = head_begin;
   args.head_end = head_end;
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
+  args.out_vec16 = !((uintptr_t)p->out & 15) && !(p->out_stride_token & 7) && !(p->out_stride_head & 7);
   const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
   attn_fwd_sm90_h64_kernel<NB, MB><<<grid, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
