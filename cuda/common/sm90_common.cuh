@@ -332,6 +332,25 @@ __device__ __forceinline__ void sm90_wgmma_rs_m64n128k16(float *d, const uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TB));
 }
 
+/* D(64x64, f32) (+)= A(64x16, registers, the accumulator-pair map) * B(64x16, smem K-major)^T. */
+__device__ __forceinline__ void sm90_wgmma_rs_m64n64k16(float *d, const uint32_t *a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+/* ldmatrix m8n8.x4 (b16): lane l gives the row address of matrix l / 8; register m = this thread's
+ * pair of matrix m. With lanes 0..15 on rows 0..15 of a 16-column slice and lanes 16..31 on its
+ * second 8 columns, the four registers are the warp's wgmma / mma A fragment of that k16 slice. */
+__device__ __forceinline__ void sm90_ldmatrix_x4(uint32_t addr, uint32_t r[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
 /* ---- fp32 row reductions into a permuted accumulator ("layout 1", src/internal.h dsa_bwd_dkv_slot:
  * the backward's dKV and the indexer backward's d_index_k), 128-B row segments per warp instruction --- */
 /* One red.global.add.v4.f32 of four fp32 where the row is valid (row >= 0), with the L2 policy `pol`

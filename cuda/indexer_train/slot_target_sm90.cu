@@ -6,33 +6,37 @@
  * / 512 (DSA_OPTION_TRAIN_KERNEL forces either kernel); the CUDA-core kernel of slot_target.cu
  * runs everything else.
  *
- * The forward's S = Q K^T on tensor cores, without the P V product. The op moves 1152 B of kv per
- * slot for 64 x 64 x 576 MACs per tile, so it is bound by the gather; the kernel keeps the gather
- * issuing without a pause. One CTA per (token, block of 64 heads), three warpgroups,
- * __launch_bounds__(384, 1):
- *   WG0 consumer: per 64-slot tile n (stage n & 1) waits full[n & 1], issues the 4 D / 64 SS
- *       m64n64k16 wgmmas of S = Q K^T, reads the slots' validity while they run, retires them and
- *       releases the stage (empty[n & 1]) before its exponentials: P = exp2(S scale log2e - L'
- *       log2e), 0 at invalid slots; per warp the column sums over its 16 head rows
- *       (sm90_warp_colsum64), the four warps' sums meet in shared memory (double-buffered by n & 1,
- *       one named barrier per tile) and thread c < 64 adds them in warp order and atomically adds the
- *       result to a[t, 64 n + c] of a valid slot.
- *   WG1, WG2 producers: WG 1 + s gathers the tiles of stage s (n = s, s + 2, ...): waits empty[s],
- *       cp.async of the 64 kv rows (zero fill for invalid slots) into the SW128 stage and the kv
- *       indices (or -1) into idx[s], then a .noinc arrive (the copies) and a plain arrive (the
- *       indices) on full[s]. Two issuing warpgroups keep eight warps of cp.async in flight; WG1 also
- *       loads Q (zero rows past H) and completes q_full.
- * Shared memory (1024-B aligned, SW128 K-major [rows][64-column blocks of 8 KB]): Q [64 x D], two KV
- * stages [64 x D], idx int32 [2][64], the column sums f32 [2][4][64], five mbarriers: 224808 /
- * 200232 B with the alignment slack.
+ * The forward's S = Q K^T on tensor cores, without the P V product. Per 64-slot tile the op moves
+ * 1152 B of kv per slot into shared memory and reads it once more for the wgmmas; with Q in registers
+ * (RS) the wgmmas read only the tile, so shared memory carries 2 x 72 KB per tile instead of 3 x 72.
+ * One CTA per (token, block of 64 heads), three warpgroups, __launch_bounds__(384, 1):
+ *   WG2 producer (56 registers): Q (zero rows past H) into stage 2 first, then tile n into stage n % 3:
+ *       waits empty[s], cp.async of the 64 kv rows (zero fill for invalid slots) into the SW128 stage
+ *       and the kv indices (or -1) into idx[s], then a .noinc arrive (the copies) and a plain arrive
+ *       (the indices) on full[s].
+ *   WG0, WG1 consumers (224 registers): both read Q's A fragments from stage 2 by ldmatrix (4 D / 16
+ *       registers per thread) and meet on a named barrier, after which WG0 releases stage 2. WG c takes
+ *       the tiles n = c, c + 2, ...: waits full[n % 3], issues the 4 D / 16 RS m64n64k16 wgmmas of S =
+ *       Q K^T, reads the slots' validity while they run, retires them and releases the stage before
+ *       its exponentials: P = exp2(S scale log2e - L' log2e), 0 at invalid slots; per warp the column
+ *       sums over its 16 head rows (sm90_warp_colsum64), the four warps' sums meet in the WG's own
+ *       shared buffer (double-buffered by tile, one named barrier per tile) and thread c < 64 adds
+ *       them in warp order and atomically adds the result to a[t, 64 n + c] of a valid slot. One WG's
+ *       exponentials run under the other's wgmmas.
+ * Stage s's uses: stage 2's first use is Q, so tile n is use n / 3 + (n % 3 == 2) of stage n % 3;
+ * full and empty waits take that use's parity.
+ * Shared memory (1024-B aligned, SW128 K-major [rows][64-column blocks of 8 KB]): three stages [64 x
+ * D], idx int32 [3][64], the column sums f32 [2 WGs][2][4][64], six mbarriers: 227120 / 202544 B
+ * with the alignment slack.
  * The launcher zeroes the target first, so slots past the row's tiles and invalid slots read 0, and a
  * slot gets one add per head block: at most two (H <= 128), and (0 + x) + y = x + y in either order,
  * so the result is bitwise reproducible.
- * Hazards: a stage and its idx half are rewritten only after the consumer's empty arrive, which
- * follows its wait<0> of the stage's wgmmas and its reads of the indices; the column-sum half of tile
- * n is rewritten at tile n + 2, after the named barrier of tile n + 1, which each reader of tile n's
- * sums reaches after its reads. cp.async writes are generic-proxy: the consumer runs
- * fence.proxy.async after each full wait (docs/hopper.md section 3).
+ * Hazards: a stage and its idx third are rewritten only after its consumer's empty arrive, which
+ * follows its wait<0> of the stage's wgmmas and its reads of the indices (stage 2's Q: after both WGs'
+ * ldmatrix, by the named barrier); a WG's column-sum half of tile n is rewritten at its tile n + 4,
+ * after its named barrier of tile n + 2, which each reader of tile n's sums reaches after its reads.
+ * cp.async writes are generic-proxy: a consumer runs fence.proxy.async after each full wait
+ * (docs/hopper.md section 3).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -43,24 +47,28 @@
 
 namespace {
 
-constexpr int kThreads = 384; /* WG0 consumer, WG1 / WG2 producers */
-constexpr int kBlockM = 64;   /* heads per CTA: the wgmma M */
-constexpr int kBlockN = 64;   /* slots per tile */
+constexpr int kThreads = 384;  /* WG0, WG1 consumers, WG2 producer */
+constexpr int kConsumerRegs = 224; /* Q 144 + S 32 + the column sums 16 + addressing */
+constexpr int kProducerRegs = 56;
+constexpr int kBlockM = 64;    /* heads per CTA: the wgmma M */
+constexpr int kBlockN = 64;    /* slots per tile */
+constexpr int kStages = 3;
 constexpr int kBlk = 64 * 128; /* one 64 x 64 bf16 SW128 block */
-constexpr int kBarSums = 1;   /* named barrier of the consumer WG: the column sums of a tile */
+constexpr int kBarQ = 1;       /* named barriers: both consumer WGs read Q; then WG c's sums: 2 + c */
+static_assert(2 * kConsumerRegs + kProducerRegs <= 504, "setmaxnreg pool: 384 x 168 = 128 x 504");
 
 template <int NB>
 struct StSmem {
-  static constexpr int kQ = 0;
-  static constexpr int kKV0 = kQ + NB * kBlk;
-  static constexpr int kKV1 = kKV0 + NB * kBlk;
-  static constexpr int kIdx = kKV1 + NB * kBlk;      /* int32 [2][64]: kv row or -1 */
-  static constexpr int kPart = kIdx + 2 * kBlockN * 4; /* f32 [2][4][64]: per-warp column sums */
-  static constexpr int kBars = kPart + 2 * 4 * kBlockN * 4; /* q_full, full[2], empty[2] */
-  static constexpr int kEnd = kBars + 5 * 8;
-  static constexpr int kBytes = kEnd + 1024;         /* + slack to align the base */
+  static constexpr int kStage = NB * kBlk;
+  static constexpr int kKV = 0;                            /* stage s at kKV + s * kStage; Q first in stage 2 */
+  static constexpr int kIdx = kKV + kStages * kStage;      /* int32 [3][64]: kv row or -1 */
+  static constexpr int kPart = kIdx + kStages * kBlockN * 4; /* f32 [2][2][4][64]: per-warp column sums */
+  static constexpr int kBars = kPart + 2 * 2 * 4 * kBlockN * 4; /* full[3], empty[3] */
+  static constexpr int kEnd = kBars + 2 * kStages * 8;
+  static constexpr int kBytes = kEnd + 1024;               /* + slack to align the base */
 };
-static_assert(StSmem<9>::kBytes == 224808 && StSmem<8>::kBytes == 200232, "the sizes the comment quotes");
+static_assert(StSmem<9>::kBytes == 227120 && StSmem<8>::kBytes == 202544, "the sizes the comment quotes");
+static_assert(StSmem<9>::kBytes <= 227 * 1024, "fits the H100 / H200 opt-in shared memory (227 KB)");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* logaddexp in fp32, as slot_target.cu and the backward's prep compute it. */
@@ -78,6 +86,12 @@ __device__ __forceinline__ float st_lp_log2(const dsa_slot_target_params &p, int
   const float lse = p.lse[tok * p.num_heads + h];
   const float lp = lse == INFINITY ? INFINITY : st_logaddexp(lse, p.sink ? p.sink[h] : -INFINITY);
   return lp * kLog2e; /* +inf * log2e = +inf */
+}
+
+/* Tile n's stage and the parity of its use there (stage 2's use 0 is Q). */
+__device__ __forceinline__ void st_stage_of(int n, int &s, uint32_t &par) {
+  s = n % kStages;
+  par = (uint32_t)(n / kStages + (s == 2)) & 1;
 }
 #endif
 
@@ -100,31 +114,34 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
   const uint32_t base = sm90_smem_addr(smem);
   int32_t *sidx = (int32_t *)(smem + L::kIdx);
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
-  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 3;
+  uint64_t *full = bars, *empty = bars + kStages;
   if (tid == 0) {
-    sm90_mbar_init(q_full, 128); /* WG1's cp.async .noinc */
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       sm90_mbar_init(&full[s], 256); /* 128 cp.async .noinc + 128 plain (the indices) */
-      sm90_mbar_init(&empty[s], 128); /* the consumer WG */
+      sm90_mbar_init(&empty[s], 128); /* the releasing consumer WG */
     }
     sm90_mbar_init_fence();
   }
   __syncthreads();
 
-  if (wg > 0) {
-    /* ================= producers: WG 1 + s fills stage s ================= */
-    const int s = wg - 1, g = t >> 3, j = t & 7;
+  if (wg == 2) {
+    /* ================= producer ================= */
+    sm90_setmaxnreg_dec<kProducerRegs>();
+    const int g = t >> 3, j = t & 7;
     const int32_t *irow = p.indices + tok * p.indices_stride;
-    if (s == 0) {
-      sm90_load_q_heads64<NB>(base + L::kQ, p.q, tok, p.q_stride_token, p.q_stride_head, h0, p.num_heads, g, j);
-      sm90_cp_async_mbar_arrive_noinc(q_full);
-    }
-    const uint32_t skv = base + (s ? L::kKV1 : L::kKV0);
-    for (int n = s, k = 0; n < ntiles; n += 2, ++k) {
+    sm90_load_q_heads64<NB>(base + L::kKV + 2 * L::kStage, p.q, tok, p.q_stride_token, p.q_stride_head, h0, p.num_heads,
+                            g, j);
+    sm90_cp_async_mbar_arrive_noinc(&full[2]);
+    sm90_mbar_arrive(&full[2]);
+    for (int n = 0; n < ntiles; ++n) {
+      int s;
+      uint32_t par;
+      st_stage_of(n, s, par);
       int32_t idxs[4];
       sm90_gather_read_indices(irow, n, g, klen, idxs);
-      sm90_mbar_wait(&empty[s], ((uint32_t)k & 1) ^ 1); /* first use: parity 1 returns at once */
-      sm90_gather_tile_idx<NB>(skv, sidx + s * kBlockN, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
+      sm90_mbar_wait(&empty[s], par ^ 1); /* first use: parity 1 returns at once */
+      sm90_gather_tile_idx<NB>(base + L::kKV + s * L::kStage, sidx + s * kBlockN, idxs, g, j, p.kv, p.kv_stride,
+                               p.num_kv, p.q);
       sm90_cp_async_mbar_arrive_noinc(&full[s]);
       sm90_mbar_arrive(&full[s]);
     }
@@ -132,19 +149,36 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
     return;
   }
 
-  /* ================= consumer ================= */
-  const int warp = t >> 5, lane = t & 31;
-  float *spart = (float *)(smem + L::kPart);
+  /* ================= consumers ================= */
+  sm90_setmaxnreg_inc<kConsumerRegs>();
+  const int c = wg, warp = t >> 5, lane = t & 31;
   const int r0 = 16 * warp + (lane >> 2);
   const float lp2[2] = {st_lp_log2(p, tok, h0 + r0), st_lp_log2(p, tok, h0 + r0 + 8)};
   const float scale_log2 = p.softmax_scale * kLog2e;
   const uint32_t b4 = base >> 4;
   float *trow = p.target + tok * p.target_stride;
-  sm90_mbar_wait(q_full, 0);
+  float *spart = (float *)(smem + L::kPart) + c * 2 * 4 * kBlockN;
 
-  for (int n = 0; n < ntiles; ++n) {
-    const int s = n & 1;
-    sm90_mbar_wait(&full[s], (uint32_t)(n >> 1) & 1);
+  /* Q's A fragments: k16 slice kk = dims [16 kk, 16 kk + 16) of the warp's 16 head rows */
+  uint32_t qf[4 * NB * 4];
+  sm90_mbar_wait(&full[2], 0);
+  {
+    const int r = 16 * warp + (lane & 15);
+#pragma unroll
+    for (int kk = 0; kk < 4 * NB; ++kk) {
+      const int chunk = 2 * (kk & 3) + (lane >> 4);
+      sm90_ldmatrix_x4(base + L::kKV + 2 * L::kStage + (kk >> 2) * kBlk + r * 128 + (((chunk ^ r) & 7) << 4),
+                       qf + 4 * kk);
+    }
+  }
+  sm90_named_bar_sync(kBarQ, 256); /* both WGs' ldmatrix of Q done */
+  if (c == 0) sm90_mbar_arrive(&empty[2]);
+
+  for (int n = c, k = 0; n < ntiles; n += 2, ++k) {
+    int s;
+    uint32_t par;
+    st_stage_of(n, s, par);
+    sm90_mbar_wait(&full[s], par);
     sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
     float sacc[32];
 #pragma unroll
@@ -152,16 +186,14 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
       sacc[i] = 0.f;
       sm90_fence_operand(sacc[i]);
     }
+#pragma unroll
+    for (int i = 0; i < 4 * NB * 4; ++i) sm90_fence_operand_u32(qf[i]);
     sm90_wgmma_fence();
-    const uint32_t kv_off = s ? L::kKV1 : L::kKV0;
+    const uint32_t kv_off = L::kKV + s * L::kStage;
 #pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t off = b * kBlk + k * 32;
-        sm90_wgmma_ss_m64n64k16<0, 0>(sacc, sm90_desc_at(b4, L::kQ + off, 16, 1024),
-                                      sm90_desc_at(b4, kv_off + off, 16, 1024), (b | k) != 0);
-      }
+    for (int kk = 0; kk < 4 * NB; ++kk)
+      sm90_wgmma_rs_m64n64k16(sacc, qf + 4 * kk, sm90_desc_at(b4, kv_off + (kk >> 2) * kBlk + (kk & 3) * 32, 16, 1024),
+                              kk != 0);
     sm90_wgmma_commit();
     /* the slots' validity while the wgmmas run: bit 2 cc + e = column 8 cc + 2 (lane % 4) + e */
     const int32_t *tidx = sidx + s * kBlockN;
@@ -176,6 +208,8 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; ++i) sm90_fence_operand(sacc[i]);
+#pragma unroll
+    for (int i = 0; i < 4 * NB * 4; ++i) sm90_fence_operand_u32(qf[i]);
     sm90_mbar_arrive(&empty[s]); /* stage s: its wgmmas retired, its indices read */
 
     /* P (0 at invalid slots) summed over this thread's two rows: v[2 cc + e] = column 8 cc + 2 (lane
@@ -192,9 +226,9 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
       }
     float z[2];
     sm90_warp_colsum64(v, lane, z);
-    float *part = spart + s * 4 * kBlockN;
+    float *part = spart + (k & 1) * 4 * kBlockN;
     *(float2 *)(part + kBlockN * warp + 2 * lane) = make_float2(z[0], z[1]);
-    sm90_named_bar_sync(kBarSums, 128);
+    sm90_named_bar_sync(2 + c, 128);
     if (slot_ok) {
       const float a = ((part[t] + part[kBlockN + t]) + part[2 * kBlockN + t]) + part[3 * kBlockN + t];
       atomicAdd(trow + kBlockN * n + t, a);
