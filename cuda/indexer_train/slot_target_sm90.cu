@@ -10,12 +10,12 @@
  * 1152 B of kv per slot into shared memory and reads it once more for the wgmmas; with Q in registers
  * (RS) the wgmmas read only the tile, so shared memory carries 2 x 72 KB per tile instead of 3 x 72.
  * One CTA per (token, block of 64 heads), three warpgroups, __launch_bounds__(384, 1):
- *   WG2 producer (56 registers): Q (zero rows past H) into stage 2 first, then tile n into stage n % 3:
- *       waits empty[s], cp.async of the 64 kv rows (zero fill for invalid slots) into the SW128 stage
+ *   WG2 producer (56 registers): Q (zero rows past H) into stage 2 first (q_full), then tile n into
+ *       stage s = n % 3 (tile 2 also waits q_free: Q read by both consumers): waits empty[s], cp.async of the 64 kv rows (zero fill for invalid slots) into the SW128 stage
  *       and the kv indices (or -1) into idx[s], then a .noinc arrive (the copies) and a plain arrive
  *       (the indices) on full[s].
  *   WG0, WG1 consumers (224 registers): both read Q's A fragments from stage 2 by ldmatrix (4 D / 16
- *       registers per thread) and meet on a named barrier, after which WG0 releases stage 2. WG c takes
+ *       registers per thread), then arrive on q_free (256 arrivals). WG c takes
  *       the tiles n = c, c + 2, ...: waits full[n % 3], issues the 4 D / 16 RS m64n64k16 wgmmas of S =
  *       Q K^T, reads the slots' validity while they run, retires them and releases the stage before
  *       its exponentials: P = exp2(S scale log2e - L' log2e), 0 at invalid slots; per warp the column
@@ -23,17 +23,16 @@
  *       shared buffer (double-buffered by tile, one named barrier per tile) and thread c < 64 adds
  *       them in warp order and atomically adds the result to a[t, 64 n + c] of a valid slot. One WG's
  *       exponentials run under the other's wgmmas.
- * Stage s's uses: stage 2's first use is Q, so tile n is use n / 3 + (n % 3 == 2) of stage n % 3;
- * full and empty waits take that use's parity.
+ * Tile n is use n / 3 of stage n % 3; full and empty waits take that use's parity.
  * Shared memory (1024-B aligned, SW128 K-major [rows][64-column blocks of 8 KB]): three stages [64 x
- * D], idx int32 [3][64], the column sums f32 [2 WGs][2][4][64], six mbarriers: 227120 / 202544 B
+ * D], idx int32 [3][64], the column sums f32 [2 WGs][2][4][64], eight mbarriers: 227136 / 202560 B
  * with the alignment slack.
  * The launcher zeroes the target first, so slots past the row's tiles and invalid slots read 0, and a
  * slot gets one add per head block: at most two (H <= 128), and (0 + x) + y = x + y in either order,
  * so the result is bitwise reproducible.
  * Hazards: a stage and its idx third are rewritten only after its consumer's empty arrive, which
- * follows its wait<0> of the stage's wgmmas and its reads of the indices (stage 2's Q: after both WGs'
- * ldmatrix, by the named barrier); a WG's column-sum half of tile n is rewritten at its tile n + 4,
+ * follows its wait<0> of the stage's wgmmas and its reads of the indices (stage 2's Q: after every
+ * consumer thread's q_free arrive, which follows its ldmatrix); a WG's column-sum half of tile n is rewritten at its tile n + 4,
  * after its named barrier of tile n + 2, which each reader of tile n's sums reaches after its reads.
  * cp.async writes are generic-proxy: a consumer runs fence.proxy.async after each full wait
  * (docs/hopper.md section 3).
@@ -54,7 +53,7 @@ constexpr int kBlockM = 64;    /* heads per CTA: the wgmma M */
 constexpr int kBlockN = 64;    /* slots per tile */
 constexpr int kStages = 3;
 constexpr int kBlk = 64 * 128; /* one 64 x 64 bf16 SW128 block */
-constexpr int kBarQ = 1;       /* named barriers: both consumer WGs read Q; then WG c's sums: 2 + c */
+constexpr int kBarSums = 1;    /* named barriers: WG c's column sums, kBarSums + c */
 static_assert(2 * kConsumerRegs + kProducerRegs <= 504, "setmaxnreg pool: 384 x 168 = 128 x 504");
 
 template <int NB>
@@ -63,11 +62,11 @@ struct StSmem {
   static constexpr int kKV = 0;                            /* stage s at kKV + s * kStage; Q first in stage 2 */
   static constexpr int kIdx = kKV + kStages * kStage;      /* int32 [3][64]: kv row or -1 */
   static constexpr int kPart = kIdx + kStages * kBlockN * 4; /* f32 [2][2][4][64]: per-warp column sums */
-  static constexpr int kBars = kPart + 2 * 2 * 4 * kBlockN * 4; /* full[3], empty[3] */
-  static constexpr int kEnd = kBars + 2 * kStages * 8;
+  static constexpr int kBars = kPart + 2 * 2 * 4 * kBlockN * 4; /* full[3], empty[3], q_full, q_free */
+  static constexpr int kEnd = kBars + (2 * kStages + 2) * 8;
   static constexpr int kBytes = kEnd + 1024;               /* + slack to align the base */
 };
-static_assert(StSmem<9>::kBytes == 227120 && StSmem<8>::kBytes == 202544, "the sizes the comment quotes");
+static_assert(StSmem<9>::kBytes == 227136 && StSmem<8>::kBytes == 202560, "the sizes the comment quotes");
 static_assert(StSmem<9>::kBytes <= 227 * 1024, "fits the H100 / H200 opt-in shared memory (227 KB)");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -88,10 +87,10 @@ __device__ __forceinline__ float st_lp_log2(const dsa_slot_target_params &p, int
   return lp * kLog2e; /* +inf * log2e = +inf */
 }
 
-/* Tile n's stage and the parity of its use there (stage 2's use 0 is Q). */
+/* Tile n's stage and the parity of its use there. */
 __device__ __forceinline__ void st_stage_of(int n, int &s, uint32_t &par) {
   s = n % kStages;
-  par = (uint32_t)(n / kStages + (s == 2)) & 1;
+  par = (uint32_t)(n / kStages) & 1;
 }
 #endif
 
@@ -114,12 +113,14 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
   const uint32_t base = sm90_smem_addr(smem);
   int32_t *sidx = (int32_t *)(smem + L::kIdx);
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
-  uint64_t *full = bars, *empty = bars + kStages;
+  uint64_t *full = bars, *empty = bars + kStages, *q_full = bars + 2 * kStages, *q_free = q_full + 1;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       sm90_mbar_init(&full[s], 256); /* 128 cp.async .noinc + 128 plain (the indices) */
       sm90_mbar_init(&empty[s], 128); /* the releasing consumer WG */
     }
+    sm90_mbar_init(q_full, 128); /* the producer's cp.async .noinc */
+    sm90_mbar_init(q_free, 256); /* both consumer WGs */
     sm90_mbar_init_fence();
   }
   __syncthreads();
@@ -131,14 +132,14 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
     const int32_t *irow = p.indices + tok * p.indices_stride;
     sm90_load_q_heads64<NB>(base + L::kKV + 2 * L::kStage, p.q, tok, p.q_stride_token, p.q_stride_head, h0, p.num_heads,
                             g, j);
-    sm90_cp_async_mbar_arrive_noinc(&full[2]);
-    sm90_mbar_arrive(&full[2]);
+    sm90_cp_async_mbar_arrive_noinc(q_full);
     for (int n = 0; n < ntiles; ++n) {
       int s;
       uint32_t par;
       st_stage_of(n, s, par);
       int32_t idxs[4];
       sm90_gather_read_indices(irow, n, g, klen, idxs);
+      if (n == 2) sm90_mbar_wait(q_free, 0); /* stage 2 held Q */
       sm90_mbar_wait(&empty[s], par ^ 1); /* first use: parity 1 returns at once */
       sm90_gather_tile_idx<NB>(base + L::kKV + s * L::kStage, sidx + s * kBlockN, idxs, g, j, p.kv, p.kv_stride,
                                p.num_kv, p.q);
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
 
   /* Q's A fragments: k16 slice kk = dims [16 kk, 16 kk + 16) of the warp's 16 head rows */
   uint32_t qf[4 * NB * 4];
-  sm90_mbar_wait(&full[2], 0);
+  sm90_mbar_wait(q_full, 0);
   {
     const int r = 16 * warp + (lane & 15);
 #pragma unroll
@@ -171,8 +172,7 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
                        qf + 4 * kk);
     }
   }
-  sm90_named_bar_sync(kBarQ, 256); /* both WGs' ldmatrix of Q done */
-  if (c == 0) sm90_mbar_arrive(&empty[2]);
+  sm90_mbar_arrive(q_free); /* this thread's ldmatrix of Q done */
 
   for (int n = c, k = 0; n < ntiles; n += 2, ++k) {
     int s;
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
     sm90_warp_colsum64(v, lane, z);
     float *part = spart + (k & 1) * 4 * kBlockN;
     *(float2 *)(part + kBlockN * warp + 2 * lane) = make_float2(z[0], z[1]);
-    sm90_named_bar_sync(2 + c, 128);
+    sm90_named_bar_sync(kBarSums + c, 128);
     if (slot_ok) {
       const float a = ((part[t] + part[kBlockN + t]) + part[2 * kBlockN + t]) + part[3 * kBlockN + t];
       atomicAdd(trow + kBlockN * n + t, a);
