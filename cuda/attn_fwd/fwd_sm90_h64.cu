@@ -18,7 +18,8 @@
  *       to buffer 1. Invalid slots (beyond topk_length, index < 0 or >= num_kv) are zero-filled and
  *       flagged in a per-buffer byte mask. The gather's cp.async carry the L2 policy of
  *       DSA_OPTION_FWD_KV_L2_HINT (dsa_fwd_kv_evict_last, src/attn_fwd.c).
- *   WG0, WG1 consumers (224 registers): WG w computes the whole S = Q K^T (m64n64k16 SS, D/16 steps)
+ *   WG0, WG1 consumers (224 registers): first load Q (cp.async, evict_first; the producer never waits
+ *       for it), then WG w computes the whole S = Q K^T (m64n64k16 SS, D/16 steps)
  *       of the tiles in buffer w, i.e. WG0 the even tiles, WG1 the odd ones. WG0 owns value dims
  *       0..255 of O, WG1 256..511; each runs PV for both tiles of a pair: its own P from registers
  *       (RS m64n256k16 x4) and the peer's P from a shared tile (SS m64n256k16 x4).
@@ -436,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
   const int npairs = (ntiles + 1) / 2; /* an odd count ends with an all-invalid odd tile */
 
   if (tid == 0) {
-    sm90_mbar_init(q_full, 128);
+    sm90_mbar_init(q_full, 256); /* the consumers' cp.async .noinc */
     for (int w = 0; w < 2; ++w)
       for (int h = 0; h < 2; ++h) {
         sm90_mbar_init(&full[w][h], 256); /* 128 cp.async .noinc + 128 plain (mask bytes) */
@@ -450,9 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
   if (wg == 2) {
     /* ================= producer ================= */
     sm90_setmaxnreg_dec<kProducerRegs>();
-    const int g = t >> 3, j = t & 7; /* the q rows and kv rows of thread (g, j): sm90_load_q_heads64 */
-    sm90_load_q_heads64<NB>(sm90_smem_addr(smem + L::kQ), p.q, tok, p.q_stride_token, p.q_stride_head, h0, h_end, g, j);
-    sm90_cp_async_mbar_arrive_noinc(q_full);
+    const int g = t >> 3, j = t & 7; /* the kv rows g + 16 i of thread (g, j), chunk j of each block */
 
     const int32_t *irow = p.indices + tok * p.indices_stride;
     const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
@@ -495,6 +494,25 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}; /* the frame and the sums in it */
     float true_max[2] = {-INFINITY, -INFINITY}; /* the logits' running max of this WG's tiles (max_logits) */
 
+    {
+      /* Q (zero rows past h_end) by the 256 consumer threads, so that the producer starts on the first
+       * KV half at once: thread (g, j) of WG c copies 16-B chunk j of every block of rows g + 16 (2 c +
+       * i), i < 2, with an L2 evict_first policy (each Q row is read by one CTA, once). */
+      const int g = t >> 3, j = t & 7;
+      uint64_t pol;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+      const uint32_t sq0 = sm90_smem_addr(smem + L::kQ);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = g + 16 * (2 * c + i), h = h0 + r;
+        const bool ok = h < h_end;
+        const uint16_t *src = p.q + tok * p.q_stride_token + (int64_t)(ok ? h : h0) * p.q_stride_head + j * 8;
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+          sm90_cp_async16_hint(sq0 + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u, pol);
+      }
+      sm90_cp_async_mbar_arrive_noinc(q_full);
+    }
     sm90_mbar_wait(q_full, 0);
     sm90_fence_proxy_async();
     const uint32_t sq = sm90_smem_addr(smem + L::kQ);
