@@ -428,7 +428,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
 
   const dsa_attn_fwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
-  const int64_t tok = blockIdx.x / args.num_hblocks;
+  /* tokens in descending order: with causal lengths the longest rows start first and the short ones
+   * fill the last wave (a static longest-first schedule; equal lengths: no change) */
+  const int64_t tok = p.num_tokens - 1 - blockIdx.x / args.num_hblocks;
   const int h0 = args.head_begin + (int)(blockIdx.x % args.num_hblocks) * 64;
   const int h_end = args.head_end;
   int klen = p.topk;

@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = sm90_smem_align1024(smem_raw);
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
-  const int64_t tok = blockIdx.x / num_hblocks;
+  /* tokens in descending order: with causal lengths the longest rows start first (longest-first) */
+  const int64_t tok = p.num_tokens - 1 - blockIdx.x / num_hblocks;
   const int h0 = (int)(blockIdx.x % num_hblocks) * kBlockM;
   int klen = p.topk;
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
