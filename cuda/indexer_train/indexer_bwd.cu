@@ -27,11 +27,18 @@
  *    recompute x for every head of the entry's token and store c = g w [x > 0]; thread d adds
  *    c q[t, h, d] over the entries in sorted order and the heads in ascending order, then writes
  *    bf16 d_index_k[r, d] (0 for rows nothing references). No atomics: bitwise reproducible.
+ *  - deterministic d_index_k from slot rows (opt-in: DSA_OPTION_TRAIN_KERNEL = SM90, not yet run on
+ *    a GPU): the same sort and offsets, then per chunk of kDetChunkTokens tokens the sm_90a kernel
+ *    writes each valid slot's fp32 dK row (the tensor-core G q of the non-deterministic mode) and
+ *    dk_rows_reduce_kernel adds them per key in sorted order onto the key's fp32 sum (one warp per
+ *    key, a cursor per key carried between chunks); the last chunk writes bf16 d_index_k.
  *
  * Workspace (the caller's pointer aligned up to 256 B; regions 256-B aligned; the slack counted):
  *   deterministic = 0: acc [T_k, 128] f32;
  *   deterministic = 1: keys0, keys1 [T K] u32, vals0, vals1 [T K] i32, off [T_k + 1] i64, CUB's
- *   radix-sort temp for T K pairs (CUB sizes it from the current device: the size query needs one).
+ *   radix-sort temp for T K pairs (CUB sizes it from the current device: the size query needs one),
+ *   and for the slot-rows pass rows [min(T, kDetChunkTokens) K, 128] f32, cursor [T_k] i64, acc
+ *   [T_k, 128] f32 (counted whichever pass runs: the size query has no context).
  */
 #include <math.h>
 #include <cub/device/device_radix_sort.cuh>
@@ -262,10 +269,56 @@ __global__ void __launch_bounds__(kDetThreads) dk_det_kernel(const __grid_consta
   }
 }
 
+/* The deterministic d_index_k from the sm_90a kernel's slot rows, one chunk of tokens [t0, t1) at a
+ * time: one warp per key row r (lane l: dims 4 l .. 4 l + 3) continues where the previous chunk
+ * stopped in r's sorted entries (cursor[r]; off[r] for the first chunk), adds the rows of the entries
+ * whose token is below t1 in that order onto its fp32 sum (acc[r], 0 for the first chunk), and keeps
+ * the sum (acc) and the position (cursor), or writes bf16 d_index_k after the last chunk. Every key's
+ * terms are added one at a time in ascending (t, j): bitwise reproducible. */
+__global__ void dk_rows_reduce_kernel(const __grid_constant__ dsa_indexer_bwd_params p, const int64_t *off,
+                                      const int32_t *vals, int64_t *cursor, const float *rows, float *acc, int64_t t0,
+                                      int64_t t1, int first, int last) {
+  const int lane = threadIdx.x & 31;
+  const int64_t nw = (int64_t)gridDim.x * (blockDim.x >> 5);
+  const int64_t K = p.topk;
+  for (int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < p.num_keys; r += nw) {
+    int64_t e = first ? off[r] : cursor[r];
+    const int64_t e1 = off[r + 1];
+    const bool any = e < e1 && vals[e] / K < t1;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (!first && (any || last)) a = ((const float4 *)(acc + r * kD))[lane];
+    if (any) {
+      for (; e < e1; ++e) {
+        const int64_t v = vals[e];
+        if (v / K >= t1) break;
+        const float4 u = ((const float4 *)(rows + (v - t0 * K) * kD))[lane];
+        a.x += u.x;
+        a.y += u.y;
+        a.z += u.z;
+        a.w += u.w;
+      }
+    }
+    if (last) {
+      uint16_t *d = p.d_index_k + r * p.dk_stride + 4 * lane;
+      d[0] = tr_f2bf(a.x);
+      d[1] = tr_f2bf(a.y);
+      d[2] = tr_f2bf(a.z);
+      d[3] = tr_f2bf(a.w);
+    } else {
+      if (first || any) ((float4 *)(acc + r * kD))[lane] = a;
+      if (lane == 0) cursor[r] = e;
+    }
+  }
+}
+
 /* ---- host side -------------------------------------------------------------------------------- */
+/* Tokens per chunk of the deterministic slot-rows pass: two CTAs per SM on 132 SMs. */
+constexpr int64_t kDetChunkTokens = 264;
+
 struct BwdLayout {
-  size_t acc;                              /* deterministic = 0 */
+  size_t acc;                              /* deterministic = 0; = 1: the rows pass's fp32 sums */
   size_t keys0, keys1, vals0, vals1, off;  /* deterministic = 1 */
+  size_t rows, cursor;                     /* deterministic = 1: the slot-rows pass */
   size_t temp, temp_bytes;
   int end_bit;                             /* radix sort key bits: the sentinel T_k fits */
   size_t total;
@@ -290,6 +343,10 @@ dsa_status bwd_layout(const dsa_indexer_bwd_params *p, BwdLayout *L) {
     L->off = o; o += tr_align_up(((size_t)p->num_keys + 1) * 8);
     if (n > 0 && p->num_keys > 0) DSA_TRY(dsa_radix_sort_temp_bytes(n, L->end_bit, &L->temp_bytes, "dsa_indexer_bwd"));
     L->temp = o; o += tr_align_up(L->temp_bytes);
+    const int64_t chunk = p->num_tokens < kDetChunkTokens ? p->num_tokens : kDetChunkTokens;
+    L->rows = o; o += tr_align_up((size_t)chunk * (size_t)p->topk * kD * 4);
+    L->cursor = o; o += tr_align_up((size_t)p->num_keys * 8);
+    L->acc = o; o += tr_align_up((size_t)p->num_keys * kD * 4);
   }
   L->total = o + kTrainAlign; /* slack: the caller's pointer is aligned up inside */
   return DSA_SUCCESS;
@@ -369,8 +426,12 @@ extern "C" dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_i
   unsigned char *ws = tr_align_workspace(workspace);
   const int64_t T = p->num_tokens, Tk = p->num_keys;
   float *acc = (!p->deterministic && Tk > 0) ? (float *)(ws + L.acc) : nullptr;
+  /* the deterministic d_index_k from the sm_90a kernel's slot rows: opt-in (DSA_OPTION_TRAIN_KERNEL =
+   * SM90) until it has run on a GPU */
+  const bool rows_pass = p->deterministic && T > 0 && Tk > 0 &&
+                         ctx->options[DSA_OPTION_TRAIN_KERNEL] == DSA_TRAIN_KERNEL_SM90;
   int lay1 = 0;
-  if (T > 0) {
+  if (T > 0 && !rows_pass) {
     if (acc != nullptr) DSA_TRY(dsa_cuda_status(cudaMemsetAsync(acc, 0, (size_t)Tk * kD * 4, stream), fn));
     DSA_TRY(token_pass(ctx, p, acc, stream, &lay1));
   }
@@ -392,6 +453,18 @@ extern "C" dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_i
   DSA_TRY(dsa_cuda_status((int)cub::DeviceRadixSort::SortPairs(ws + L.temp, tb, kb, vb, n, 0, L.end_bit, stream), fn));
   dsa_sorted_key_offsets_kernel<<<tr_grid_for(Tk + 1, kThreads), kThreads, 0, stream>>>(kb.Current(), n, Tk, off);
   DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-  dk_det_kernel<<<tr_grid_for(Tk, 1), kDetThreads, 0, stream>>>(*p, off, vb.Current());
-  return dsa_cuda_status((int)cudaGetLastError(), fn);
+  if (!rows_pass) {
+    dk_det_kernel<<<tr_grid_for(Tk, 1), kDetThreads, 0, stream>>>(*p, off, vb.Current());
+    return dsa_cuda_status((int)cudaGetLastError(), fn);
+  }
+  float *rows = (float *)(ws + L.rows), *sums = (float *)(ws + L.acc);
+  int64_t *cursor = (int64_t *)(ws + L.cursor);
+  for (int64_t t0 = 0; t0 < T; t0 += kDetChunkTokens) {
+    const int64_t t1 = T - t0 < kDetChunkTokens ? T : t0 + kDetChunkTokens;
+    DSA_TRY(dsa_launch_indexer_bwd_sm90_rows(ctx, p, rows, t0, t1 - t0, stream));
+    dk_rows_reduce_kernel<<<tr_grid_for(Tk, kThreads / 32), kThreads, 0, stream>>>(*p, off, vb.Current(), cursor, rows,
+                                                                                   sums, t0, t1, t0 == 0, t1 == T);
+    DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  }
+  return DSA_SUCCESS;
 }

@@ -9,7 +9,10 @@
  *   d_index_k[s_j] += (G q_idx[t])[j]                        ([64 x 128] per tile, fp32 reductions)
  * The automatic choice on cc 9.0 (DSA_OPTION_TRAIN_KERNEL forces either kernel); the CUDA-core
  * kernels of indexer_bwd.cu run everything else, and the deterministic d_index_k (this kernel then
- * writes d_index_q and d_weights only, acc NULL).
+ * writes d_index_q and d_weights only, acc NULL). With rows (the deterministic mode when
+ * DSA_OPTION_TRAIN_KERNEL forces SM90; not yet run on a GPU) the kernel covers tokens [t0, t0 +
+ * grid) and writes each valid slot's dK row (fp32 [128]) at rows[((t - t0) K + j) 128] instead of
+ * reducing it; dk_rows_reduce_kernel (indexer_bwd.cu) sums them per key in a fixed order.
  *
  * One CTA per token, one warpgroup of 128 threads, __launch_bounds__(128, 2): two CTAs per SM, so one
  * CTA's reductions and gathers run under the other's wgmmas. Heads padded to 64 (zero q rows and
@@ -135,13 +138,14 @@ __device__ __forceinline__ void ib_weights(const P &p, int64_t tok, int lane, fl
 }
 #endif
 
+template <bool ROWS>
 __global__ void __launch_bounds__(kThreads, 2) indexer_bwd_sm90_kernel(const __grid_constant__ dsa_indexer_bwd_params p,
-                                                                       float *acc) {
+                                                                       float *acc, float *rows, int64_t t0) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = sm90_smem_align1024(smem_raw);
   const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
-  const int64_t tok = blockIdx.x;
+  const int64_t tok = ROWS ? t0 + blockIdx.x : blockIdx.x;
   const int H = p.num_heads;
   const int klen = p.lengths ? min(max(p.lengths[tok], 0), p.topk) : p.topk;
   const int ntiles = (klen + kBlockN - 1) / kBlockN;
@@ -249,11 +253,20 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_bwd_sm90_kernel(const __g
 #pragma unroll
     for (int i = 0; i < 16; ++i) sm90_fence_operand_u32(gp[i]);
 
-    /* 4. dK into the permuted accumulator (acc NULL: the deterministic path sums d_index_k itself) */
-    if (acc != nullptr) {
+    /* 4. dK into the permuted accumulator; or (rows) each valid slot's row, in order, for the
+     * deterministic reduce; neither: the deterministic CUDA-core pass sums d_index_k itself */
+    if (!ROWS && acc != nullptr) {
       float *const rowp = acc + 16 * odd + 4 * (lane & 3);
       sm90_red_block_lay1<kD>(rowp, dk, 0, odd, ka, kb, pol);
       sm90_red_block_lay1<kD>(rowp, dk + 32, 1, odd, ka, kb, pol);
+    } else if (ROWS) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        if (!(hr ? v1 : v0)) continue;
+        float *rrow = rows + ((tok - t0) * p.topk + kBlockN * n + r0 + 8 * hr) * kD + 2 * (lane & 3);
+#pragma unroll
+        for (int cc = 0; cc < 16; ++cc) *(float2 *)(rrow + 8 * cc) = make_float2(dk[4 * cc + 2 * hr], dk[4 * cc + 2 * hr + 1]);
+      }
     }
   }
 
@@ -375,9 +388,21 @@ extern "C" dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const 
   static int attr_set[DSA_TRACKED_DEVICES];
   DSA_TRY(ib_check(ctx, p->num_tokens, fn));
   if (p->num_tokens == 0) return DSA_SUCCESS;
-  DSA_TRY(dsa_kernel_smem_once((const void *)indexer_bwd_sm90_kernel, IbSmem::kBytes, 0, ctx->device, attr_set,
+  DSA_TRY(dsa_kernel_smem_once((const void *)indexer_bwd_sm90_kernel<false>, IbSmem::kBytes, 0, ctx->device, attr_set,
                                "dsa_indexer_bwd: cudaFuncSetAttribute"));
-  indexer_bwd_sm90_kernel<<<(unsigned)p->num_tokens, kThreads, IbSmem::kBytes, stream>>>(*p, acc);
+  indexer_bwd_sm90_kernel<false><<<(unsigned)p->num_tokens, kThreads, IbSmem::kBytes, stream>>>(*p, acc, nullptr, 0);
+  return dsa_cuda_status((int)cudaGetLastError(), fn);
+}
+
+extern "C" dsa_status dsa_launch_indexer_bwd_sm90_rows(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
+                                                       float *rows, int64_t t0, int64_t count, cudaStream_t stream) {
+  static const char fn[] = "dsa_indexer_bwd";
+  static int attr_set[DSA_TRACKED_DEVICES];
+  DSA_TRY(ib_check(ctx, p->num_tokens, fn));
+  if (count <= 0) return DSA_SUCCESS;
+  DSA_TRY(dsa_kernel_smem_once((const void *)indexer_bwd_sm90_kernel<true>, IbSmem::kBytes, 0, ctx->device, attr_set,
+                               "dsa_indexer_bwd: cudaFuncSetAttribute"));
+  indexer_bwd_sm90_kernel<true><<<(unsigned)count, kThreads, IbSmem::kBytes, stream>>>(*p, nullptr, rows, t0);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
