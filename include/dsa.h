@@ -473,9 +473,9 @@ typedef struct dsa_indexer_bwd_params {
  * bytes of slack, no [T, T_k] term:
  *   deterministic = 0: align256(T_k * 128 * 4) + 256 (the fp32 d_index_k accumulator: atomics);
  *   deterministic = 1: 4 * align256(4 T K) + align256(8 (T_k + 1)) + align256(CUB radix-sort temp
- *     for T K pairs) + align256(512 min(T, 264) K) + align256(8 T_k) + align256(512 T_k) + 256 (the
- *     slot list sorted by key, and the slot rows of up to 264 tokens at a time with their per-key
- *     sums; T K <= 2^31 - 1, else DSA_ERROR_UNSUPPORTED).
+ *     for T K pairs) + 256 (the slot list sorted by key; T K <= 2^31 - 1, else
+ *     DSA_ERROR_UNSUPPORTED), and when T K > 0 also align256(512 min(T, 264) K) + align256(8 T_k) +
+ *     align256(512 T_k) (the slot rows of up to 264 tokens at a time and their per-key sums).
  *     CUB sizes its temp from the current device: that query needs a CUDA device
  *     (DSA_ERROR_NO_DEVICE without one). d_index_k is then bitwise identical run to run.
  * d_weights and d_index_q are bitwise reproducible in both modes. */

@@ -37,8 +37,8 @@
  *   deterministic = 0: acc [T_k, 128] f32;
  *   deterministic = 1: keys0, keys1 [T K] u32, vals0, vals1 [T K] i32, off [T_k + 1] i64, CUB's
  *   radix-sort temp for T K pairs (CUB sizes it from the current device: the size query needs one),
- *   and for the slot-rows pass rows [min(T, kDetChunkTokens) K, 128] f32, cursor [T_k] i64, acc
- *   [T_k, 128] f32 (counted whichever pass runs: the size query has no context).
+ *   and for the slot-rows pass (T K > 0) rows [min(T, kDetChunkTokens) K, 128] f32, cursor [T_k] i64,
+ *   acc [T_k, 128] f32 (counted whichever pass runs: the size query has no context).
  */
 #include <math.h>
 #include <cub/device/device_radix_sort.cuh>
@@ -343,10 +343,12 @@ dsa_status bwd_layout(const dsa_indexer_bwd_params *p, BwdLayout *L) {
     L->off = o; o += tr_align_up(((size_t)p->num_keys + 1) * 8);
     if (n > 0 && p->num_keys > 0) DSA_TRY(dsa_radix_sort_temp_bytes(n, L->end_bit, &L->temp_bytes, "dsa_indexer_bwd"));
     L->temp = o; o += tr_align_up(L->temp_bytes);
-    const int64_t chunk = p->num_tokens < kDetChunkTokens ? p->num_tokens : kDetChunkTokens;
-    L->rows = o; o += tr_align_up((size_t)chunk * (size_t)p->topk * kD * 4);
-    L->cursor = o; o += tr_align_up((size_t)p->num_keys * 8);
-    L->acc = o; o += tr_align_up((size_t)p->num_keys * kD * 4);
+    if (n > 0) { /* the slot-rows pass (nothing to sum without a slot) */
+      const int64_t chunk = p->num_tokens < kDetChunkTokens ? p->num_tokens : kDetChunkTokens;
+      L->rows = o; o += tr_align_up((size_t)chunk * (size_t)p->topk * kD * 4);
+      L->cursor = o; o += tr_align_up((size_t)p->num_keys * 8);
+      L->acc = o; o += tr_align_up((size_t)p->num_keys * kD * 4);
+    }
   }
   L->total = o + kTrainAlign; /* slack: the caller's pointer is aligned up inside */
   return DSA_SUCCESS;
