@@ -18,6 +18,8 @@ Issue 16: a ratio is only a same-run ratio. This program loads build/libdsa.so w
                 on index_q / weights padded with zero heads 32 -> 64 (its SM90 kernel asserts
                 heads >= 64), fed libdsa's normalised target and softmax(z) so that its score
                 gradient equals libdsa's g from dsa_indexer_loss; padded heads' outputs dropped
+                (DSA_TRAIN_KERNEL=N in the environment sets libdsa's DSA_OPTION_TRAIN_KERNEL: 2 forces
+                the sm_90a kernels, and in det1 the deterministic d_index_k from slot rows)
 
 Timing, the same for every implementation: one warm-up call (for cuDNN it compiles: its host time,
 synchronised, is "peer_compile_s"), one untimed probe call (its host time sizes the spin), then
@@ -1291,6 +1293,10 @@ def main():
                reps=a.reps, card=torch.cuda.get_device_name(0), commit=commit_id(),
                date=datetime.date.today().isoformat(),
                flush=torch.empty(2 * l2, dtype=torch.uint8, device=DEV))
+    if os.environ.get("DSA_TRAIN_KERNEL"):  # DSA_OPTION_TRAIN_KERNEL (13): 0 auto, 1 portable, 2 sm_90a
+        v = int(os.environ["DSA_TRAIN_KERNEL"])
+        lib.check(lib.so.dsa_context_set_option(RUN["ctx"], 13, v), "dsa_context_set_option")
+        log(f"DSA_OPTION_TRAIN_KERNEL {v} (DSA_TRAIN_KERNEL)")
     card_file = RUN["card"].replace(" ", "-").replace("/", "-")
     RUN["out"] = a.out or f"bench/results/{RUN['date']}-{card_file}-cudnn-peer.json"
     os.makedirs(os.path.dirname(os.path.abspath(RUN["out"])), exist_ok=True)
