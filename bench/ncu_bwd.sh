@@ -4,6 +4,11 @@
 #   bash bench/ncu_bwd.sh            (writes everything under $OUT, ~2-3 min wall; SHAPE=... picks the shape)
 # Needs: build/bench/dsa_bench built; bench/cudnn_peer.py; cuDNN FE installed in /tmp/site (the peers'
 # staging, docs/perf.md "How to run"). docs/bwd-sm90-v3.md part I section 4 says what to read in it.
+# Other pairs: OURS_RE / OURS_CMD pick libdsa's kernel and the program that runs it, CUDNN_MATCH the
+# substring of cuDNN's kernel name (the longest matching launch is profiled), e.g. the slot target:
+#   SHAPE=train-glm-cp8 OURS_RE=slot_target_sm90_kernel CUDNN_MATCH=Recompute \
+#   OURS_CMD="python3 bench/cudnn_peer.py --shapes train-glm-cp8 --reps 1" bash bench/ncu_bwd.sh
+# (cudnn_list.csv lists every cuDNN kernel of the call with its time, to choose CUDNN_MATCH).
 set -u
 OUT=${OUT:-/tmp/ncu19}; mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
@@ -33,8 +38,9 @@ COMMON="--clock-control none --target-processes all --launch-count 1 $SECT --met
 # 1. libdsa: the det0 main kernel (the automatic choice: attn_bwd_sm90_ws_kernel; OURS_RE=attn_bwd_sm90_kernel
 #    with DSA_BWD_VARIANT=2 profiles the lockstep one), first launch.
 OURS_RE=${OURS_RE:-attn_bwd_sm90_ws_kernel}
-"$NCU" $COMMON --kernel-name-base demangled -k "regex:$OURS_RE" \
-  -o "$OUT/ours" -f build/bench/dsa_bench --shapes "$SHAPE" --reps 1 > "$OUT/ours_run.log" 2>&1
+OURS_CMD=${OURS_CMD:-build/bench/dsa_bench --shapes $SHAPE --reps 1}
+PYTHONPATH=/tmp/site:${PYTHONPATH:-} "$NCU" $COMMON --kernel-name-base demangled -k "regex:$OURS_RE" \
+  -o "$OUT/ours" -f $OURS_CMD > "$OUT/ours_run.log" 2>&1
 # 1b. (optional, +~20 s) the deterministic main kernel and its reduction: uncomment
 # "$NCU" --clock-control none --kernel-name-base demangled -k "regex:attn_bwd_sm90_kernel<.*bool.1>|bwd_det_reduce_kernel" \
 #   --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --metrics $M -o "$OUT/ours_det" -f \
@@ -44,16 +50,17 @@ OURS_RE=${OURS_RE:-attn_bwd_sm90_ws_kernel}
 #    its CuTe DSL name should contain FlashAttentionDSABackwardSm90), then profile it alone.
 PYTHONPATH=/tmp/site:${PYTHONPATH:-} "$NCU" --clock-control none --target-processes all --metrics gpu__time_duration.sum --csv --print-units base \
   python3 bench/cudnn_peer.py --shapes "$SHAPE" --reps 1 > "$OUT/cudnn_list.csv" 2> "$OUT/cudnn_list.log"
-KN=$(python3 - "$OUT/cudnn_list.csv" <<'PY'
+KN=$(python3 - "$OUT/cudnn_list.csv" "${CUDNN_MATCH:-FlashAttentionDSABackward}" <<'PY'
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1])))
+match = sys.argv[2]
 hi = next(i for i, r in enumerate(rows) if "Kernel Name" in r and "Metric Value" in r)
 h = rows[hi]; ki = h.index("Kernel Name"); vi = h.index("Metric Value")
 def val(r):
     try: return float(r[vi].replace(",", ""))
     except Exception: return -1.0
 # the main kernel: the longest cuDNN DSA backward kernel (not the bench's spin kernel, not pre / post)
-cand = [r for r in rows[hi + 1:] if len(r) == len(h) and "FlashAttentionDSABackward" in r[ki]
+cand = [r for r in rows[hi + 1:] if len(r) == len(h) and match in r[ki]
         and "Preprocess" not in r[ki] and "Postprocess" not in r[ki]]
 best = max(cand or [r for r in rows[hi + 1:] if len(r) == len(h)], key=val)
 print(best[ki])
