@@ -83,8 +83,8 @@ static void set_option(dsa_context *ctx, dsa_option opt, int64_t value) {
 /* ---------------------------------------------------------------------------------------------
  * Canonical shapes (names are stable: results are compared over time by name).
  * ------------------------------------------------------------------------------------------- */
-typedef enum { OP_FWD, OP_BWD, OP_IDX, OP_TOPK } op_kind;
-static const char *const op_names[] = {"sparse fwd", "sparse bwd", "indexer+topk", "topk"};
+typedef enum { OP_FWD, OP_BWD, OP_IDX, OP_TOPK, OP_TRAIN } op_kind;
+static const char *const op_names[] = {"sparse fwd", "sparse bwd", "indexer+topk", "topk", "indexer train"};
 
 typedef struct shape {
   const char *name;
@@ -120,6 +120,9 @@ static const shape shapes[] = {
     {"idx-32k-h64", OP_IDX, 32768, 64, 2048, 32768, 0, "one causal sequence of 32768 tokens, H_idx=64", 0},
     {"topk-32k", OP_TOPK, 4096, 0, 2048, 32768, 0, "4096 rows x 32768 fp32, K=2048, causal lengths and full rows", 0},
     {"topk-128k", OP_TOPK, 4096, 0, 2048, 131072, 0, "4096 rows x 131072 fp32, K=2048, causal lengths and full rows", 0},
+    {"train-glm-4k", OP_TRAIN, 4096, 32, 2048, 4096, 0, "indexer training on idx-glm-4k's indices: slot scores, KL loss, indexer bwd det 0 / 1", 0},
+    {"train-glm-cp8", OP_TRAIN, 4096, 32, 2048, 32768, 0, "indexer training on idx-glm-cp8's indices (last of 8 ranks)", 0},
+    {"train-32k", OP_TRAIN, 32768, 32, 2048, 32768, 0, "indexer training on idx-32k's indices", 0},
     /* Not canonical: head counts between the kernels' native blocks, and D = 512. */
     {"fwd-tp-h40", OP_FWD, 4096, 40, 2048, 32768, 0, "T=4096 (last CP rank) H=40 K=2048 s_kv=32768 (not canonical)", 0},
     {"fwd-tp-h48", OP_FWD, 4096, 48, 2048, 32768, 0, "T=4096 (last CP rank) H=48 K=2048 s_kv=32768 (not canonical)", 0},
@@ -898,6 +901,166 @@ static void bench_idx(bench *b, const shape *sh) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Indexer training (docs/indexer-training.md): the slot scores, the KL loss and the indexer backward
+ * on the indexer's own indices and inputs (random bf16 index q / k, fp32 weights; the target uniform
+ * in [0, 1]); the backward in the default mode, the deterministic one, and the deterministic one with
+ * DSA_OPTION_TRAIN_KERNEL = SM90 (its d_index_k from the sm_90a kernel's slot rows: "det1,rows", only
+ * with DSA_BENCH_EXPERIMENTAL=1 while that pass has not run on a GPU).
+ * The slot target needs the attention's inputs: the bwd-* shapes time it ("slot-target" rows).
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+  dsa_context *ctx;
+  dsa_indexer_slot_scores_params p;
+} scores_arg;
+static dsa_status scores_run(void *arg, cudaStream_t stream) {
+  scores_arg *a = arg;
+  return dsa_indexer_slot_scores(a->ctx, &a->p, stream);
+}
+typedef struct {
+  dsa_context *ctx;
+  dsa_indexer_loss_params p;
+  void *ws;
+  size_t ws_bytes;
+} loss_arg;
+static dsa_status loss_run(void *arg, cudaStream_t stream) {
+  loss_arg *a = arg;
+  return dsa_indexer_loss(a->ctx, &a->p, a->ws, &a->ws_bytes, stream);
+}
+typedef struct {
+  dsa_context *ctx;
+  dsa_indexer_bwd_params p;
+  void *ws;
+  size_t ws_bytes;
+} ibwd_arg;
+static dsa_status ibwd_run(void *arg, cudaStream_t stream) {
+  ibwd_arg *a = arg;
+  return dsa_indexer_bwd(a->ctx, &a->p, a->ws, &a->ws_bytes, stream);
+}
+
+static void bench_train(bench *b, const shape *sh) {
+  const int64_t T = sh->tokens, Tk = sh->keys, qs = Tk - T;
+  const int32_t H = sh->heads, K = sh->k;
+  int32_t *d_idx = bc_dmalloc((size_t)T * K * 4), *d_len = bc_dmalloc((size_t)T * 4);
+  idx_setup s;
+  dsa_status st = idx_setup_create(b, &s, T, Tk, qs, H, K, d_idx, d_len, DSA_INDEXER_ENGINE_DEFAULT);
+  if (st == DSA_SUCCESS) st = idx_run(&s, b->timer.stream);
+  if (st == DSA_SUCCESS) BC_CUDA(cudaStreamSynchronize(b->timer.stream));
+  double slots = 0;
+  if (st == DSA_SUCCESS) {
+    int32_t *h_len = bc_malloc((size_t)T * 4);
+    BC_CUDA(cudaMemcpy(h_len, d_len, (size_t)T * 4, cudaMemcpyDeviceToHost));
+    slots = sum_i32(h_len, T);
+    free(h_len);
+  }
+  char note[200];
+  snprintf(note, sizeof note, "indices from dsa_indexer_topk (H_idx=%d, random inputs), %.0f valid slots; target uniform [0, 1]",
+           (int)H, slots);
+  const size_t tk = (size_t)T * K;
+  float *scores = bc_dmalloc(tk * 4), *target = bc_dmalloc(tk * 4), *grad = bc_dmalloc(tk * 4), *loss = bc_dmalloc(4);
+  bc_fill_f32_device(&b->rng, target, tk, 0.f, 1.f);
+
+  /* slot scores: 2 H 128 FLOP per valid slot */
+  progress(sh, "slot-scores");
+  scores_arg sa;
+  memset(&sa, 0, sizeof sa);
+  sa.ctx = b->ctx;
+  sa.p.num_tokens = T;
+  sa.p.num_keys = Tk;
+  sa.p.num_heads = H;
+  sa.p.topk = K;
+  sa.p.index_q = s.q;
+  sa.p.index_k = s.k;
+  sa.p.weights = s.w;
+  sa.p.weights_dtype = DSA_DTYPE_F32;
+  sa.p.indices = d_idx;
+  sa.p.lengths = d_len;
+  sa.p.scores = scores;
+  double ms = NAN;
+  dsa_status s2 = st == DSA_SUCCESS ? bc_time_op(&b->timer, scores_run, &sa, &ms) : st;
+  add_result_op(b, sh, "indexer slot scores", "default", note, s2, ms, 2.0 * H * 128 * slots, 0, NULL);
+
+  /* the KL loss and g: bytes = the target and scores read, g written */
+  progress(sh, "loss");
+  loss_arg la;
+  memset(&la, 0, sizeof la);
+  la.ctx = b->ctx;
+  la.p.num_tokens = T;
+  la.p.topk = K;
+  la.p.num_keys = Tk;
+  la.p.indices = d_idx;
+  la.p.lengths = d_len;
+  la.p.target = target;
+  la.p.scores = scores;
+  la.p.coeff = 1.f;
+  la.p.loss = loss;
+  la.p.grad = grad;
+  ms = NAN;
+  s2 = st;
+  if (s2 == DSA_SUCCESS) s2 = dsa_indexer_loss(b->ctx, &la.p, NULL, &la.ws_bytes, b->timer.stream);
+  if (s2 == DSA_SUCCESS) {
+    la.ws = bc_dmalloc(la.ws_bytes ? la.ws_bytes : 1);
+    s2 = bc_time_op(&b->timer, loss_run, &la, &ms);
+  }
+  add_result_op(b, sh, "indexer KL loss", "default", note, s2, ms, 3.0 * tk * 4, 1, NULL);
+  cudaFree(la.ws);
+
+  /* the indexer backward: dK = G q, dQ = G^T K, X = K q^T: 3 x 2 H 128 FLOP per valid slot */
+  uint16_t *dq = bc_dmalloc((size_t)T * H * 128 * 2), *dk = bc_dmalloc((size_t)Tk * 128 * 2);
+  float *dw = bc_dmalloc((size_t)T * H * 4);
+  static const struct {
+    const char *name;
+    int det;
+    int kernel; /* DSA_OPTION_TRAIN_KERNEL while the row runs */
+  } passes[] = {{"det0", 0, DSA_TRAIN_KERNEL_AUTO}, {"det1", 1, DSA_TRAIN_KERNEL_AUTO}, {"det1,rows", 1, DSA_TRAIN_KERNEL_SM90}};
+  for (int i = 0; i < (int)(sizeof passes / sizeof passes[0]); ++i) {
+    /* the slot-rows pass is opt-in in the library until it has run on a GPU: here too */
+    if (passes[i].kernel == DSA_TRAIN_KERNEL_SM90 && !(getenv("DSA_BENCH_EXPERIMENTAL") && *getenv("DSA_BENCH_EXPERIMENTAL")))
+      continue;
+    progress(sh, passes[i].name);
+    ibwd_arg ia;
+    memset(&ia, 0, sizeof ia);
+    ia.ctx = b->ctx;
+    dsa_indexer_bwd_params *p = &ia.p;
+    p->num_tokens = T;
+    p->num_keys = Tk;
+    p->num_heads = H;
+    p->topk = K;
+    p->deterministic = passes[i].det;
+    p->index_q = s.q;
+    p->index_k = s.k;
+    p->weights = s.w;
+    p->weights_dtype = DSA_DTYPE_F32;
+    p->indices = d_idx;
+    p->lengths = d_len;
+    p->grad = grad;
+    p->d_index_q = dq;
+    p->d_weights = dw;
+    p->d_index_k = dk;
+    ms = NAN;
+    s2 = st;
+    set_option(b->ctx, DSA_OPTION_TRAIN_KERNEL, passes[i].kernel);
+    if (s2 == DSA_SUCCESS) s2 = dsa_indexer_bwd(b->ctx, p, NULL, &ia.ws_bytes, b->timer.stream);
+    if (s2 == DSA_SUCCESS) {
+      ia.ws = bc_dmalloc(ia.ws_bytes);
+      s2 = bc_time_op(&b->timer, ibwd_run, &ia, &ms);
+      cudaFree(ia.ws);
+    }
+    set_option(b->ctx, DSA_OPTION_TRAIN_KERNEL, DSA_TRAIN_KERNEL_AUTO);
+    add_result_op(b, sh, "indexer bwd", passes[i].name, note, s2, ms, 3.0 * 2.0 * H * 128 * slots, 0, NULL);
+  }
+  cudaFree(dq);
+  cudaFree(dk);
+  cudaFree(dw);
+  cudaFree(scores);
+  cudaFree(target);
+  cudaFree(grad);
+  cudaFree(loss);
+  idx_setup_free(&s);
+  cudaFree(d_idx);
+  cudaFree(d_len);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Top-k alone (causal per-row lengths, and full rows as torch.topk was measured)
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
@@ -976,7 +1139,8 @@ static void usage(FILE *f) {
           "                   variant gets ,ho<N>; also from DSA_FWD_HANDOFF=LIST (the option wins);\n"
           "                   default: the library's (0)\n"
           "  environment: DSA_BWD_VARIANT, DSA_FWD_KV_L2_HINT, DSA_FWD_SMALL_AUTO_MAX, DSA_TOPK_KERNEL set the\n"
-          "                   matching option of include/dsa_tune.h (see the top of bench/dsa_bench.c)\n");
+          "                   matching option of include/dsa_tune.h (see the top of bench/dsa_bench.c);\n"
+          "                   DSA_BENCH_EXPERIMENTAL=1 adds the rows of paths not yet run on a GPU (train-*: det1,rows)\n");
 }
 
 static void list_shapes(void) {
@@ -1079,7 +1243,8 @@ int main(int argc, char **argv) {
   }
   job_count = 0;
   for (int j = 0; j < num_sel; ++j)
-    job_count += shapes[selected[j]].op == OP_FWD ? (fwd_handoff_count ? fwd_handoff_count : 1) : 2;
+    job_count += shapes[selected[j]].op == OP_FWD ? (fwd_handoff_count ? fwd_handoff_count : 1)
+                 : shapes[selected[j]].op == OP_TRAIN ? 5 : 2;
 
   if (!flashmla_arg && getenv("DSA_BENCH_FLASHMLA") && *getenv("DSA_BENCH_FLASHMLA"))
     flashmla_arg = getenv("DSA_BENCH_FLASHMLA");
@@ -1136,6 +1301,7 @@ int main(int argc, char **argv) {
       case OP_BWD: bench_bwd(&b, sh); break;
       case OP_IDX: bench_idx(&b, sh); break;
       case OP_TOPK: bench_topk(&b, sh); break;
+      case OP_TRAIN: bench_train(&b, sh); break;
     }
   }
   print_table(&b);
