@@ -19,7 +19,7 @@ CANONICAL = [
     "fwd-v32-8k", "fwd-v32-32k", "fwd-v32-128k", "fwd-v32-8k-h64", "fwd-glm-4k", "fwd-glm-cp8",
     "fwd-tp-h8", "fwd-tp-h16", "fwd-tp-h32", "bwd-glm-4k", "bwd-glm-16k", "bwd-glm-32k",
     "bwd-tp-h16", "bwd-v32-8k", "idx-glm-4k", "idx-glm-cp8", "idx-32k", "idx-32k-h64",
-    "topk-32k", "topk-128k",
+    "topk-32k", "topk-128k", "train-glm-4k", "train-glm-cp8", "train-32k",
 ]
 
 
