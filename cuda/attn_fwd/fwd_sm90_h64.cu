@@ -68,6 +68,8 @@
  * The last pair of WG0 is peeled (template NEXT) so every wgmma wait is unconditional: with a wait
  * under a run-time branch ptxas cannot prove the accumulators retired on every path and serializes
  * the wgmmas (C7517 / C7514).
+ * attn_fwd_sm90_h64_persistent_kernel: the same work on persistent CTAs, compiled and launched only in
+ * a build with -DDSA_FWD_PERSISTENT=1 (an A/B experiment; see its comment).
  * Template MB = true: the same kernel with the four hand-offs on mbarriers instead of named barriers
  * (hand_post below), kept because racecheck follows mbarriers but not barrier.arrive -> barrier.sync;
  * DSA_OPTION_FWD_SM90_HANDOFF selects it (the test suites do under racecheck).
@@ -411,6 +413,215 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
   sm90_mbar_arrive(&empty[0][1]); /* buffer 0 R: S(2i) (WG0, done before kBarS0) and the SS PV */
 }
 
+
+/* Item it of the launch: (token, block of 64 heads), tokens in descending order (with causal lengths
+ * the longest rows start first and the short ones fill the last wave: a static longest-first
+ * schedule; equal lengths: no change), the head blocks of a token adjacent; its valid length and
+ * pairs of tiles (an odd tile count ends with an all-invalid odd tile). */
+__device__ __forceinline__ void item_of(const FwdArgs &args, uint32_t it, int64_t &tok, int &h0, int &klen, int &npairs) {
+  const dsa_attn_fwd_params &p = args.p;
+  tok = p.num_tokens - 1 - it / args.num_hblocks;
+  h0 = args.head_begin + (int)(it % args.num_hblocks) * 64;
+  klen = p.topk;
+  if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
+  const int ntiles = (klen + 63) / 64;
+  npairs = (ntiles + 1) / 2;
+}
+
+__device__ __forceinline__ void init_bars(uint64_t *q_full, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand) {
+  sm90_mbar_init(q_full, 256); /* the consumers' cp.async .noinc */
+  for (int w = 0; w < 2; ++w)
+    for (int h = 0; h < 2; ++h) {
+      sm90_mbar_init(&full[w][h], 256); /* 128 cp.async .noinc + 128 plain (mask bytes) */
+      sm90_mbar_init(&empty[w][h], 128); /* the releasing WG */
+    }
+  for (int k = 0; k < 4; ++k) sm90_mbar_init(&hand[k], 128); /* the posting WG */
+  sm90_mbar_init_fence();
+}
+
+/* The producer's part of one item (token tok, its heads from h0): its npairs pairs of tiles into the
+ * ring, whose pair count before the item is gp (the parities continue across items; 0 in the
+ * one-item kernel). */
+template <int NB>
+__device__ __forceinline__ void producer_item(const FwdArgs &args, uint8_t *smem, uint64_t (*full)[2],
+                                              uint64_t (*empty)[2], int64_t tok, int klen, int npairs, uint32_t gp,
+                                              int g, int j) {
+  typedef Smem<NB> L;
+  const dsa_attn_fwd_params &p = args.p;
+  const int32_t *irow = p.indices + tok * p.indices_stride;
+  const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
+  uint8_t *valid = smem + L::kValid;
+  const uint64_t pol = sm90_l2_policy(args.kv_evict_last != 0);
+  for (int i = 0; i < npairs; ++i) {
+    const uint32_t par = ((gp + (uint32_t)i) & 1) ^ 1; /* first use of a half: parity 1 returns at once */
+    int32_t ia[4], ib[4];
+    sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
+    sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
+    sm90_mbar_wait(&empty[0][0], par);
+    sm90_gather_kv_blocks<0, 4, true>(sb0, valid, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
+    sm90_cp_async_mbar_arrive_noinc(&full[0][0]);
+    sm90_mbar_arrive(&full[0][0]);
+    sm90_mbar_wait(&empty[1][1], par);
+    sm90_gather_kv_blocks<4, NB, true>(sb1, valid + 64, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
+    sm90_cp_async_mbar_arrive_noinc(&full[1][1]);
+    sm90_mbar_arrive(&full[1][1]);
+    sm90_mbar_wait(&empty[0][1], par);
+    sm90_gather_kv_blocks<4, NB, false>(sb0, nullptr, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
+    sm90_cp_async_mbar_arrive_noinc(&full[0][1]);
+    sm90_mbar_arrive(&full[0][1]);
+    sm90_mbar_wait(&empty[1][0], par);
+    sm90_gather_kv_blocks<0, 4, false>(sb1, nullptr, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
+    sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
+    sm90_mbar_arrive(&full[1][0]);
+  }
+}
+
+/* A consumer warpgroup's part of one item (token tok, heads h0 .. h_end): Q, the pairs, the epilogue.
+ * gp: the ring's pair count before the item (0 in the one-item kernel); qpar: q_full's phase. */
+template <int NB, bool MB>
+__device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem, uint64_t *q_full,
+                                              uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand, int64_t tok,
+                                              int h0, int npairs, uint32_t gp, uint32_t qpar, int c, int t) {
+  typedef Smem<NB> L;
+  const dsa_attn_fwd_params &p = args.p;
+  const int h_end = args.head_end;
+  const int warp = t >> 5, lane = t & 31;
+  const float scale_log2 = args.scale_log2;
+  float o[128], sacc[32];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}; /* the frame and the sums in it */
+  float true_max[2] = {-INFINITY, -INFINITY}; /* the logits' running max of this WG's tiles (max_logits) */
+
+  {
+    /* Q (zero rows past h_end) by the 256 consumer threads, so that the producer starts on the first
+     * KV half at once: thread (g, j) of WG c copies 16-B chunk j of every block of rows g + 16 (2 c +
+     * i), i < 2, with an L2 evict_first policy (each Q row is read by one CTA, once). */
+    const int g = t >> 3, j = t & 7;
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    const uint32_t sq0 = sm90_smem_addr(smem + L::kQ);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = g + 16 * (2 * c + i), h = h0 + r;
+      const bool ok = h < h_end;
+      const uint16_t *src = p.q + tok * p.q_stride_token + (int64_t)(ok ? h : h0) * p.q_stride_head + j * 8;
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        sm90_cp_async16_hint(sq0 + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u, pol);
+    }
+    sm90_cp_async_mbar_arrive_noinc(q_full);
+  }
+  sm90_mbar_wait(q_full, qpar);
+  sm90_fence_proxy_async();
+  const uint32_t sq = sm90_smem_addr(smem + L::kQ);
+
+  if (c == 0) {
+    if (npairs > 0) { /* S(0) */
+      const uint32_t sb0 = sm90_smem_addr(smem + L::kKV);
+      wait_half(&full[0][0], gp & 1);
+      FENCE_ARR(sacc, 32);
+      sm90_wgmma_fence();
+      issue_s<0, 4, true>(sacc, sq, sb0);
+      wait_half(&full[0][1], gp & 1);
+      sm90_wgmma_fence();
+      issue_s<4, NB, false>(sacc, sq, sb0);
+      sm90_wgmma_commit();
+      sm90_wgmma_wait<0>();
+      FENCE_ARR(sacc, 32);
+    }
+    for (int i = 0; i < npairs - 1; ++i)
+      wg0_pair<NB, true, MB>(gp + i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+    if (npairs > 0)
+      wg0_pair<NB, false, MB>(gp + npairs - 1, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+  } else {
+    for (int i = 0; i < npairs; ++i)
+      wg1_pair<NB, MB>(gp + i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+  }
+
+  /* ---- epilogue: normalise, sink factor, bf16 out, lse, max_logits. Both WGs end
+   * with the same row max (the chain's last m1); each summed only its own tiles. */
+  float *red_sum = (float *)(smem + L::kSum);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float l = row_sum[hr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    row_sum[hr] = l;
+  }
+  float *red_max = red_sum + 2 * 64;
+  if ((lane & 3) == 0) {
+    red_sum[c * 64 + 16 * warp + (lane >> 2)] = row_sum[0];
+    red_sum[c * 64 + 16 * warp + (lane >> 2) + 8] = row_sum[1];
+    red_max[c * 64 + 16 * warp + (lane >> 2)] = true_max[0];
+    red_max[c * 64 + 16 * warp + (lane >> 2) + 8] = true_max[1];
+  }
+  sm90_named_bar_sync_any(kBarSum, 256);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    row_sum[hr] += red_sum[(c ^ 1) * 64 + 16 * warp + (lane >> 2) + 8 * hr];
+    true_max[hr] = fmaxf(true_max[hr], red_max[(c ^ 1) * 64 + 16 * warp + (lane >> 2) + 8 * hr]);
+  }
+  float fac[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const float l = row_sum[hr];
+    const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
+    const bool empty_row = row_max[hr] == -INFINITY && l == 0.f;
+    const float lse = empty_row ? INFINITY : (row_max[hr] + log2f(l)) * kLn2;
+    float f = 0.f;
+    if (!empty_row && h < h_end) {
+      f = 1.f / l;
+      if (p.sink) f *= 1.f / (1.f + expf(p.sink[h] - lse));
+    }
+    fac[hr] = f;
+    if (c == 0 && (lane & 3) == 0 && h < h_end) {
+      const int64_t th = tok * p.num_heads + h;
+      p.lse[th] = lse;
+      if (p.max_logits) p.max_logits[th] = empty_row ? -INFINITY : true_max[hr] * kLn2;
+    }
+  }
+  if (args.out_vec16) {
+    /* out through shared memory: the warp stages its 16 rows x 256 dims as bf16 in the Q tile (free:
+     * every S retired before kBarSum), [64 rows][1024 B] with 16-B chunk c of row r at c ^ (r % 8) (the
+     * 4-B writes of 8 rows and the 16-B reads of one row are both conflict-free), then writes each row
+     * as 32 x 16 B: whole 32-B sectors, a quarter of the store instructions. */
+    uint8_t *stage = smem + L::kQ;
+    const int r0 = 16 * warp + (lane >> 2);
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      uint8_t *srow = stage + (r0 + 8 * hr) * 1024 + 4 * (lane & 3);
+#pragma unroll
+      for (int cc = 0; cc < 32; ++cc) {
+        const int i = 4 * cc + 2 * hr;
+        *(uint32_t *)(srow + (((32 * c + cc) ^ (lane >> 2)) << 4)) = sm90_pack_bf16x2(o[i] * fac[hr], o[i + 1] * fac[hr]);
+      }
+    }
+    __syncwarp();
+#pragma unroll 4
+    for (int rr = 0; rr < 16; ++rr) {
+      const int r = 16 * warp + rr, h = h0 + r;
+      const uint4 v = *(const uint4 *)(stage + r * 1024 + (((32 * c + lane) ^ (r & 7)) << 4));
+      if (h < h_end)
+        *(uint4 *)(p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * 256 + 8 * lane) = v;
+    }
+  } else {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
+      if (h >= h_end) continue;
+      uint16_t *orow = p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * 256 + 2 * (lane & 3);
+#pragma unroll
+      for (int cc = 0; cc < 32; ++cc) {
+        const int i = 4 * cc + 2 * hr;
+        *(uint32_t *)(orow + 8 * cc) = sm90_pack_bf16x2(o[i] * fac[hr], o[i + 1] * fac[hr]);
+      }
+    }
+  }
+}
+
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL || !__CUDA_ARCH__ */
 
 template <int NB, bool MB>
@@ -426,28 +637,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
   uint64_t(*empty)[2] = (uint64_t(*)[2])(bars + 5);
   uint64_t *hand = bars + 9;
 
-  const dsa_attn_fwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
-  /* tokens in descending order: with causal lengths the longest rows start first and the short ones
-   * fill the last wave (a static longest-first schedule; equal lengths: no change) */
-  const int64_t tok = p.num_tokens - 1 - blockIdx.x / args.num_hblocks;
-  const int h0 = args.head_begin + (int)(blockIdx.x % args.num_hblocks) * 64;
-  const int h_end = args.head_end;
-  int klen = p.topk;
-  if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
-  const int ntiles = (klen + 63) / 64;
-  const int npairs = (ntiles + 1) / 2; /* an odd count ends with an all-invalid odd tile */
-
-  if (tid == 0) {
-    sm90_mbar_init(q_full, 256); /* the consumers' cp.async .noinc */
-    for (int w = 0; w < 2; ++w)
-      for (int h = 0; h < 2; ++h) {
-        sm90_mbar_init(&full[w][h], 256); /* 128 cp.async .noinc + 128 plain (mask bytes) */
-        sm90_mbar_init(&empty[w][h], 128); /* the releasing WG */
-      }
-    for (int k = 0; k < 4; ++k) sm90_mbar_init(&hand[k], 128); /* the posting WG */
-    sm90_mbar_init_fence();
-  }
+  int64_t tok;
+  int h0, klen, npairs;
+  item_of(args, blockIdx.x, tok, h0, klen, npairs);
+  if (tid == 0) init_bars(q_full, full, empty, hand);
   __syncthreads();
 
   if (wg == 2) {
@@ -455,177 +649,74 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
     sm90_setmaxnreg_dec<kProducerRegs>();
     const int g = t >> 3, j = t & 7; /* the kv rows g + 16 i of thread (g, j), chunk j of each block */
 
-    const int32_t *irow = p.indices + tok * p.indices_stride;
-    const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
-    uint8_t *valid = smem + L::kValid;
-    const uint64_t pol = sm90_l2_policy(args.kv_evict_last != 0);
-    for (int i = 0; i < npairs; ++i) {
-      const uint32_t par = ((uint32_t)i & 1) ^ 1; /* first use of a half: parity 1 returns at once */
-      int32_t ia[4], ib[4];
-      sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
-      sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
-      sm90_mbar_wait(&empty[0][0], par);
-      sm90_gather_kv_blocks<0, 4, true>(sb0, valid, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
-      sm90_cp_async_mbar_arrive_noinc(&full[0][0]);
-      sm90_mbar_arrive(&full[0][0]);
-      sm90_mbar_wait(&empty[1][1], par);
-      sm90_gather_kv_blocks<4, NB, true>(sb1, valid + 64, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
-      sm90_cp_async_mbar_arrive_noinc(&full[1][1]);
-      sm90_mbar_arrive(&full[1][1]);
-      sm90_mbar_wait(&empty[0][1], par);
-      sm90_gather_kv_blocks<4, NB, false>(sb0, nullptr, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
-      sm90_cp_async_mbar_arrive_noinc(&full[0][1]);
-      sm90_mbar_arrive(&full[0][1]);
-      sm90_mbar_wait(&empty[1][0], par);
-      sm90_gather_kv_blocks<0, 4, false>(sb1, nullptr, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
-      sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
-      sm90_mbar_arrive(&full[1][0]);
-    }
+    producer_item<NB>(args, smem, full, empty, tok, klen, npairs, 0, g, j);
     sm90_cp_async_wait_all();
   } else {
     /* ================= consumers ================= */
     sm90_setmaxnreg_inc<kConsumerRegs>();
-    const int c = wg; /* value dims [256 c, 256 c + 256); tiles of buffer c */
-    const int warp = t >> 5, lane = t & 31;
-    const float scale_log2 = args.scale_log2;
-    float o[128], sacc[32];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}; /* the frame and the sums in it */
-    float true_max[2] = {-INFINITY, -INFINITY}; /* the logits' running max of this WG's tiles (max_logits) */
+    consumer_item<NB, MB>(args, smem, q_full, full, empty, hand, tok, h0, npairs, 0, 0, wg, t);
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
 
-    {
-      /* Q (zero rows past h_end) by the 256 consumer threads, so that the producer starts on the first
-       * KV half at once: thread (g, j) of WG c copies 16-B chunk j of every block of rows g + 16 (2 c +
-       * i), i < 2, with an L2 evict_first policy (each Q row is read by one CTA, once). */
-      const int g = t >> 3, j = t & 7;
-      uint64_t pol;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-      const uint32_t sq0 = sm90_smem_addr(smem + L::kQ);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int r = g + 16 * (2 * c + i), h = h0 + r;
-        const bool ok = h < h_end;
-        const uint16_t *src = p.q + tok * p.q_stride_token + (int64_t)(ok ? h : h0) * p.q_stride_head + j * 8;
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-          sm90_cp_async16_hint(sq0 + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u, pol);
-      }
-      sm90_cp_async_mbar_arrive_noinc(q_full);
-    }
-    sm90_mbar_wait(q_full, 0);
-    sm90_fence_proxy_async();
-    const uint32_t sq = sm90_smem_addr(smem + L::kQ);
+/* The same work on persistent CTAs, built only with -DDSA_FWD_PERSISTENT=1 (an experiment for an A/B,
+ * not yet run on a GPU; docs/fwd-sm90-vs-flashmla.md step A5): grid = min(items, SMs), CTA b runs
+ * the items b, b + grid, ... in the one-item kernel's order, its ring and its mbarriers' phases
+ * continuing across items (gp counts the pairs before the item, q_full's phase the items), so the
+ * producer gathers an item's first pairs while the consumers finish the item before (epilogue, then
+ * Q) and no CTA pays a launch, a barrier init or a first gather per item. Between items the two
+ * consumer WGs meet on kBarItem: the staged out rows and the row sums in shared memory are read before
+ * the next item's Q load and sums overwrite them. */
+template <int NB, bool MB>
+__global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_persistent_kernel(const __grid_constant__ FwdArgs args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(NB == 8 || NB == 9, "D = 512 or 576");
+  constexpr int kBarItem = 6; /* named barrier (after kBarSum): both consumer WGs between two items */
+  typedef Smem<NB> L;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t *smem = sm90_smem_align1024(smem_raw);
+  uint64_t *bars = (uint64_t *)(smem + L::kBars);
+  uint64_t *q_full = bars;
+  uint64_t(*full)[2] = (uint64_t(*)[2])(bars + 1);
+  uint64_t(*empty)[2] = (uint64_t(*)[2])(bars + 5);
+  uint64_t *hand = bars + 9;
+  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
+  const uint32_t items = (uint32_t)(args.p.num_tokens * args.num_hblocks);
+  if (tid == 0) init_bars(q_full, full, empty, hand);
+  __syncthreads();
 
-    if (c == 0) {
-      if (npairs > 0) { /* S(0) */
-        const uint32_t sb0 = sm90_smem_addr(smem + L::kKV);
-        wait_half(&full[0][0], 0);
-        FENCE_ARR(sacc, 32);
-        sm90_wgmma_fence();
-        issue_s<0, 4, true>(sacc, sq, sb0);
-        wait_half(&full[0][1], 0);
-        sm90_wgmma_fence();
-        issue_s<4, NB, false>(sacc, sq, sb0);
-        sm90_wgmma_commit();
-        sm90_wgmma_wait<0>();
-        FENCE_ARR(sacc, 32);
-      }
-      for (int i = 0; i < npairs - 1; ++i)
-        wg0_pair<NB, true, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
-      if (npairs > 0)
-        wg0_pair<NB, false, MB>(npairs - 1, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
-    } else {
-      for (int i = 0; i < npairs; ++i)
-        wg1_pair<NB, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+  int64_t tok;
+  int h0, klen, npairs;
+  uint32_t gp = 0;
+  if (wg == 2) {
+    sm90_setmaxnreg_dec<kProducerRegs>();
+    const int g = t >> 3, j = t & 7;
+    for (uint32_t it = blockIdx.x; it < items; it += gridDim.x) {
+      item_of(args, it, tok, h0, klen, npairs);
+      producer_item<NB>(args, smem, full, empty, tok, klen, npairs, gp, g, j);
+      gp += (uint32_t)npairs;
     }
-
-    /* ---- epilogue: normalise, sink factor, bf16 out, lse, max_logits. Both WGs end
-     * with the same row max (the chain's last m1); each summed only its own tiles. */
-    float *red_sum = (float *)(smem + L::kSum);
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float l = row_sum[hr];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      row_sum[hr] = l;
-    }
-    float *red_max = red_sum + 2 * 64;
-    if ((lane & 3) == 0) {
-      red_sum[c * 64 + 16 * warp + (lane >> 2)] = row_sum[0];
-      red_sum[c * 64 + 16 * warp + (lane >> 2) + 8] = row_sum[1];
-      red_max[c * 64 + 16 * warp + (lane >> 2)] = true_max[0];
-      red_max[c * 64 + 16 * warp + (lane >> 2) + 8] = true_max[1];
-    }
-    sm90_named_bar_sync_any(kBarSum, 256);
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      row_sum[hr] += red_sum[(c ^ 1) * 64 + 16 * warp + (lane >> 2) + 8 * hr];
-      true_max[hr] = fmaxf(true_max[hr], red_max[(c ^ 1) * 64 + 16 * warp + (lane >> 2) + 8 * hr]);
-    }
-    float fac[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const float l = row_sum[hr];
-      const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
-      const bool empty_row = row_max[hr] == -INFINITY && l == 0.f;
-      const float lse = empty_row ? INFINITY : (row_max[hr] + log2f(l)) * kLn2;
-      float f = 0.f;
-      if (!empty_row && h < h_end) {
-        f = 1.f / l;
-        if (p.sink) f *= 1.f / (1.f + expf(p.sink[h] - lse));
-      }
-      fac[hr] = f;
-      if (c == 0 && (lane & 3) == 0 && h < h_end) {
-        const int64_t th = tok * p.num_heads + h;
-        p.lse[th] = lse;
-        if (p.max_logits) p.max_logits[th] = empty_row ? -INFINITY : true_max[hr] * kLn2;
-      }
-    }
-    if (args.out_vec16) {
-      /* out through shared memory: the warp stages its 16 rows x 256 dims as bf16 in the Q tile (free:
-       * every S retired before kBarSum), [64 rows][1024 B] with 16-B chunk c of row r at c ^ (r % 8) (the
-       * 4-B writes of 8 rows and the 16-B reads of one row are both conflict-free), then writes each row
-       * as 32 x 16 B: whole 32-B sectors, a quarter of the store instructions. */
-      uint8_t *stage = smem + L::kQ;
-      const int r0 = 16 * warp + (lane >> 2);
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        uint8_t *srow = stage + (r0 + 8 * hr) * 1024 + 4 * (lane & 3);
-#pragma unroll
-        for (int cc = 0; cc < 32; ++cc) {
-          const int i = 4 * cc + 2 * hr;
-          *(uint32_t *)(srow + (((32 * c + cc) ^ (lane >> 2)) << 4)) = sm90_pack_bf16x2(o[i] * fac[hr], o[i + 1] * fac[hr]);
-        }
-      }
-      __syncwarp();
-#pragma unroll 4
-      for (int rr = 0; rr < 16; ++rr) {
-        const int r = 16 * warp + rr, h = h0 + r;
-        const uint4 v = *(const uint4 *)(stage + r * 1024 + (((32 * c + lane) ^ (r & 7)) << 4));
-        if (h < h_end)
-          *(uint4 *)(p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * 256 + 8 * lane) = v;
-      }
-    } else {
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int h = h0 + 16 * warp + (lane >> 2) + 8 * hr;
-        if (h >= h_end) continue;
-        uint16_t *orow = p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * 256 + 2 * (lane & 3);
-#pragma unroll
-        for (int cc = 0; cc < 32; ++cc) {
-          const int i = 4 * cc + 2 * hr;
-          *(uint32_t *)(orow + 8 * cc) = sm90_pack_bf16x2(o[i] * fac[hr], o[i + 1] * fac[hr]);
-        }
-      }
+    sm90_cp_async_wait_all();
+  } else {
+    sm90_setmaxnreg_inc<kConsumerRegs>();
+    uint32_t k = 0;
+    for (uint32_t it = blockIdx.x; it < items; it += gridDim.x, ++k) {
+      item_of(args, it, tok, h0, klen, npairs);
+      consumer_item<NB, MB>(args, smem, q_full, full, empty, hand, tok, h0, npairs, gp, k & 1, wg, t);
+      gp += (uint32_t)npairs;
+      sm90_named_bar_sync_any(kBarItem, 256);
     }
   }
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif
 }
+
+#ifndef DSA_FWD_PERSISTENT
+#define DSA_FWD_PERSISTENT 0
+#endif
 
 template <int NB, bool MB>
 dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int head_begin,
@@ -636,9 +727,13 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
     return dsa_fail(DSA_ERROR_UNSUPPORTED,
                     "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d", fn,
                     smem_bytes, ctx->max_smem_optin);
+#if DSA_FWD_PERSISTENT
+  const void *kernel = (const void *)attn_fwd_sm90_h64_persistent_kernel<NB, MB>;
+#else
+  const void *kernel = (const void *)attn_fwd_sm90_h64_kernel<NB, MB>;
+#endif
   static int attr_set[DSA_TRACKED_DEVICES];
-  DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_h64_kernel<NB, MB>, smem_bytes, 0, ctx->device, attr_set,
-                               fn));
+  DSA_TRY(dsa_kernel_smem_once(kernel, smem_bytes, 0, ctx->device, attr_set, fn));
   FwdArgs args;
   args.p = *p;
   args.scale_log2 = p->softmax_scale * kLog2e;
@@ -647,8 +742,13 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   args.head_end = head_end;
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
   args.out_vec16 = !((uintptr_t)p->out & 15) && !(p->out_stride_token & 7) && !(p->out_stride_head & 7);
-  const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
-  attn_fwd_sm90_h64_kernel<NB, MB><<<grid, kThreads, smem_bytes, stream>>>(args);
+  const unsigned items = (unsigned)(p->num_tokens * num_hblocks);
+#if DSA_FWD_PERSISTENT
+  const unsigned grid = items < (unsigned)ctx->sm_count ? items : (unsigned)ctx->sm_count;
+  attn_fwd_sm90_h64_persistent_kernel<NB, MB><<<grid, kThreads, smem_bytes, stream>>>(args);
+#else
+  attn_fwd_sm90_h64_kernel<NB, MB><<<items, kThreads, smem_bytes, stream>>>(args);
+#endif
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
