@@ -9,20 +9,22 @@
  * The forward's S = Q K^T on tensor cores, without the P V product. Per 64-slot tile the op moves
  * 1152 B of kv per slot into shared memory and reads it once more for the wgmmas; with Q in registers
  * (RS) the wgmmas read only the tile, so shared memory carries 2 x 72 KB per tile instead of 3 x 72.
- * One CTA per (token, block of 64 heads), three warpgroups, __launch_bounds__(384, 1) (a build with
- * -DDSA_SLOT_TARGET_PRODUCERS=2 adds a second producer warpgroup, WG3, for an A/B: see kProducers):
+ * One CTA per (token, block of 64 heads), tokens in descending order (the longest causal rows first),
+ * three warpgroups, __launch_bounds__(384, 1) (a build with -DDSA_SLOT_TARGET_PRODUCERS=2 adds a
+ * second producer warpgroup, WG3, for an A/B: see kProducers):
  *   WG2 producer (56 registers): Q (zero rows past H) into stage 2 first (q_full), then tile n into
- *       stage s = n % 3 (tile 2 also waits q_free: Q read by both consumers): waits empty[s], cp.async of the 64 kv rows (zero fill for invalid slots) into the SW128 stage
- *       and the kv indices (or -1) into idx[s], then a .noinc arrive (the copies) and a plain arrive
- *       (the indices) on full[s].
+ *       stage s = n % 3 (tile 2 also waits q_free: Q read by both consumers): waits empty[s],
+ *       cp.async of the 64 kv rows (zero fill for invalid slots) into the SW128 stage and the kv
+ *       indices (or -1) into idx[s], then a .noinc arrive (the copies) and a plain arrive (the
+ *       indices) on full[s].
  *   WG0, WG1 consumers (224 registers): both read Q's A fragments from stage 2 by ldmatrix (4 D / 16
- *       registers per thread), then arrive on q_free (256 arrivals). WG c takes
- *       the tiles n = c, c + 2, ...: waits full[n % 3], issues the 4 D / 16 RS m64n64k16 wgmmas of S =
- *       Q K^T, reads the slots' validity while they run, retires them and releases the stage before
- *       its exponentials: P = exp2(S scale log2e - L' log2e), 0 at invalid slots; per warp the column
- *       sums over its 16 head rows (sm90_warp_colsum64), the four warps' sums meet in the WG's own
- *       shared buffer (double-buffered by tile, one named barrier per tile) and thread c < 64 adds
- *       them in warp order and atomically adds the result to a[t, 64 n + c] of a valid slot. One WG's
+ *       registers per thread), then arrive on q_free (256 arrivals). WG c takes the tiles n = c,
+ *       c + 2, ...: waits full[n % 3], issues the 4 D / 16 RS m64n64k16 wgmmas of S = Q K^T, reads the
+ *       slots' validity while they run, retires them and releases the stage before its exponentials:
+ *       P = exp2(S scale log2e - L' log2e), 0 at invalid slots; per warp the column sums over its 16
+ *       head rows (sm90_warp_colsum64), the four warps' sums meet in the WG's own shared buffer
+ *       (double-buffered by tile, one named barrier per tile) and thread c < 64 adds them in warp
+ *       order and atomically adds the result to a[t, 64 n + c] of a valid slot. One WG's
  *       exponentials run under the other's wgmmas.
  * Tile n is use n / 3 of stage n % 3; full and empty waits take that use's parity.
  * Shared memory (1024-B aligned, SW128 K-major [rows][64-column blocks of 8 KB]): three stages [64 x
@@ -33,8 +35,9 @@
  * so the result is bitwise reproducible.
  * Hazards: a stage and its idx third are rewritten only after its consumer's empty arrive, which
  * follows its wait<0> of the stage's wgmmas and its reads of the indices (stage 2's Q: after every
- * consumer thread's q_free arrive, which follows its ldmatrix); a WG's column-sum half of tile n is rewritten at its tile n + 4,
- * after its named barrier of tile n + 2, which each reader of tile n's sums reaches after its reads.
+ * consumer thread's q_free arrive, which follows its ldmatrix); a WG's column-sum half of tile n is
+ * rewritten at its tile n + 4, after its named barrier of tile n + 2, which each reader of tile n's
+ * sums reaches after its reads.
  * cp.async writes are generic-proxy: a consumer runs fence.proxy.async after each full wait
  * (docs/hopper.md section 3).
  */
