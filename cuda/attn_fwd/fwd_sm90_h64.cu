@@ -428,6 +428,17 @@ __device__ __forceinline__ void item_of(const FwdArgs &args, uint32_t it, int64_
   npairs = (ntiles + 1) / 2;
 }
 
+/* The mbarriers in the Smem map: q_full, full[2][2], empty[2][2], hand[4]. */
+template <int NB>
+__device__ __forceinline__ void bars_of(uint8_t *smem, uint64_t *&q_full, uint64_t (*&full)[2], uint64_t (*&empty)[2],
+                                        uint64_t *&hand) {
+  uint64_t *bars = (uint64_t *)(smem + Smem<NB>::kBars);
+  q_full = bars;
+  full = (uint64_t(*)[2])(bars + 1);
+  empty = (uint64_t(*)[2])(bars + 5);
+  hand = bars + 9;
+}
+
 __device__ __forceinline__ void init_bars(uint64_t *q_full, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand) {
   sm90_mbar_init(q_full, 256); /* the consumers' cp.async .noinc */
   for (int w = 0; w < 2; ++w)
@@ -628,14 +639,11 @@ template <int NB, bool MB>
 __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __grid_constant__ FwdArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(NB == 8 || NB == 9, "D = 512 or 576");
-  typedef Smem<NB> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = sm90_smem_align1024(smem_raw);
-  uint64_t *bars = (uint64_t *)(smem + L::kBars);
-  uint64_t *q_full = bars;
-  uint64_t(*full)[2] = (uint64_t(*)[2])(bars + 1);
-  uint64_t(*empty)[2] = (uint64_t(*)[2])(bars + 5);
-  uint64_t *hand = bars + 9;
+  uint64_t *q_full, *hand;
+  uint64_t(*full)[2], (*empty)[2];
+  bars_of<NB>(smem, q_full, full, empty, hand);
 
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
   int64_t tok;
@@ -674,14 +682,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_persistent_kern
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(NB == 8 || NB == 9, "D = 512 or 576");
   constexpr int kBarItem = 6; /* named barrier (after kBarSum): both consumer WGs between two items */
-  typedef Smem<NB> L;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t *smem = sm90_smem_align1024(smem_raw);
-  uint64_t *bars = (uint64_t *)(smem + L::kBars);
-  uint64_t *q_full = bars;
-  uint64_t(*full)[2] = (uint64_t(*)[2])(bars + 1);
-  uint64_t(*empty)[2] = (uint64_t(*)[2])(bars + 5);
-  uint64_t *hand = bars + 9;
+  uint64_t *q_full, *hand;
+  uint64_t(*full)[2], (*empty)[2];
+  bars_of<NB>(smem, q_full, full, empty, hand);
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
   const uint32_t items = (uint32_t)(args.p.num_tokens * args.num_hblocks);
   if (tid == 0) init_bars(q_full, full, empty, hand);

@@ -420,6 +420,14 @@ __device__ __forceinline__ void sm90_gather_read_indices(const int32_t *irow, in
     idxs[i] = slot < klen ? __ldg(irow + slot) : -1;
   }
 }
+/* The gathers' source of one row for thread chunk j: kv row idx when it is a valid slot (0 <= idx <
+ * num_kv: *ok), else `harmless` (a readable address: kv may be NULL when num_kv = 0), copied with 0
+ * bytes (zero fill). */
+__device__ __forceinline__ const uint16_t *sm90_gather_src(int32_t idx, int j, const uint16_t *kv, int64_t kv_stride,
+                                                           int64_t num_kv, const uint16_t *harmless, bool *ok) {
+  *ok = idx >= 0 && (int64_t)idx < num_kv;
+  return *ok ? kv + (int64_t)idx * kv_stride + j * 8 : harmless + j * 8;
+}
 /* The gather of one 64-row tile with its kv indices: thread (g, j) as above issues 16-B chunk j of
  * each of the NB 64-column blocks of rows g, g + 16, g + 32, g + 48 into the SW128 tile at skv (4 NB
  * cp.async); an invalid slot (idx < 0 or >= num_kv) copies 0 bytes (zero fill) from `harmless`, a
@@ -432,12 +440,11 @@ __device__ __forceinline__ void sm90_gather_tile_idx(uint32_t skv, int32_t *tidx
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int r = g + 16 * i;
-    const int32_t idx = idxs[i];
-    const bool ok = idx >= 0 && (int64_t)idx < num_kv;
-    const uint16_t *src = ok ? kv + (int64_t)idx * kv_stride + j * 8 : harmless + j * 8;
+    bool ok;
+    const uint16_t *src = sm90_gather_src(idxs[i], j, kv, kv_stride, num_kv, harmless, &ok);
 #pragma unroll
     for (int b = 0; b < NB; ++b) sm90_cp_async16(skv + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
-    if (j == 0) tidx[r] = ok ? idx : -1;
+    if (j == 0) tidx[r] = ok ? idxs[i] : -1;
   }
 }
 
@@ -542,9 +549,8 @@ __device__ __forceinline__ void sm90_gather_kv_blocks(uint32_t skv, uint8_t *val
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int r = g + 16 * i;
-    const int32_t idx = idxs[i];
-    const bool ok = idx >= 0 && (int64_t)idx < num_kv;
-    const uint16_t *src = ok ? kv + (int64_t)idx * kv_stride + j * 8 : harmless + j * 8;
+    bool ok;
+    const uint16_t *src = sm90_gather_src(idxs[i], j, kv, kv_stride, num_kv, harmless, &ok);
 #pragma unroll
     for (int b = B0; b < B1; ++b)
       sm90_cp_async16_hint(skv + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u, pol);
