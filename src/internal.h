@@ -38,6 +38,26 @@ DSA_HIDDEN int64_t dsa_option_default(int opt);
 /* Records a formatted message for dsa_last_error_message() and returns `status`. */
 DSA_HIDDEN dsa_status dsa_fail(dsa_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* Launch checks the sm_90a kernels share (fn: the op's name for the message); DSA_ERROR_UNSUPPORTED
+ * with a message, else DSA_SUCCESS. A device of compute capability 9.0: */
+static inline dsa_status dsa_sm90_check_cc(const dsa_context *ctx, const char *fn) {
+  if (ctx->cc_major == 9 && ctx->cc_minor == 0) return DSA_SUCCESS;
+  return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
+                  ctx->cc_major, ctx->cc_minor);
+}
+/* num_tokens * num_hblocks CTAs within a 1-D grid: */
+static inline dsa_status dsa_sm90_check_grid(int64_t num_tokens, int num_hblocks, const char *fn) {
+  if (num_tokens <= (int64_t)0x7fffffff / num_hblocks) return DSA_SUCCESS;
+  return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
+                  0x7fffffff / num_hblocks, (long long)num_tokens);
+}
+/* smem_bytes of shared memory within the device's opt-in limit: */
+static inline dsa_status dsa_sm90_check_smem(const dsa_context *ctx, int smem_bytes, const char *fn) {
+  if (smem_bytes <= ctx->max_smem_optin) return DSA_SUCCESS;
+  return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d", fn,
+                  smem_bytes, ctx->max_smem_optin);
+}
 /* Trying an sm_90a launcher that may decline (DSA_ERROR_UNSUPPORTED, before any launch) and falling
  * back: a declined attempt's message must not outlive a call that then succeeds on another path.
  *   dsa_saved_message saved;

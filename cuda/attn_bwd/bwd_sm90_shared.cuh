@@ -219,9 +219,7 @@ __device__ __forceinline__ void bwd_sm90_store_dq(const dsa_attn_bwd_params &p, 
  * DSA_ERROR_UNSUPPORTED (with a message) otherwise; *num_hblocks = ceil(H / 64) on success. */
 inline dsa_status bwd_sm90_check(const dsa_context *ctx, const dsa_attn_bwd_params *p, const char *fn,
                                  int *num_hblocks) {
-  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
-                    ctx->cc_major, ctx->cc_minor);
+  DSA_TRY(dsa_sm90_check_cc(ctx, fn));
   if (p->head_dim != 576 && p->head_dim != 512)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports head_dim 576 and 512, not %d", fn,
                     (int)p->head_dim);
@@ -241,13 +239,9 @@ inline dsa_status bwd_sm90_check(const dsa_context *ctx, const dsa_attn_bwd_para
                     "%s: the sm_90a kernel needs 4-byte aligned dq rows (dq strides %lld, %lld)", fn,
                     (long long)p->dq_stride_token, (long long)p->dq_stride_head);
   const int nhb = (p->num_heads + kBlockM - 1) / kBlockM;
-  if (p->num_tokens > (int64_t)0x7fffffff / nhb)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
-                    0x7fffffff / nhb, (long long)p->num_tokens);
+  DSA_TRY(dsa_sm90_check_grid(p->num_tokens, nhb, fn));
   const int smem_bytes = p->head_dim == 576 ? Smem<9>::kBytes : Smem<8>::kBytes;
-  if (smem_bytes > ctx->max_smem_optin)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d",
-                    fn, smem_bytes, ctx->max_smem_optin);
+  DSA_TRY(dsa_sm90_check_smem(ctx, smem_bytes, fn));
   *num_hblocks = nhb;
   return DSA_SUCCESS;
 }

@@ -728,10 +728,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
                    int head_end, int num_hblocks) {
   const char *fn = "dsa_sparse_attn_fwd";
   const int smem_bytes = Smem<NB>::kBytes;
-  if (smem_bytes > ctx->max_smem_optin)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED,
-                    "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d", fn,
-                    smem_bytes, ctx->max_smem_optin);
+  DSA_TRY(dsa_sm90_check_smem(ctx, smem_bytes, fn));
 #if DSA_FWD_PERSISTENT
   const void *kernel = (const void *)attn_fwd_sm90_h64_persistent_kernel<NB, MB>;
 #else
@@ -762,9 +759,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
 extern "C" dsa_status dsa_launch_attn_fwd_sm90_heads(const dsa_context *ctx, const dsa_attn_fwd_params *p,
                                                      int head_begin, int head_count, cudaStream_t stream) {
   const char *fn = "dsa_sparse_attn_fwd";
-  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
-                    ctx->cc_major, ctx->cc_minor);
+  DSA_TRY(dsa_sm90_check_cc(ctx, fn));
   if (p->head_dim != 576 && p->head_dim != 512)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports head_dim 576 or 512, not %d", fn,
                     (int)p->head_dim);
@@ -787,9 +782,7 @@ extern "C" dsa_status dsa_launch_attn_fwd_sm90_heads(const dsa_context *ctx, con
                     fn, (long long)p->out_stride_token, (long long)p->out_stride_head);
   if (p->num_tokens <= 0) return DSA_SUCCESS;
   const int num_hblocks = (head_count + 63) / 64;
-  if (p->num_tokens > (int64_t)0x7fffffff / num_hblocks)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
-                    0x7fffffff / num_hblocks, (long long)p->num_tokens);
+  DSA_TRY(dsa_sm90_check_grid(p->num_tokens, num_hblocks, fn));
   const int head_end = head_begin + head_count;
   /* DSA_OPTION_FWD_SM90_HANDOFF: named barriers (the default) or the mbarrier twin (racecheck) */
   const bool mb = ctx->options[DSA_OPTION_FWD_SM90_HANDOFF] == DSA_FWD_HANDOFF_MBARRIER;

@@ -369,15 +369,10 @@ __global__ void __launch_bounds__(kThreads, 2) slot_scores_sm90_kernel(
 
 /* The launch checks both sm_90a kernels of this file share (one CTA per token). */
 dsa_status ib_check(const dsa_context *ctx, int64_t num_tokens, const char *fn) {
-  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
-                    ctx->cc_major, ctx->cc_minor);
+  DSA_TRY(dsa_sm90_check_cc(ctx, fn));
   if (num_tokens > 0x7fffffff)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most 2^31-1 tokens", fn);
-  if (IbSmem::kBytes > ctx->max_smem_optin)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d", fn,
-                    IbSmem::kBytes, ctx->max_smem_optin);
-  return DSA_SUCCESS;
+  return dsa_sm90_check_smem(ctx, IbSmem::kBytes, fn);
 }
 
 }  // namespace

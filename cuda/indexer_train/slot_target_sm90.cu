@@ -64,7 +64,6 @@ constexpr int kBlockM = 64;    /* heads per CTA: the wgmma M */
 constexpr int kBlockN = 64;    /* slots per tile */
 constexpr int kStages = 3;
 constexpr int kBlk = 64 * 128; /* one 64 x 64 bf16 SW128 block */
-constexpr int kBarSums = 1;    /* named barriers: WG c's column sums, kBarSums + c */
 static_assert(2 * kConsumerRegs + kProducers * kProducerRegs <= (kProducers == 1 ? 504 : 512),
               "setmaxnreg pool: 384 x 168 = 128 x 504, 512 x 128 = 128 x 512");
 
@@ -166,6 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
   }
 
   /* ================= consumers ================= */
+  constexpr int kBarSums = 1; /* named barriers: WG c's column sums, kBarSums + c */
   sm90_setmaxnreg_inc<kConsumerRegs>();
   const int c = wg, warp = t >> 5, lane = t & 31;
   const int r0 = 16 * warp + (lane >> 2);
@@ -272,9 +272,7 @@ dsa_status st_launch(const dsa_context *ctx, const dsa_slot_target_params *p, cu
 extern "C" dsa_status dsa_launch_slot_target_sm90(const dsa_context *ctx, const dsa_slot_target_params *p,
                                                   cudaStream_t stream) {
   static const char fn[] = "dsa_attn_slot_target";
-  if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs compute capability 9.0, device has %d.%d", fn,
-                    ctx->cc_major, ctx->cc_minor);
+  DSA_TRY(dsa_sm90_check_cc(ctx, fn));
   if (p->head_dim != 576 && p->head_dim != 512)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel supports head_dim 576 and 512, not %d", fn,
                     (int)p->head_dim);
@@ -285,12 +283,8 @@ extern "C" dsa_status dsa_launch_slot_target_sm90(const dsa_context *ctx, const 
                     "%s: the sm_90a kernel needs 16-byte aligned q / kv rows (q strides %lld, %lld; kv_stride %lld)",
                     fn, (long long)p->q_stride_token, (long long)p->q_stride_head, (long long)p->kv_stride);
   const int nhb = (p->num_heads + kBlockM - 1) / kBlockM;
-  if (p->num_tokens > (int64_t)0x7fffffff / nhb)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
-                    0x7fffffff / nhb, (long long)p->num_tokens);
+  DSA_TRY(dsa_sm90_check_grid(p->num_tokens, nhb, fn));
   const int smem = p->head_dim == 576 ? StSmem<9>::kBytes : StSmem<8>::kBytes;
-  if (smem > ctx->max_smem_optin)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel needs %d bytes of shared memory, device has %d", fn,
-                    smem, ctx->max_smem_optin);
+  DSA_TRY(dsa_sm90_check_smem(ctx, smem, fn));
   return p->head_dim == 576 ? st_launch<9>(ctx, p, stream, nhb) : st_launch<8>(ctx, p, stream, nhb);
 }
