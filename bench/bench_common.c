@@ -363,3 +363,20 @@ int bc_mkdir_p(const char *dir) {
   if (mkdir(tmp, 0775) != 0 && errno != EEXIST) return -1;
   return 0;
 }
+
+dsa_status bc_slot_target_run(void *arg, cudaStream_t stream) {
+  bc_train_arg *t = arg;
+  return dsa_attn_slot_target(t->ctx, &t->st, stream);
+}
+dsa_status bc_slot_scores_run(void *arg, cudaStream_t stream) {
+  bc_train_arg *t = arg;
+  return dsa_indexer_slot_scores(t->ctx, &t->sc, stream);
+}
+dsa_status bc_indexer_loss_run(void *arg, cudaStream_t stream) {
+  bc_train_arg *t = arg;
+  return dsa_indexer_loss(t->ctx, &t->ls, t->ws, &t->ws_bytes, stream);
+}
+dsa_status bc_indexer_bwd_run(void *arg, cudaStream_t stream) {
+  bc_train_arg *t = arg;
+  return dsa_indexer_bwd(t->ctx, &t->bw, t->ws, &t->ws_bytes, stream);
+}

@@ -71,6 +71,22 @@ void bc_timer_free(bc_timer *t);
  * a timed rep is returned too. */
 dsa_status bc_time_op(bc_timer *t, bc_op_fn fn, void *arg, double *median_ms);
 double bc_median(double *v, int n); /* sorts v */
+
+/* The indexer-training ops as bc_time_op callbacks (dsa_bench, dsa_layer): each reads its params
+ * from one bc_train_arg (the two-phase ones with ws / ws_bytes). */
+typedef struct bc_train_arg {
+  dsa_context *ctx;
+  dsa_slot_target_params st;
+  dsa_indexer_slot_scores_params sc;
+  dsa_indexer_loss_params ls;
+  dsa_indexer_bwd_params bw;
+  void *ws;
+  size_t ws_bytes;
+} bc_train_arg;
+dsa_status bc_slot_target_run(void *arg, cudaStream_t stream);
+dsa_status bc_slot_scores_run(void *arg, cudaStream_t stream);
+dsa_status bc_indexer_loss_run(void *arg, cudaStream_t stream);
+dsa_status bc_indexer_bwd_run(void *arg, cudaStream_t stream);
 double bc_now_s(void);             /* monotonic host clock, seconds */
 
 /* ---- ceilings measured in the same run ---- */

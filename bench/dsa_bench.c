@@ -751,15 +751,6 @@ static dsa_status bwd_run(void *arg, cudaStream_t stream) {
   return dsa_sparse_attn_bwd(a->ctx, &a->p, a->ws, &a->ws_bytes, stream);
 }
 
-typedef struct {
-  dsa_context *ctx;
-  dsa_slot_target_params p;
-} target_arg;
-static dsa_status target_run(void *arg, cudaStream_t stream) {
-  target_arg *a = arg;
-  return dsa_attn_slot_target(a->ctx, &a->p, stream);
-}
-
 static void bench_bwd(bench *b, const shape *sh) {
   attn_inputs in;
   printf("[setup] %s: inputs and forward ... ", sh->name);
@@ -835,10 +826,10 @@ static void bench_bwd(bench *b, const shape *sh) {
   }
   { /* the standalone slot target on the same inputs (op "slot target"; FLOP 2 H D per slot: S only) */
     progress(sh, "slot-target");
-    target_arg ta;
+    bc_train_arg ta;
     memset(&ta, 0, sizeof ta);
     ta.ctx = b->ctx;
-    dsa_slot_target_params *tp = &ta.p;
+    dsa_slot_target_params *tp = &ta.st;
     tp->num_tokens = in.T;
     tp->num_heads = in.H;
     tp->head_dim = in.D;
@@ -853,7 +844,7 @@ static void bench_bwd(bench *b, const shape *sh) {
     tp->lse = lse;
     tp->target = target;
     double ms = NAN;
-    const dsa_status st = bc_time_op(&b->timer, target_run, &ta, &ms);
+    const dsa_status st = bc_time_op(&b->timer, bc_slot_target_run, &ta, &ms);
     add_result_op(b, sh, "slot target", "slot-target", note, st, ms, 2.0 * in.H * in.slots * in.D, 0, NULL);
   }
   cudaFree(target);
@@ -908,35 +899,6 @@ static void bench_idx(bench *b, const shape *sh) {
  * with DSA_BENCH_EXPERIMENTAL=1 while that pass has not run on a GPU).
  * The slot target needs the attention's inputs: the bwd-* shapes time it ("slot-target" rows).
  * ------------------------------------------------------------------------------------------- */
-typedef struct {
-  dsa_context *ctx;
-  dsa_indexer_slot_scores_params p;
-} scores_arg;
-static dsa_status scores_run(void *arg, cudaStream_t stream) {
-  scores_arg *a = arg;
-  return dsa_indexer_slot_scores(a->ctx, &a->p, stream);
-}
-typedef struct {
-  dsa_context *ctx;
-  dsa_indexer_loss_params p;
-  void *ws;
-  size_t ws_bytes;
-} loss_arg;
-static dsa_status loss_run(void *arg, cudaStream_t stream) {
-  loss_arg *a = arg;
-  return dsa_indexer_loss(a->ctx, &a->p, a->ws, &a->ws_bytes, stream);
-}
-typedef struct {
-  dsa_context *ctx;
-  dsa_indexer_bwd_params p;
-  void *ws;
-  size_t ws_bytes;
-} ibwd_arg;
-static dsa_status ibwd_run(void *arg, cudaStream_t stream) {
-  ibwd_arg *a = arg;
-  return dsa_indexer_bwd(a->ctx, &a->p, a->ws, &a->ws_bytes, stream);
-}
-
 static void bench_train(bench *b, const shape *sh) {
   const int64_t T = sh->tokens, Tk = sh->keys, qs = Tk - T;
   const int32_t H = sh->heads, K = sh->k;
@@ -959,50 +921,48 @@ static void bench_train(bench *b, const shape *sh) {
   float *scores = bc_dmalloc(tk * 4), *target = bc_dmalloc(tk * 4), *grad = bc_dmalloc(tk * 4), *loss = bc_dmalloc(4);
   bc_fill_f32_device(&b->rng, target, tk, 0.f, 1.f);
 
+  bc_train_arg ta;
+  memset(&ta, 0, sizeof ta);
+  ta.ctx = b->ctx;
   /* slot scores: 2 H 128 FLOP per valid slot */
   progress(sh, "slot-scores");
-  scores_arg sa;
-  memset(&sa, 0, sizeof sa);
-  sa.ctx = b->ctx;
-  sa.p.num_tokens = T;
-  sa.p.num_keys = Tk;
-  sa.p.num_heads = H;
-  sa.p.topk = K;
-  sa.p.index_q = s.q;
-  sa.p.index_k = s.k;
-  sa.p.weights = s.w;
-  sa.p.weights_dtype = DSA_DTYPE_F32;
-  sa.p.indices = d_idx;
-  sa.p.lengths = d_len;
-  sa.p.scores = scores;
+  ta.sc.num_tokens = T;
+  ta.sc.num_keys = Tk;
+  ta.sc.num_heads = H;
+  ta.sc.topk = K;
+  ta.sc.index_q = s.q;
+  ta.sc.index_k = s.k;
+  ta.sc.weights = s.w;
+  ta.sc.weights_dtype = DSA_DTYPE_F32;
+  ta.sc.indices = d_idx;
+  ta.sc.lengths = d_len;
+  ta.sc.scores = scores;
   double ms = NAN;
-  dsa_status s2 = st == DSA_SUCCESS ? bc_time_op(&b->timer, scores_run, &sa, &ms) : st;
+  dsa_status s2 = st == DSA_SUCCESS ? bc_time_op(&b->timer, bc_slot_scores_run, &ta, &ms) : st;
   add_result_op(b, sh, "indexer slot scores", "default", note, s2, ms, 2.0 * H * 128 * slots, 0, NULL);
 
   /* the KL loss and g: bytes = the target and scores read, g written */
   progress(sh, "loss");
-  loss_arg la;
-  memset(&la, 0, sizeof la);
-  la.ctx = b->ctx;
-  la.p.num_tokens = T;
-  la.p.topk = K;
-  la.p.num_keys = Tk;
-  la.p.indices = d_idx;
-  la.p.lengths = d_len;
-  la.p.target = target;
-  la.p.scores = scores;
-  la.p.coeff = 1.f;
-  la.p.loss = loss;
-  la.p.grad = grad;
+  ta.ls.num_tokens = T;
+  ta.ls.topk = K;
+  ta.ls.num_keys = Tk;
+  ta.ls.indices = d_idx;
+  ta.ls.lengths = d_len;
+  ta.ls.target = target;
+  ta.ls.scores = scores;
+  ta.ls.coeff = 1.f;
+  ta.ls.loss = loss;
+  ta.ls.grad = grad;
   ms = NAN;
   s2 = st;
-  if (s2 == DSA_SUCCESS) s2 = dsa_indexer_loss(b->ctx, &la.p, NULL, &la.ws_bytes, b->timer.stream);
+  if (s2 == DSA_SUCCESS) s2 = dsa_indexer_loss(b->ctx, &ta.ls, NULL, &ta.ws_bytes, b->timer.stream);
   if (s2 == DSA_SUCCESS) {
-    la.ws = bc_dmalloc(la.ws_bytes ? la.ws_bytes : 1);
-    s2 = bc_time_op(&b->timer, loss_run, &la, &ms);
+    ta.ws = bc_dmalloc(ta.ws_bytes ? ta.ws_bytes : 1);
+    s2 = bc_time_op(&b->timer, bc_indexer_loss_run, &ta, &ms);
   }
   add_result_op(b, sh, "indexer KL loss", "default", note, s2, ms, 3.0 * tk * 4, 1, NULL);
-  cudaFree(la.ws);
+  cudaFree(ta.ws);
+  ta.ws = NULL;
 
   /* the indexer backward: dK = G q, dQ = G^T K, X = K q^T: 3 x 2 H 128 FLOP per valid slot */
   uint16_t *dq = bc_dmalloc((size_t)T * H * 128 * 2), *dk = bc_dmalloc((size_t)Tk * 128 * 2);
@@ -1017,10 +977,8 @@ static void bench_train(bench *b, const shape *sh) {
     if (passes[i].kernel == DSA_TRAIN_KERNEL_SM90 && !(getenv("DSA_BENCH_EXPERIMENTAL") && *getenv("DSA_BENCH_EXPERIMENTAL")))
       continue;
     progress(sh, passes[i].name);
-    ibwd_arg ia;
-    memset(&ia, 0, sizeof ia);
-    ia.ctx = b->ctx;
-    dsa_indexer_bwd_params *p = &ia.p;
+    dsa_indexer_bwd_params *p = &ta.bw;
+    memset(p, 0, sizeof *p);
     p->num_tokens = T;
     p->num_keys = Tk;
     p->num_heads = H;
@@ -1039,11 +997,12 @@ static void bench_train(bench *b, const shape *sh) {
     ms = NAN;
     s2 = st;
     set_option(b->ctx, DSA_OPTION_TRAIN_KERNEL, passes[i].kernel);
-    if (s2 == DSA_SUCCESS) s2 = dsa_indexer_bwd(b->ctx, p, NULL, &ia.ws_bytes, b->timer.stream);
+    if (s2 == DSA_SUCCESS) s2 = dsa_indexer_bwd(b->ctx, p, NULL, &ta.ws_bytes, b->timer.stream);
     if (s2 == DSA_SUCCESS) {
-      ia.ws = bc_dmalloc(ia.ws_bytes);
-      s2 = bc_time_op(&b->timer, ibwd_run, &ia, &ms);
-      cudaFree(ia.ws);
+      ta.ws = bc_dmalloc(ta.ws_bytes);
+      s2 = bc_time_op(&b->timer, bc_indexer_bwd_run, &ta, &ms);
+      cudaFree(ta.ws);
+      ta.ws = NULL;
     }
     set_option(b->ctx, DSA_OPTION_TRAIN_KERNEL, DSA_TRAIN_KERNEL_AUTO);
     add_result_op(b, sh, "indexer bwd", passes[i].name, note, s2, ms, 3.0 * 2.0 * H * 128 * slots, 0, NULL);

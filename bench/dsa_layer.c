@@ -351,31 +351,6 @@ static dsa_status bwd_run(void *a, cudaStream_t s) {
  * row against the reference run on the device's target and scores; d_index_k for bitwise
  * reproducibility in the deterministic mode. */
 static int train_indexer;
-typedef struct {
-  dsa_context *ctx;
-  dsa_slot_target_params st;
-  dsa_indexer_slot_scores_params sc;
-  dsa_indexer_loss_params ls;
-  dsa_indexer_bwd_params bw;
-  void *ws;
-  size_t ws_bytes;
-} train_arg;
-static dsa_status slot_target_run(void *a, cudaStream_t s) {
-  train_arg *t = a;
-  return dsa_attn_slot_target(t->ctx, &t->st, s);
-}
-static dsa_status slot_scores_run(void *a, cudaStream_t s) {
-  train_arg *t = a;
-  return dsa_indexer_slot_scores(t->ctx, &t->sc, s);
-}
-static dsa_status loss_run(void *a, cudaStream_t s) {
-  train_arg *t = a;
-  return dsa_indexer_loss(t->ctx, &t->ls, t->ws, &t->ws_bytes, s);
-}
-static dsa_status idx_bwd_run(void *a, cudaStream_t s) {
-  train_arg *t = a;
-  return dsa_indexer_bwd(t->ctx, &t->bw, t->ws, &t->ws_bytes, s);
-}
 
 static double rel_err_f32(const float *got, const float *ref, size_t n) {
   double m = 0, e = 0;
@@ -397,7 +372,7 @@ static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t 
   float *d_a = bc_dmalloc(n_s * 4), *d_z = bc_dmalloc(n_s * 4), *d_g = bc_dmalloc(n_s * 4);
   float *d_loss = bc_dmalloc(4), *d_dw = bc_dmalloc((size_t)T * H_IDX * 4);
   uint16_t *d_diq = bc_dmalloc((size_t)T * H_IDX * 128 * 2), *d_dik = bc_dmalloc((size_t)T_k * 128 * 2);
-  train_arg ta;
+  bc_train_arg ta;
   memset(&ta, 0, sizeof ta);
   ta.ctx = ctx;
   double ms = NAN, slots = 0;
@@ -417,7 +392,7 @@ static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t 
   sp->topk_length = d_len;
   sp->lse = d_lse;
   sp->target = d_a;
-  const dsa_status st1 = bc_time_op(tm, slot_target_run, &ta, &ms);
+  const dsa_status st1 = bc_time_op(tm, bc_slot_target_run, &ta, &ms);
   if (st1 != DSA_SUCCESS) not_on_gpu("slot target", st1);
   else stage_line("slot target", ms, 2.0 * H_ATTN * slots * DIM, NAN);
 
@@ -434,7 +409,7 @@ static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t 
   cp->indices = d_idx;
   cp->lengths = d_len;
   cp->scores = d_z;
-  const dsa_status st2 = bc_time_op(tm, slot_scores_run, &ta, &ms);
+  const dsa_status st2 = bc_time_op(tm, bc_slot_scores_run, &ta, &ms);
   if (st2 != DSA_SUCCESS) not_on_gpu("indexer slot scores", st2);
   else stage_line("indexer slot scores", ms, bc_flops_idx(slots, H_IDX), NAN);
 
@@ -455,7 +430,7 @@ static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t 
     st3 = dsa_indexer_loss(ctx, lp, NULL, &ta.ws_bytes, stream);
     if (st3 == DSA_SUCCESS) {
       ta.ws = bc_dmalloc(ta.ws_bytes);
-      st3 = bc_time_op(tm, loss_run, &ta, &ms);
+      st3 = bc_time_op(tm, bc_indexer_loss_run, &ta, &ms);
       cudaFree(ta.ws);
       ta.ws = NULL;
     }
@@ -487,7 +462,7 @@ static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t 
     st4 = dsa_indexer_bwd(ctx, bp, NULL, &ta.ws_bytes, stream);
     if (st4 == DSA_SUCCESS) {
       ta.ws = bc_dmalloc(ta.ws_bytes);
-      st4 = bc_time_op(tm, idx_bwd_run, &ta, &ms);
+      st4 = bc_time_op(tm, bc_indexer_bwd_run, &ta, &ms);
     }
     if (st4 != DSA_SUCCESS) {
       not_on_gpu(stage, st4);
@@ -500,7 +475,7 @@ static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t 
       const size_t n_k = (size_t)T_k * 128;
       uint16_t *a = bc_malloc(n_k * 2), *b = bc_malloc(n_k * 2);
       BC_CUDA(cudaMemcpy(a, d_dik, n_k * 2, cudaMemcpyDeviceToHost));
-      const dsa_status again = idx_bwd_run(&ta, stream);
+      const dsa_status again = bc_indexer_bwd_run(&ta, stream);
       BC_CUDA(cudaStreamSynchronize(stream));
       BC_CUDA(cudaMemcpy(b, d_dik, n_k * 2, cudaMemcpyDeviceToHost));
       const int same = again == DSA_SUCCESS && memcmp(a, b, n_k * 2) == 0;
