@@ -52,6 +52,11 @@ static inline dsa_status dsa_sm90_check_grid(int64_t num_tokens, int num_hblocks
   return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the sm_90a kernel handles at most %d tokens, not %lld", fn,
                   0x7fffffff / num_hblocks, (long long)num_tokens);
 }
+/* Whether every row of a bf16 [T, H, d] tensor (element strides stride_token, stride_head) starts
+ * 16-B aligned: the epilogues that write whole 16-B chunks need it. */
+static inline int dsa_rows_16b_aligned(const void *base, int64_t stride_token, int64_t stride_head) {
+  return !((uintptr_t)base & 15) && !(stride_token & 7) && !(stride_head & 7);
+}
 /* smem_bytes of shared memory within the device's opt-in limit: */
 static inline dsa_status dsa_sm90_check_smem(const dsa_context *ctx, int smem_bytes, const char *fn) {
   if (smem_bytes <= ctx->max_smem_optin) return DSA_SUCCESS;

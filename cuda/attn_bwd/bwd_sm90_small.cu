@@ -600,7 +600,7 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
   args.tok0 = 0;
   args.scale = p->softmax_scale;
   args.scale_log2 = p->softmax_scale * kSLog2e;
-  args.dq_vec16 = !((uintptr_t)p->dq & 15) && !(p->dq_stride_token & 7) && !(p->dq_stride_head & 7);
+  args.dq_vec16 = dsa_rows_16b_aligned(p->dq, p->dq_stride_token, p->dq_stride_head);
   if (!det) {
     attn_bwd_sm90_small_kernel<NB, N, false, kLayAtomic><<<(unsigned)p->num_tokens, kSThreads, smem_bytes, stream>>>(args);
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));

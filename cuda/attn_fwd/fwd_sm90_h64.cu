@@ -743,7 +743,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   args.head_begin = head_begin;
   args.head_end = head_end;
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
-  args.out_vec16 = !((uintptr_t)p->out & 15) && !(p->out_stride_token & 7) && !(p->out_stride_head & 7);
+  args.out_vec16 = dsa_rows_16b_aligned(p->out, p->out_stride_token, p->out_stride_head);
   const unsigned items = (unsigned)(p->num_tokens * num_hblocks);
 #if DSA_FWD_PERSISTENT
   const unsigned grid = items < (unsigned)ctx->sm_count ? items : (unsigned)ctx->sm_count;

@@ -786,7 +786,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head
   SmallArgs args;
   args.p = *p;
   args.scale_log2 = p->softmax_scale * kLog2e;
-  args.out_vec16 = !((uintptr_t)p->out & 15) && !(p->out_stride_token & 7) && !(p->out_stride_head & 7);
+  args.out_vec16 = dsa_rows_16b_aligned(p->out, p->out_stride_token, p->out_stride_head);
   args.head_begin = head_begin;
   args.head_count = head_count;
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
