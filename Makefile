@@ -31,9 +31,9 @@ endif
 VERSION := $(shell sed -n 's/^\#define DSA_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' include/dsa.h | paste -sd. -)
 
 CFLAGS    ?= -O2 -g
-CFLAGS    += -std=c99 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -Iinclude -Isrc -I$(CUDA_HOME)/include -fvisibility=hidden
+override CFLAGS += -std=c99 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -Iinclude -Isrc -I$(CUDA_HOME)/include -fvisibility=hidden
 NVCCFLAGS ?= -O3 -lineinfo
-NVCCFLAGS += -std=c++17 $(ARCH) -Iinclude -Isrc -Icuda -DCUB_WRAPPED_NAMESPACE=dsa_cub \
+override NVCCFLAGS += -std=c++17 $(ARCH) -Iinclude -Isrc -Icuda -DCUB_WRAPPED_NAMESPACE=dsa_cub \
              -Xcompiler -fvisibility=hidden -Xcompiler -Wall --expt-relaxed-constexpr
 LDLIBS_CUDA := -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++ -lm
 RPATH_CUDA  := -Wl,-rpath,$(CUDA_HOME)/lib64
