@@ -18,8 +18,9 @@ Issue 16: a ratio is only a same-run ratio. This program loads build/libdsa.so w
                 on index_q / weights padded with zero heads 32 -> 64 (its SM90 kernel asserts
                 heads >= 64), fed libdsa's normalised target and softmax(z) so that its score
                 gradient equals libdsa's g from dsa_indexer_loss; padded heads' outputs dropped
-                (DSA_TRAIN_KERNEL=N in the environment sets libdsa's DSA_OPTION_TRAIN_KERNEL: 2 forces
-                the sm_90a kernels, and in det1 the deterministic d_index_k from slot rows)
+                (DSA_TRAIN_KERNEL=N in the environment sets libdsa's DSA_OPTION_TRAIN_KERNEL: 1 forces
+                the CUDA-core kernels, 2 the sm_90a ones; the default on an H200 runs the sm_90a ones,
+                in det1 with the deterministic d_index_k from slot rows)
 
 Timing, the same for every implementation: one warm-up call (for cuDNN it compiles: its host time,
 synchronised, is "peer_compile_s"), one untimed probe call (its host time sizes the spin), then

@@ -894,9 +894,9 @@ static void bench_idx(bench *b, const shape *sh) {
 /* ---------------------------------------------------------------------------------------------
  * Indexer training (docs/indexer-training.md): the slot scores, the KL loss and the indexer backward
  * on the indexer's own indices and inputs (random bf16 index q / k, fp32 weights; the target uniform
- * in [0, 1]); the backward in the default mode, the deterministic one, and the deterministic one with
- * DSA_OPTION_TRAIN_KERNEL = SM90 (its d_index_k from the sm_90a kernel's slot rows: "det1,rows", only
- * with DSA_BENCH_EXPERIMENTAL=1 while that pass has not run on a GPU).
+ * in [0, 1]); the backward in the default mode, the deterministic one (on cc 9.0 its d_index_k from
+ * the sm_90a kernel's slot rows), and the deterministic one with DSA_OPTION_TRAIN_KERNEL = PORTABLE
+ * ("det1,portable": the CUDA-core sorted pass, what other devices run).
  * The slot target needs the attention's inputs: the bwd-* shapes time it ("slot-target" rows).
  * ------------------------------------------------------------------------------------------- */
 static void bench_train(bench *b, const shape *sh) {
@@ -971,11 +971,9 @@ static void bench_train(bench *b, const shape *sh) {
     const char *name;
     int det;
     int kernel; /* DSA_OPTION_TRAIN_KERNEL while the row runs */
-  } passes[] = {{"det0", 0, DSA_TRAIN_KERNEL_AUTO}, {"det1", 1, DSA_TRAIN_KERNEL_AUTO}, {"det1,rows", 1, DSA_TRAIN_KERNEL_SM90}};
+  } passes[] = {{"det0", 0, DSA_TRAIN_KERNEL_AUTO}, {"det1", 1, DSA_TRAIN_KERNEL_AUTO},
+                {"det1,portable", 1, DSA_TRAIN_KERNEL_PORTABLE}};
   for (int i = 0; i < (int)(sizeof passes / sizeof passes[0]); ++i) {
-    /* the slot-rows pass is opt-in in the library until it has run on a GPU: here too */
-    if (passes[i].kernel == DSA_TRAIN_KERNEL_SM90 && !(getenv("DSA_BENCH_EXPERIMENTAL") && *getenv("DSA_BENCH_EXPERIMENTAL")))
-      continue;
     progress(sh, passes[i].name);
     dsa_indexer_bwd_params *p = &ta.bw;
     memset(p, 0, sizeof *p);
@@ -1098,8 +1096,7 @@ static void usage(FILE *f) {
           "                   variant gets ,ho<N>; also from DSA_FWD_HANDOFF=LIST (the option wins);\n"
           "                   default: the library's (0)\n"
           "  environment: DSA_BWD_VARIANT, DSA_FWD_KV_L2_HINT, DSA_FWD_SMALL_AUTO_MAX, DSA_TOPK_KERNEL set the\n"
-          "                   matching option of include/dsa_tune.h (see the top of bench/dsa_bench.c);\n"
-          "                   DSA_BENCH_EXPERIMENTAL=1 adds the rows of paths not yet run on a GPU (train-*: det1,rows)\n");
+          "                   matching option of include/dsa_tune.h (see the top of bench/dsa_bench.c)\n");
 }
 
 static void list_shapes(void) {

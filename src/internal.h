@@ -363,7 +363,8 @@ DSA_HIDDEN dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const 
                                                   cudaStream_t stream);
 /* The same kernel over tokens [t0, t0 + count), writing each valid slot's fp32 dK row at rows[((t -
  * t0) topk + j) 128] instead of reducing it (the deterministic d_index_k's chunked pass); d_index_q
- * and d_weights as above; DSA_ERROR_UNSUPPORTED likewise. */
+ * and d_weights as above; DSA_ERROR_UNSUPPORTED likewise. count 0 runs the launch checks alone
+ * (dsa_launch_indexer_bwd's automatic choice of the pass). */
 DSA_HIDDEN dsa_status dsa_launch_indexer_bwd_sm90_rows(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
                                                        float *rows, int64_t t0, int64_t count, cudaStream_t stream);
 /* The slot scores on sm_90a (the same file; T > 0): zeroes the scores, then one warpgroup per token

@@ -151,7 +151,8 @@ static inline dsa_status tc_context_create(dsa_context **ctx) {
 }
 
 /* DSA_TEST_EXPERIMENTAL=1 also runs the kernel paths that are written but not yet verified on a GPU
- * (none today: the last such path, the warp-specialised backward, ran and became a default). Off by
+ * (none today: the last such path, the deterministic indexer backward's slot-rows pass, ran and
+ * became a default). Off by
  * default, so that `make test` on a GPU machine never runs unverified device code (a hang there
  * would hang the suite); a GPU session runs them with it set, then folds the verified ones into the
  * default. */

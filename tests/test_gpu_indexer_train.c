@@ -511,15 +511,12 @@ static void run_indexer_bwd(gpu_env *env, tc_rng *rng, const idx_case *c) {
   d.dw_stride = dw_st;
   d.d_index_k = dpoison(ndk);
   d.dk_stride = dk_st;
-  /* both kernels (DSA_OPTION_TRAIN_KERNEL) in both modes, and AUTO in the deterministic mode (the
-   * sm_90a kernel for d_index_q / d_weights, the CUDA-core sorted pass for d_index_k); the sm_90a
-   * one may decline only off an H200-class device (DSA_TEST_REQUIRE_SM90). SM90 forced in the
-   * deterministic mode runs the slot-rows pass, not yet run on a GPU: only with
-   * DSA_TEST_EXPERIMENTAL=1 (docs/reliability.md section 3b) */
+  /* both kernels (DSA_OPTION_TRAIN_KERNEL) in both modes, and AUTO in the deterministic mode (on cc
+   * 9.0 the sm_90a kernel's slot-rows pass, as SM90 forced; elsewhere the CUDA-core sorted pass); the
+   * sm_90a one may decline only off an H200-class device (DSA_TEST_REQUIRE_SM90) */
   for (int kd = 0; kd < 5; ++kd) {
     const int det = kd == 4 ? 1 : kd % 2;
     const int kernel = kd == 4 ? DSA_TRAIN_KERNEL_AUTO : kd < 2 ? DSA_TRAIN_KERNEL_PORTABLE : DSA_TRAIN_KERNEL_SM90;
-    if (kd == 3 && !tc_experimental()) continue;
     d.deterministic = det;
     size_t bytes = 0, again = 0;
     TC_OK(dsa_indexer_bwd(env->ctx, &d, NULL, &bytes, env->stream));
@@ -553,12 +550,11 @@ static void run_indexer_bwd(gpu_env *env, tc_rng *rng, const idx_case *c) {
         if (kernel == DSA_TRAIN_KERNEL_PORTABLE) {
           check_rows_bf16(det ? "d_index_q (det)" : "d_index_q", dq, T, dq_st, H, dq_sh, dq_ref, 128, 1e-2);
           check_rows_bf16(det ? "d_index_k (det)" : "d_index_k", dk, Tk, dk_st, 1, 0, dk_ref, 128, 1e-2);
-        } else { /* the sm_90a kernel's G is bf16 (the _base bounds); AUTO's deterministic d_index_k is
-                  * the CUDA-core pass, SM90's the slot rows of the sm_90a kernel */
+        } else { /* the sm_90a kernel's G is bf16 (the _base bounds, which also hold for AUTO's
+                  * CUDA-core fallback off cc 9.0); the deterministic d_index_k is the slot rows' */
           check_rows_bf16_base("d_index_q (sm90)", dq, T, dq_st, H, dq_sh, dq_ref, bq, 128, 1e-2, 4e-3);
-          if (det && kernel == DSA_TRAIN_KERNEL_AUTO) check_rows_bf16("d_index_k (det)", dk, Tk, dk_st, 1, 0, dk_ref, 128, 1e-2);
-          else check_rows_bf16_base(det ? "d_index_k (det, sm90 rows)" : "d_index_k (sm90)", dk, Tk, dk_st, 1, 0, dk_ref,
-                                    bk, 128, 1e-2, 4e-3);
+          check_rows_bf16_base(det ? "d_index_k (det, sm90 rows)" : "d_index_k (sm90)", dk, Tk, dk_st, 1, 0, dk_ref,
+                               bk, 128, 1e-2, 4e-3);
         }
         check_rows_f32_base("d_weights", dw, dw_st, dw_ref, H, dw_base, T, (int)H, 1e-4, NULL);
         if (T > 0) check_gaps16("d_index_q", dq, ndq / 2, T, dq_st, H, dq_sh, 128);

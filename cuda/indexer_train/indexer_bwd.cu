@@ -27,8 +27,8 @@
  *    recompute x for every head of the entry's token and store c = g w [x > 0]; thread d adds
  *    c q[t, h, d] over the entries in sorted order and the heads in ascending order, then writes
  *    bf16 d_index_k[r, d] (0 for rows nothing references). No atomics: bitwise reproducible.
- *  - deterministic d_index_k from slot rows (opt-in: DSA_OPTION_TRAIN_KERNEL = SM90, not yet run on
- *    a GPU): the same sort and offsets, then per chunk of kDetChunkTokens tokens the sm_90a kernel
+ *  - deterministic d_index_k from slot rows (where the sm_90a kernel runs: the automatic choice on
+ *    cc 9.0, DSA_OPTION_TRAIN_KERNEL forces either pass): the same sort and offsets, then per chunk of kDetChunkTokens tokens the sm_90a kernel
  *    writes each valid slot's fp32 dK row (the tensor-core G q of the non-deterministic mode) and
  *    dk_rows_reduce_kernel adds them per key in sorted order onto the key's fp32 sum (one warp per
  *    key, a cursor per key carried between chunks); the last chunk writes bf16 d_index_k.
@@ -428,10 +428,24 @@ extern "C" dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_i
   unsigned char *ws = tr_align_workspace(workspace);
   const int64_t T = p->num_tokens, Tk = p->num_keys;
   float *acc = (!p->deterministic && Tk > 0) ? (float *)(ws + L.acc) : nullptr;
-  /* the deterministic d_index_k from the sm_90a kernel's slot rows: opt-in (DSA_OPTION_TRAIN_KERNEL =
-   * SM90) until it has run on a GPU */
-  const bool rows_pass = p->deterministic && T > 0 && Tk > 0 &&
-                         ctx->options[DSA_OPTION_TRAIN_KERNEL] == DSA_TRAIN_KERNEL_SM90;
+  /* the deterministic d_index_k from the sm_90a kernel's slot rows: SM90 forces it (a decline is the
+   * op's error, at the first chunk's launch), AUTO takes it where the kernel's checks pass (a launch
+   * of 0 tokens runs them and nothing else), PORTABLE keeps the CUDA-core pass */
+  bool rows_pass = false;
+  if (p->deterministic && T > 0 && Tk > 0) {
+    const int64_t kernel = ctx->options[DSA_OPTION_TRAIN_KERNEL];
+    if (kernel == DSA_TRAIN_KERNEL_SM90) {
+      rows_pass = true;
+    } else if (kernel == DSA_TRAIN_KERNEL_AUTO) {
+      dsa_saved_message saved;
+      dsa_message_save(&saved);
+      const dsa_status s = dsa_launch_indexer_bwd_sm90_rows(ctx, p, nullptr, 0, 0, stream);
+      if (!dsa_declined(s, &saved)) {
+        if (s != DSA_SUCCESS) return s;
+        rows_pass = true;
+      }
+    }
+  }
   int lay1 = 0;
   if (T > 0 && !rows_pass) {
     if (acc != nullptr) DSA_TRY(dsa_cuda_status(cudaMemsetAsync(acc, 0, (size_t)Tk * kD * 4, stream), fn));

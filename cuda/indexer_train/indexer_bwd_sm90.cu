@@ -8,11 +8,10 @@
  *   d_index_q[t]    = G^T K                                  ([H x 128], K = the slots' key rows)
  *   d_index_k[s_j] += (G q_idx[t])[j]                        ([64 x 128] per tile, fp32 reductions)
  * The automatic choice on cc 9.0 (DSA_OPTION_TRAIN_KERNEL forces either kernel); the CUDA-core
- * kernels of indexer_bwd.cu run everything else, and the deterministic d_index_k (this kernel then
- * writes d_index_q and d_weights only, acc NULL). With rows (the deterministic mode when
- * DSA_OPTION_TRAIN_KERNEL forces SM90; not yet run on a GPU) the kernel covers tokens [t0, t0 +
- * grid) and writes each valid slot's dK row (fp32 [128]) at rows[((t - t0) K + j) 128] instead of
- * reducing it; dk_rows_reduce_kernel (indexer_bwd.cu) sums them per key in a fixed order.
+ * kernels of indexer_bwd.cu run everything else. In the deterministic mode the kernel runs with rows:
+ * it covers tokens [t0, t0 + grid), writes d_index_q and d_weights, and writes each valid slot's dK
+ * row (fp32 [128]) at rows[((t - t0) K + j) 128] instead of reducing it (acc NULL);
+ * dk_rows_reduce_kernel (indexer_bwd.cu) sums them per key in a fixed order.
  *
  * One CTA per token, one warpgroup of 128 threads, __launch_bounds__(128, 2): two CTAs per SM, so one
  * CTA's reductions and gathers run under the other's wgmmas. Heads padded to 64 (zero q rows and
