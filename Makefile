@@ -195,13 +195,11 @@ run: $(BUILD)/bench/dsa_layer
 	$(BUILD)/bench/dsa_layer $(RUN_ARGS)
 
 # The kernels' compile-time experiment switches (A/B builds for the GPU machine: docs/perf.md "How to
-# run"): each file compiled once more with its switch, so they keep compiling (CI runs this).
-EXPERIMENTS := cuda/attn_fwd/fwd_sm90_h64.cu:-DDSA_FWD_PERSISTENT=1 \
-               cuda/indexer_train/slot_target_sm90.cu:-DDSA_SLOT_TARGET_PRODUCERS=2 \
-               cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_DESCENDING=1
+# run"), entries file.cu:-DSWITCH=value: each file compiled once more with its switch, so they keep
+# compiling (CI runs this). The list is empty when no experiment is pending; the target then does nothing.
+EXPERIMENTS :=
 experiments:
-	@mkdir -p $(BUILD)/experiments
-	@for e in $(EXPERIMENTS); do f=$${e%%:*}; d=$${e#*:}; echo "nvcc $$d $$f"; \
+	@for e in $(EXPERIMENTS); do f=$${e%%:*}; d=$${e#*:}; echo "nvcc $$d $$f"; mkdir -p $(BUILD)/experiments; \
 	  $(NVCC) $(NVCCFLAGS) $$d -c $$f -o $(BUILD)/experiments/$$(basename $$f .cu).o || exit 1; done
 .PHONY: experiments
 

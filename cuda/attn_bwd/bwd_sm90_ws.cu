@@ -22,8 +22,7 @@
  * error (src/attn_bwd.c).
  *
  * Grid: one CTA per (token, block of 64 heads), non-persistent, blockIdx order = token order (H = 128:
- * the two head blocks of a token adjacent; a build with -DDSA_BWD_DESCENDING=1 runs the tokens in
- * descending order instead, the longest causal rows first, for an A/B not yet run on a GPU); heads past H are zero rows with L' = +inf (P = dS = 0,
+ * the two head blocks of a token adjacent); heads past H are zero rows with L' = +inf (P = dS = 0,
  * never written). 256 threads, __launch_bounds__(256, 1), templated on NBT = D / 64 (9 or 8).
  * Tile = 64 heads (wgmma M) x 64 keys.
  *
@@ -113,10 +112,6 @@
 #include "common/sm90_common.cuh"
 #include "attn_bwd/bwd_common.cuh"       /* prep, convert (permuted accumulator), dsink, workspace regions */
 #include "attn_bwd/bwd_sm90_shared.cuh" /* Smem, MainArgs, P / dS, reductions, Q / dO load, dq, checks */
-
-#ifndef DSA_BWD_DESCENDING
-#define DSA_BWD_DESCENDING 0
-#endif
 
 namespace {
 
@@ -424,11 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
   uint8_t *smem = sm90_smem_align1024(smem_raw);
   const dsa_attn_bwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7;
-#if DSA_BWD_DESCENDING
-  const int64_t tok = args.p.num_tokens - 1 - blockIdx.x / args.num_hblocks;
-#else
   const int64_t tok = blockIdx.x / args.num_hblocks;
-#endif
   const int h0 = (int)(blockIdx.x % args.num_hblocks) * kBlockM;
   int klen = p.topk; /* slots [0, klen) may be valid */
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);

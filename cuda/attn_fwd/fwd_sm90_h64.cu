@@ -68,8 +68,6 @@
  * The last pair of WG0 is peeled (template NEXT) so every wgmma wait is unconditional: with a wait
  * under a run-time branch ptxas cannot prove the accumulators retired on every path and serializes
  * the wgmmas (C7517 / C7514).
- * attn_fwd_sm90_h64_persistent_kernel: the same work on persistent CTAs, compiled and launched only in
- * a build with -DDSA_FWD_PERSISTENT=1 (an A/B experiment; see its comment).
  * Template MB = true: the same kernel with the four hand-offs on mbarriers instead of named barriers
  * (hand_post below), kept because racecheck follows mbarriers but not barrier.arrive -> barrier.sync;
  * DSA_OPTION_FWD_SM90_HANDOFF selects it (the test suites do under racecheck).
@@ -451,12 +449,10 @@ __device__ __forceinline__ void init_bars(uint64_t *q_full, uint64_t (*full)[2],
 }
 
 /* The producer's part of one item (token tok, its heads from h0): its npairs pairs of tiles into the
- * ring, whose pair count before the item is gp (the parities continue across items; 0 in the
- * one-item kernel). */
+ * ring. */
 template <int NB>
 __device__ __forceinline__ void producer_item(const FwdArgs &args, uint8_t *smem, uint64_t (*full)[2],
-                                              uint64_t (*empty)[2], int64_t tok, int klen, int npairs, uint32_t gp,
-                                              int g, int j) {
+                                              uint64_t (*empty)[2], int64_t tok, int klen, int npairs, int g, int j) {
   typedef Smem<NB> L;
   const dsa_attn_fwd_params &p = args.p;
   const int32_t *irow = p.indices + tok * p.indices_stride;
@@ -464,7 +460,7 @@ __device__ __forceinline__ void producer_item(const FwdArgs &args, uint8_t *smem
   uint8_t *valid = smem + L::kValid;
   const uint64_t pol = sm90_l2_policy(args.kv_evict_last != 0);
   for (int i = 0; i < npairs; ++i) {
-    const uint32_t par = ((gp + (uint32_t)i) & 1) ^ 1; /* first use of a half: parity 1 returns at once */
+    const uint32_t par = ((uint32_t)i & 1) ^ 1; /* first use of a half: parity 1 returns at once */
     int32_t ia[4], ib[4];
     sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
     sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
@@ -487,12 +483,11 @@ __device__ __forceinline__ void producer_item(const FwdArgs &args, uint8_t *smem
   }
 }
 
-/* A consumer warpgroup's part of one item (token tok, heads h0 .. h_end): Q, the pairs, the epilogue.
- * gp: the ring's pair count before the item (0 in the one-item kernel); qpar: q_full's phase. */
+/* A consumer warpgroup's part of one item (token tok, heads h0 .. h_end): Q, the pairs, the epilogue. */
 template <int NB, bool MB>
 __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem, uint64_t *q_full,
                                               uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand, int64_t tok,
-                                              int h0, int npairs, uint32_t gp, uint32_t qpar, int c, int t) {
+                                              int h0, int npairs, int c, int t) {
   typedef Smem<NB> L;
   const dsa_attn_fwd_params &p = args.p;
   const int h_end = args.head_end;
@@ -525,18 +520,18 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
     }
     sm90_cp_async_mbar_arrive_noinc(q_full);
   }
-  sm90_mbar_wait(q_full, qpar);
+  sm90_mbar_wait(q_full, 0);
   sm90_fence_proxy_async();
   const uint32_t sq = sm90_smem_addr(smem + L::kQ);
 
   if (c == 0) {
     if (npairs > 0) { /* S(0) */
       const uint32_t sb0 = sm90_smem_addr(smem + L::kKV);
-      wait_half(&full[0][0], gp & 1);
+      wait_half(&full[0][0], 0);
       FENCE_ARR(sacc, 32);
       sm90_wgmma_fence();
       issue_s<0, 4, true>(sacc, sq, sb0);
-      wait_half(&full[0][1], gp & 1);
+      wait_half(&full[0][1], 0);
       sm90_wgmma_fence();
       issue_s<4, NB, false>(sacc, sq, sb0);
       sm90_wgmma_commit();
@@ -544,12 +539,12 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
       FENCE_ARR(sacc, 32);
     }
     for (int i = 0; i < npairs - 1; ++i)
-      wg0_pair<NB, true, MB>(gp + i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+      wg0_pair<NB, true, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
     if (npairs > 0)
-      wg0_pair<NB, false, MB>(gp + npairs - 1, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+      wg0_pair<NB, false, MB>(npairs - 1, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
   } else {
     for (int i = 0; i < npairs; ++i)
-      wg1_pair<NB, MB>(gp + i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+      wg1_pair<NB, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
   }
 
   /* ---- epilogue: normalise, sink factor, bf16 out, lse, max_logits. Both WGs end
@@ -657,71 +652,17 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
     sm90_setmaxnreg_dec<kProducerRegs>();
     const int g = t >> 3, j = t & 7; /* the kv rows g + 16 i of thread (g, j), chunk j of each block */
 
-    producer_item<NB>(args, smem, full, empty, tok, klen, npairs, 0, g, j);
+    producer_item<NB>(args, smem, full, empty, tok, klen, npairs, g, j);
     sm90_cp_async_wait_all();
   } else {
     /* ================= consumers ================= */
     sm90_setmaxnreg_inc<kConsumerRegs>();
-    consumer_item<NB, MB>(args, smem, q_full, full, empty, hand, tok, h0, npairs, 0, 0, wg, t);
+    consumer_item<NB, MB>(args, smem, q_full, full, empty, hand, tok, h0, npairs, wg, t);
   }
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif
 }
-
-/* The same work on persistent CTAs, built only with -DDSA_FWD_PERSISTENT=1 (an experiment for an A/B,
- * not yet run on a GPU; docs/fwd-sm90-vs-flashmla.md step A5): grid = min(items, SMs), CTA b runs
- * the items b, b + grid, ... in the one-item kernel's order, its ring and its mbarriers' phases
- * continuing across items (gp counts the pairs before the item, q_full's phase the items), so the
- * producer gathers an item's first pairs while the consumers finish the item before (epilogue, then
- * Q) and no CTA pays a launch, a barrier init or a first gather per item. Between items the two
- * consumer WGs meet on kBarItem: the staged out rows and the row sums in shared memory are read before
- * the next item's Q load and sums overwrite them. */
-template <int NB, bool MB>
-__global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_persistent_kernel(const __grid_constant__ FwdArgs args) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(NB == 8 || NB == 9, "D = 512 or 576");
-  constexpr int kBarItem = 6; /* named barrier (after kBarSum): both consumer WGs between two items */
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t *smem = sm90_smem_align1024(smem_raw);
-  uint64_t *q_full, *hand;
-  uint64_t(*full)[2], (*empty)[2];
-  bars_of<NB>(smem, q_full, full, empty, hand);
-  const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
-  const uint32_t items = (uint32_t)(args.p.num_tokens * args.num_hblocks);
-  if (tid == 0) init_bars(q_full, full, empty, hand);
-  __syncthreads();
-
-  int64_t tok;
-  int h0, klen, npairs;
-  uint32_t gp = 0;
-  if (wg == 2) {
-    sm90_setmaxnreg_dec<kProducerRegs>();
-    const int g = t >> 3, j = t & 7;
-    for (uint32_t it = blockIdx.x; it < items; it += gridDim.x) {
-      item_of(args, it, tok, h0, klen, npairs);
-      producer_item<NB>(args, smem, full, empty, tok, klen, npairs, gp, g, j);
-      gp += (uint32_t)npairs;
-    }
-    sm90_cp_async_wait_all();
-  } else {
-    sm90_setmaxnreg_inc<kConsumerRegs>();
-    uint32_t k = 0;
-    for (uint32_t it = blockIdx.x; it < items; it += gridDim.x, ++k) {
-      item_of(args, it, tok, h0, klen, npairs);
-      consumer_item<NB, MB>(args, smem, q_full, full, empty, hand, tok, h0, npairs, gp, k & 1, wg, t);
-      gp += (uint32_t)npairs;
-      sm90_named_bar_sync_any(kBarItem, 256);
-    }
-  }
-#elif defined(__CUDA_ARCH__)
-  __trap();
-#endif
-}
-
-#ifndef DSA_FWD_PERSISTENT
-#define DSA_FWD_PERSISTENT 0
-#endif
 
 template <int NB, bool MB>
 dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int head_begin,
@@ -729,11 +670,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   const char *fn = "dsa_sparse_attn_fwd";
   const int smem_bytes = Smem<NB>::kBytes;
   DSA_TRY(dsa_sm90_check_smem(ctx, smem_bytes, fn));
-#if DSA_FWD_PERSISTENT
-  const void *kernel = (const void *)attn_fwd_sm90_h64_persistent_kernel<NB, MB>;
-#else
   const void *kernel = (const void *)attn_fwd_sm90_h64_kernel<NB, MB>;
-#endif
   static int attr_set[DSA_TRACKED_DEVICES];
   DSA_TRY(dsa_kernel_smem_once(kernel, smem_bytes, 0, ctx->device, attr_set, fn));
   FwdArgs args;
@@ -745,12 +682,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
   args.out_vec16 = dsa_rows_16b_aligned(p->out, p->out_stride_token, p->out_stride_head);
   const unsigned items = (unsigned)(p->num_tokens * num_hblocks);
-#if DSA_FWD_PERSISTENT
-  const unsigned grid = items < (unsigned)ctx->sm_count ? items : (unsigned)ctx->sm_count;
-  attn_fwd_sm90_h64_persistent_kernel<NB, MB><<<grid, kThreads, smem_bytes, stream>>>(args);
-#else
   attn_fwd_sm90_h64_kernel<NB, MB><<<items, kThreads, smem_bytes, stream>>>(args);
-#endif
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 

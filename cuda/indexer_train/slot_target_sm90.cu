@@ -10,8 +10,7 @@
  * 1152 B of kv per slot into shared memory and reads it once more for the wgmmas; with Q in registers
  * (RS) the wgmmas read only the tile, so shared memory carries 2 x 72 KB per tile instead of 3 x 72.
  * One CTA per (token, block of 64 heads), tokens in descending order (the longest causal rows first),
- * three warpgroups, __launch_bounds__(384, 1) (a build with -DDSA_SLOT_TARGET_PRODUCERS=2 adds a
- * second producer warpgroup, WG3, for an A/B: see kProducers):
+ * three warpgroups, __launch_bounds__(384, 1):
  *   WG2 producer (56 registers): Q (zero rows past H) into stage 2 first (q_full), then tile n into
  *       stage s = n % 3 (tile 2 also waits q_free: Q read by both consumers): waits empty[s],
  *       cp.async of the 64 kv rows (zero fill for invalid slots) into the SW128 stage and the kv
@@ -50,22 +49,14 @@
 
 namespace {
 
-/* Producer warpgroups: 1 (the default), or 2 built with -DDSA_SLOT_TARGET_PRODUCERS=2 (an experiment
- * not yet run on a GPU: eight warps issuing the gather, WG 2 + i taking the tiles n = i, i + 2, ...). */
-#ifndef DSA_SLOT_TARGET_PRODUCERS
-#define DSA_SLOT_TARGET_PRODUCERS 1
-#endif
-constexpr int kProducers = DSA_SLOT_TARGET_PRODUCERS;
-static_assert(kProducers == 1 || kProducers == 2, "one or two producer warpgroups");
-constexpr int kThreads = 128 * (2 + kProducers); /* WG0, WG1 consumers, then the producers */
-constexpr int kConsumerRegs = kProducers == 1 ? 224 : 208; /* Q 144 + S 32 + the column sums 16 + addressing */
-constexpr int kProducerRegs = kProducers == 1 ? 56 : 48;
+constexpr int kThreads = 384;  /* WG0, WG1 consumers, WG2 producer */
+constexpr int kConsumerRegs = 224; /* Q 144 + S 32 + the column sums 16 + addressing */
+constexpr int kProducerRegs = 56;
 constexpr int kBlockM = 64;    /* heads per CTA: the wgmma M */
 constexpr int kBlockN = 64;    /* slots per tile */
 constexpr int kStages = 3;
 constexpr int kBlk = 64 * 128; /* one 64 x 64 bf16 SW128 block */
-static_assert(2 * kConsumerRegs + kProducers * kProducerRegs <= (kProducers == 1 ? 504 : 512),
-              "setmaxnreg pool: 384 x 168 = 128 x 504, 512 x 128 = 128 x 512");
+static_assert(2 * kConsumerRegs + kProducerRegs <= 504, "setmaxnreg pool: 384 x 168 = 128 x 504");
 
 template <int NB>
 struct StSmem {
@@ -137,17 +128,15 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
   }
   __syncthreads();
 
-  if (kProducers == 1 ? wg == 2 : wg >= 2) {
-    /* ================= producer(s) ================= */
+  if (wg == 2) {
+    /* ================= producer ================= */
     sm90_setmaxnreg_dec<kProducerRegs>();
-    const int g = t >> 3, j = t & 7, pi = kProducers == 1 ? 0 : wg - 2;
+    const int g = t >> 3, j = t & 7;
     const int32_t *irow = p.indices + tok * p.indices_stride;
-    if (pi == 0) {
-      sm90_load_q_heads64<NB>(base + L::kKV + 2 * L::kStage, p.q, tok, p.q_stride_token, p.q_stride_head, h0,
-                              p.num_heads, g, j);
-      sm90_cp_async_mbar_arrive_noinc(q_full);
-    }
-    for (int n = pi; n < ntiles; n += kProducers) {
+    sm90_load_q_heads64<NB>(base + L::kKV + 2 * L::kStage, p.q, tok, p.q_stride_token, p.q_stride_head, h0, p.num_heads,
+                            g, j);
+    sm90_cp_async_mbar_arrive_noinc(q_full);
+    for (int n = 0; n < ntiles; ++n) {
       int s;
       uint32_t par;
       st_stage_of(n, s, par);
