@@ -173,16 +173,16 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint32_t off = b * kBlkBytes + k * 32;
-        sm90_wgmma_ss_m64n32k16(sacc, sm90_make_desc_sw128(sq + off, 16, 1024),
-                                sm90_make_desc_sw128(skv + key0 * 128 + off, 16, 1024), (b | k) != 0);
+        sm90_wgmma_ss_m64n32k16(sacc, sm90_desc_at(sq >> 4, off, 16, 1024),
+                                sm90_desc_at(skv >> 4, key0 * 128 + off, 16, 1024), (b | k) != 0);
       }
 #pragma unroll
     for (int b = 0; b < kNBV; ++b)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint32_t off = b * kBlkBytes + k * 32;
-        sm90_wgmma_ss_m64n32k16(dpacc, sm90_make_desc_sw128(sdo + off, 16, 1024),
-                                sm90_make_desc_sw128(skv + key0 * 128 + off, 16, 1024), (b | k) != 0);
+        sm90_wgmma_ss_m64n32k16(dpacc, sm90_desc_at(sdo >> 4, off, 16, 1024),
+                                sm90_desc_at(skv >> 4, key0 * 128 + off, 16, 1024), (b | k) != 0);
       }
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
@@ -276,13 +276,13 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
       sm90_wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_make_desc_sw128(sds + kk * 2048, kBlkBytes, 1024),
-                                       sm90_make_desc_sw128(sq + b * kBlkBytes + kk * 2048, kBlkBytes, 1024), kk != 0);
+        sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(sds >> 4, kk * 2048, kBlkBytes, 1024),
+                                       sm90_desc_at(sq >> 4, b * kBlkBytes + kk * 2048, kBlkBytes, 1024), kk != 0);
       if (b < kNBV) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_make_desc_sw128(sp + kk * 2048, kBlkBytes, 1024),
-                                         sm90_make_desc_sw128(sdo + b * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
+          sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(sp >> 4, kk * 2048, kBlkBytes, 1024),
+                                         sm90_desc_at(sdo >> 4, b * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
       }
       sm90_wgmma_commit();
       sm90_wgmma_wait<0>();

@@ -184,12 +184,12 @@ template <int NB, int B0>
 __device__ __forceinline__ void bwd_sm90_dq_ss(float *dq, uint32_t sds, uint32_t skv) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    const uint64_t da = sm90_make_desc_sw128(sds + kk * 32, 16, 1024);
-    sm90_wgmma_ss_m64n256k16<1>(dq, da, sm90_make_desc_sw128(skv + B0 * kBlkBytes + kk * 2048, kBlkBytes, 1024),
+    const uint64_t da = sm90_desc_at(sds >> 4, kk * 32, 16, 1024);
+    sm90_wgmma_ss_m64n256k16<1>(dq, da, sm90_desc_at(skv >> 4, B0 * kBlkBytes + kk * 2048, kBlkBytes, 1024),
                                  1);
     if constexpr (NB == 5)
       sm90_wgmma_ss_m64n64k16<0, 1>(dq + 128, da,
-                                 sm90_make_desc_sw128(skv + (B0 + 4) * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
+                                 sm90_desc_at(skv >> 4, (B0 + 4) * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
   }
 }
 

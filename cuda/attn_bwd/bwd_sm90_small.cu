@@ -181,11 +181,11 @@ __device__ __forceinline__ void small_bwd_dkv_chunk(const SArgs &args, uint32_t 
   const uint32_t boff = (uint32_t)ch * L::kQBlk;
 #pragma unroll
   for (int j = 0; j < NKS; ++j)
-    sb_wgmma_rs_tb1<CW>(acc, ads[j], sm90_make_desc_sw128(sq + boff + j * 2048, L::kQBlk, 1024), j != 0);
+    sb_wgmma_rs_tb1<CW>(acc, ads[j], sm90_desc_at(sq >> 4, boff + j * 2048, L::kQBlk, 1024), j != 0);
   if constexpr (KDO) {
 #pragma unroll
     for (int j = 0; j < NKS; ++j)
-      sb_wgmma_rs_tb1<CW>(acc, ap[j], sm90_make_desc_sw128(sdo + boff + j * 2048, L::kQBlk, 1024), 1);
+      sb_wgmma_rs_tb1<CW>(acc, ap[j], sm90_desc_at(sdo >> 4, boff + j * 2048, L::kQBlk, 1024), 1);
   }
   sm90_wgmma_commit();
   sm90_wgmma_wait<0>();
@@ -304,14 +304,14 @@ __device__ __forceinline__ void small_bwd_consumer(const SArgs &args, uint8_t *s
     for (int b = 0; b < NB; ++b)
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        sm90_wgmma_ss_nN<N, 0>(sacc, sm90_make_desc_sw128(skv + b * kSBlk + k * 32, 16, 1024),
-                          sm90_make_desc_sw128(sq + b * L::kQBlk + k * 32, 16, 1024), (b | k) != 0);
+        sm90_wgmma_ss_nN<N, 0>(sacc, sm90_desc_at(skv >> 4, b * kSBlk + k * 32, 16, 1024),
+                          sm90_desc_at(sq >> 4, b * L::kQBlk + k * 32, 16, 1024), (b | k) != 0);
 #pragma unroll
     for (int b = 0; b < kSNBV; ++b)
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        sm90_wgmma_ss_nN<N, 0>(dpacc, sm90_make_desc_sw128(skv + b * kSBlk + k * 32, 16, 1024),
-                          sm90_make_desc_sw128(sdo + b * L::kQBlk + k * 32, 16, 1024), (b | k) != 0);
+        sm90_wgmma_ss_nN<N, 0>(dpacc, sm90_desc_at(skv >> 4, b * kSBlk + k * 32, 16, 1024),
+                          sm90_desc_at(sdo >> 4, b * L::kQBlk + k * 32, 16, 1024), (b | k) != 0);
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
 #pragma unroll
@@ -381,13 +381,13 @@ __device__ __forceinline__ void small_bwd_consumer(const SArgs &args, uint8_t *s
     for (int m = 0; m < NBR; ++m)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        sm90_wgmma_ss_nN<N, 1>(dq[m], sm90_make_desc_sw128(skv + m * kSBlk + kk * 2048, kSBlk, 1024),
-                          sm90_make_desc_sw128(sds + kk * 32, 16, 1024), 1);
+        sm90_wgmma_ss_nN<N, 1>(dq[m], sm90_desc_at(skv >> 4, m * kSBlk + kk * 2048, kSBlk, 1024),
+                          sm90_desc_at(sds >> 4, kk * 32, 16, 1024), 1);
     if constexpr (kRope) {
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        sm90_wgmma_ss_nN<N, 1>(rtmp, sm90_make_desc_sw128(skv + (NB - 1) * kSBlk + kk * 2048, kSBlk, 1024),
-                          sm90_make_desc_sw128(sds + kk * 32, 16, 1024), kk != 0);
+        sm90_wgmma_ss_nN<N, 1>(rtmp, sm90_desc_at(skv >> 4, (NB - 1) * kSBlk + kk * 2048, kSBlk, 1024),
+                          sm90_desc_at(sds >> 4, kk * 32, 16, 1024), kk != 0);
     }
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();

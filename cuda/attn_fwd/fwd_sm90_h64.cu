@@ -146,17 +146,20 @@ __device__ __forceinline__ void hand_wait(int id, uint64_t *hand, int i) {
   else sm90_named_bar_sync_any(id, 256);
 }
 
-/* Issues S += Q K^T over blocks [B0, B1) (m64n64k16 SS, both K-major SW128); ZERO: the first step
- * overwrites the accumulator. */
+/* Every wgmma descriptor is b4 (the shared-memory base's address >> 4, one live register) plus a
+ * compile-time offset of the Smem map (sm90_desc_at). */
+
+/* Issues S += Q K^T over blocks [B0, B1) (m64n64k16 SS, both K-major SW128; Q at q_off, the KV buffer
+ * at kv_off); ZERO: the first step overwrites the accumulator. */
 template <int B0, int B1, bool ZERO>
-__device__ __forceinline__ void issue_s(float *sacc, uint32_t sq, uint32_t skv) {
+__device__ __forceinline__ void issue_s(float *sacc, uint32_t b4, uint32_t q_off, uint32_t kv_off) {
 #pragma unroll
   for (int b = B0; b < B1; ++b)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint32_t off = b * kBlkBytes + k * 32;
-      sm90_wgmma_ss_m64n64k16<0, 0>(sacc, sm90_make_desc_sw128(sq + off, 16, 1024),
-                                    sm90_make_desc_sw128(skv + off, 16, 1024), !(ZERO && b == B0 && k == 0));
+      sm90_wgmma_ss_m64n64k16<0, 0>(sacc, sm90_desc_at(b4, q_off + off, 16, 1024),
+                                    sm90_desc_at(b4, kv_off + off, 16, 1024), !(ZERO && b == B0 && k == 0));
     }
 }
 
@@ -223,18 +226,18 @@ __device__ __forceinline__ void store_p(uint32_t pbuf, uint32_t (*pa)[4], int wa
   sm90_fence_proxy_async();
 }
 
-/* O (+)= P V for this WG's value dims: V = buffer blocks [4 c, 4 c + 4) read MN-major (LBO 8192, SBO
- * 1024, +2048 B per 16 keys). RS: P from registers; SS: P from the shared tile at pbuf. */
-__device__ __forceinline__ void issue_pv_rs(float *o, uint32_t (*pa)[4], uint32_t sv) {
+/* O (+)= P V for this WG's value dims: V = buffer blocks [4 c, 4 c + 4) at v_off read MN-major (LBO
+ * 8192, SBO 1024, +2048 B per 16 keys). RS: P from registers; SS: P from the shared tile at p_off. */
+__device__ __forceinline__ void issue_pv_rs(float *o, uint32_t (*pa)[4], uint32_t b4, uint32_t v_off) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    sm90_wgmma_rs_m64n256k16_tb1(o, pa[kk], sm90_make_desc_sw128(sv + kk * 2048, kBlkBytes, 1024), 1);
+    sm90_wgmma_rs_m64n256k16_tb1(o, pa[kk], sm90_desc_at(b4, v_off + kk * 2048, kBlkBytes, 1024), 1);
 }
-__device__ __forceinline__ void issue_pv_ss(float *o, uint32_t pbuf, uint32_t sv) {
+__device__ __forceinline__ void issue_pv_ss(float *o, uint32_t b4, uint32_t p_off, uint32_t v_off) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk)
-    sm90_wgmma_ss_m64n256k16<1>(o, sm90_make_desc_sw128(pbuf + kk * 32, 16, 1024),
-                                sm90_make_desc_sw128(sv + kk * 2048, kBlkBytes, 1024), 1);
+    sm90_wgmma_ss_m64n256k16<1>(o, sm90_desc_at(b4, p_off + kk * 32, 16, 1024),
+                                sm90_desc_at(b4, v_off + kk * 2048, kBlkBytes, 1024), 1);
 }
 
 #define FENCE_ARR(a, n)                                                                                         \
@@ -257,12 +260,11 @@ __device__ __forceinline__ void wait_half(uint64_t *bar, uint32_t parity) {
  * S(2i + 2) is complete on return. */
 template <int NB, bool NEXT, bool MB>
 __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
-                                         uint32_t sq,
+                                         uint32_t b4,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
                                          float row_max[2], float row_sum[2], float true_max[2]) {
   typedef Smem<NB> L;
-  const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
-  const uint32_t sp0 = sm90_smem_addr(smem + L::kP0), sp1 = sm90_smem_addr(smem + L::kP1);
+  constexpr uint32_t kB0 = L::kKV, kB1 = L::kKV + L::kTile; /* the two KV buffers' offsets */
   float *sm_max = (float *)(smem + L::kMax);
   const int r0 = 16 * warp + (lane >> 2);
   float x[32], tmax[2], m0[2], alpha[2];
@@ -285,7 +287,7 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
   sm90_wgmma_fence();
-  issue_pv_rs(o, pa, sb0);
+  issue_pv_rs(o, pa, b4, kB0);
   sm90_wgmma_commit();
   sm90_wgmma_wait<0>();
   FENCE_ARR(o, 128);
@@ -312,7 +314,7 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
         pa[kk][q] = sm90_pack_bf16x2(x[e] * sc[(e >> 1) & 1], x[e + 1] * sc[(e >> 1) & 1]);
       }
   }
-  store_p(sp0, pa, warp, lane);
+  store_p(sm90_smem_addr(smem + L::kP0), pa, warp, lane);
   hand_post<MB>(kBarS0, hand);
   if (moved) rescale_o(o, sc);
   hand_wait<MB>(kBarS1, hand, i);
@@ -321,21 +323,21 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   /* O0 += sP1 V1[0:256] */
   FENCE_ARR(o, 128);
   sm90_wgmma_fence();
-  issue_pv_ss(o, sp1, sb1);
+  issue_pv_ss(o, b4, L::kP1, kB1);
   sm90_wgmma_commit();
   if constexpr (NEXT) {
     const uint32_t par = (uint32_t)(i + 1) & 1;
     wait_half(&full[0][0], par);
     FENCE_ARR(sacc, 32);
     sm90_wgmma_fence();
-    issue_s<0, 4, true>(sacc, sq, sb0);
+    issue_s<0, 4, true>(sacc, b4, L::kQ, kB0);
     sm90_wgmma_commit();
     sm90_wgmma_wait<1>(); /* the SS PV retired (groups retire in order); S half L may run on */
     FENCE_ARR(o, 128);
     sm90_mbar_arrive(&empty[1][0]); /* buffer 1 L: S(2i + 1) and this PV done */
     wait_half(&full[0][1], par);
     sm90_wgmma_fence();
-    issue_s<4, NB, false>(sacc, sq, sb0);
+    issue_s<4, NB, false>(sacc, b4, L::kQ, kB0);
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
     FENCE_ARR(sacc, 32);
@@ -349,12 +351,11 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
 /* WG1, pair i: nothing in flight on entry or return. */
 template <int NB, bool MB>
 __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
-                                         uint32_t sq,
+                                         uint32_t b4,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
                                          float row_max[2], float row_sum[2], float true_max[2]) {
   typedef Smem<NB> L;
-  const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
-  const uint32_t sp0 = sm90_smem_addr(smem + L::kP0), sp1 = sm90_smem_addr(smem + L::kP1);
+  constexpr uint32_t kB0 = L::kKV, kB1 = L::kKV + L::kTile; /* the two KV buffers' offsets */
   float *sm_max = (float *)(smem + L::kMax);
   const int r0 = 16 * warp + (lane >> 2);
   const uint32_t par = (uint32_t)i & 1;
@@ -362,10 +363,10 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
   wait_half(&full[1][1], par);
   FENCE_ARR(sacc, 32);
   sm90_wgmma_fence();
-  issue_s<4, NB, true>(sacc, sq, sb1);
+  issue_s<4, NB, true>(sacc, b4, L::kQ, kB1);
   wait_half(&full[1][0], par);
   sm90_wgmma_fence();
-  issue_s<0, 4, false>(sacc, sq, sb1);
+  issue_s<0, 4, false>(sacc, b4, L::kQ, kB1);
   sm90_wgmma_commit();
   sm90_wgmma_wait<0>();
   FENCE_ARR(sacc, 32);
@@ -387,21 +388,21 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
   softmax_step(x, m1, row_max, row_sum, alpha, pa);
   if (sm90_warp_any_factor<2>(alpha)) rescale_o(o, alpha);
   /* P1 for WG0 first: the A registers must not be read while the RS wgmma that reads them is in flight */
-  store_p(sp1, pa, warp, lane);
+  store_p(sm90_smem_addr(smem + L::kP1), pa, warp, lane);
   /* sP1 written and fenced, buffer 1 L waited (full[1][0], above): WG0's SS PV may start */
   hand_post<MB>(kBarS1, hand);
   /* O1 += P1 V1[256:512] */
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
   sm90_wgmma_fence();
-  issue_pv_rs(o, pa, sb1 + 4 * kBlkBytes);
+  issue_pv_rs(o, pa, b4, kB1 + 4 * kBlkBytes);
   sm90_wgmma_commit();
   hand_wait<MB>(kBarS0, hand, i);
   /* buffer 0 R's cp.async data: WG0 waited full[0][1] before kBarS0; order it for this WG's wgmma */
   sm90_fence_proxy_async();
   /* O1 += sP0 V0[256:512] */
   sm90_wgmma_fence();
-  issue_pv_ss(o, sp0, sb0 + 4 * kBlkBytes);
+  issue_pv_ss(o, b4, L::kP0, kB0 + 4 * kBlkBytes);
   sm90_wgmma_commit();
   sm90_wgmma_wait<1>();
   FENCE_PA(pa);
@@ -522,29 +523,28 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
   }
   sm90_mbar_wait(q_full, 0);
   sm90_fence_proxy_async();
-  const uint32_t sq = sm90_smem_addr(smem + L::kQ);
+  const uint32_t b4 = sm90_smem_addr(smem) >> 4;
 
   if (c == 0) {
     if (npairs > 0) { /* S(0) */
-      const uint32_t sb0 = sm90_smem_addr(smem + L::kKV);
       wait_half(&full[0][0], 0);
       FENCE_ARR(sacc, 32);
       sm90_wgmma_fence();
-      issue_s<0, 4, true>(sacc, sq, sb0);
+      issue_s<0, 4, true>(sacc, b4, L::kQ, L::kKV);
       wait_half(&full[0][1], 0);
       sm90_wgmma_fence();
-      issue_s<4, NB, false>(sacc, sq, sb0);
+      issue_s<4, NB, false>(sacc, b4, L::kQ, L::kKV);
       sm90_wgmma_commit();
       sm90_wgmma_wait<0>();
       FENCE_ARR(sacc, 32);
     }
     for (int i = 0; i < npairs - 1; ++i)
-      wg0_pair<NB, true, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+      wg0_pair<NB, true, MB>(i, smem, full, empty, hand, b4, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
     if (npairs > 0)
-      wg0_pair<NB, false, MB>(npairs - 1, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+      wg0_pair<NB, false, MB>(npairs - 1, smem, full, empty, hand, b4, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
   } else {
     for (int i = 0; i < npairs; ++i)
-      wg1_pair<NB, MB>(i, smem, full, empty, hand, sq, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+      wg1_pair<NB, MB>(i, smem, full, empty, hand, b4, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
   }
 
   /* ---- epilogue: normalise, sink factor, bf16 out, lse, max_logits. Both WGs end

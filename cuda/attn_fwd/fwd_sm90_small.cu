@@ -327,8 +327,8 @@ __device__ __forceinline__ void small_issue_s(float *sacc, uint32_t skv, uint32_
   for (int b = 0; b < NB; ++b)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const uint64_t da = sm90_make_desc_sw128(skv + b * kBlkBytes + k * 32, 16, 1024);
-      const uint64_t db = sm90_make_desc_sw128(sq + b * qblk + k * 32, 16, 1024);
+      const uint64_t da = sm90_desc_at(skv >> 4, b * kBlkBytes + k * 32, 16, 1024);
+      const uint64_t db = sm90_desc_at(sq >> 4, b * qblk + k * 32, 16, 1024);
       sm90_wgmma_ss_nN<NW, 0>(sacc, da, db, (b | k) != 0);
     }
   sm90_wgmma_commit();
@@ -349,8 +349,8 @@ __device__ __forceinline__ void small_issue_pv(float (*o)[NW / 2], uint32_t skv,
   for (int m = 0; m < MB; ++m)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t da = sm90_make_desc_sw128(skv + (MB0 + m) * kBlkBytes + kk * 2048, kBlkBytes, 1024);
-      const uint64_t db = sm90_make_desc_sw128(sp + kk * 32, 16, 1024);
+      const uint64_t da = sm90_desc_at(skv >> 4, (MB0 + m) * kBlkBytes + kk * 2048, kBlkBytes, 1024);
+      const uint64_t db = sm90_desc_at(sp >> 4, kk * 32, 16, 1024);
       sm90_wgmma_ss_nN<NW, 1>(o[m], da, db, 1);
     }
   sm90_wgmma_commit();

@@ -25,14 +25,13 @@ __device__ __forceinline__ uint32_t sm90_smem_addr(const void *p) {
  * bits 13-0 start >> 4, 29-16 LBO >> 4, 45-32 SBO >> 4, 51-49 base offset (0: tiles 1024-B aligned),
  * 63-62 swizzle (1 = 128B). */
 __device__ __forceinline__ uint64_t sm90_desc_enc(uint32_t x) { return (uint64_t)((x & 0x3FFFF) >> 4); }
-__device__ __forceinline__ uint64_t sm90_make_desc_sw128(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
-  return sm90_desc_enc(smem_addr) | (sm90_desc_enc(lbo) << 16) | (sm90_desc_enc(sbo) << 32) |
-         ((uint64_t)1 << 62);
-}
-/* The SW128 descriptor of the tile at byte offset `off` from a 1024-B aligned shared-memory base whose
- * address >> 4 is base4 (addresses below 256 KB: no mask needed). With off, lbo and sbo compile-time
- * constants every descriptor of a kernel is one add on one register, so a kernel short of registers
- * keeps a single base live instead of one descriptor per tile. */
+/* The SW128 descriptor of the tile at byte offset `off` from a 16-B aligned shared-memory base whose
+ * address >> 4 is base4. Shared-window addresses are below 256 KB, so the 14-bit start field never
+ * carries into LBO and no mask is needed: the start is one add. With off, lbo and sbo compile-time
+ * constants every descriptor of a tile is an add on one register (building it from the tile's
+ * address instead costs a mask, a shift and an or per operand on the uniform datapath before each
+ * wgmma), and a kernel short of registers keeps a single base live. Tiles start on 1024-B boundaries
+ * (base offset 0). */
 __device__ __forceinline__ uint64_t sm90_desc_at(uint32_t base4, uint32_t off, uint32_t lbo, uint32_t sbo) {
   return ((uint64_t)((uint32_t)sm90_desc_enc(sbo) | (1u << 30)) << 32) |
          (uint32_t)(base4 + (off >> 4) + ((uint32_t)sm90_desc_enc(lbo) << 16));

@@ -308,14 +308,14 @@ __global__ void __launch_bounds__(kThreads, 1) idx_sm90_kernel(const __grid_cons
      * step overwrites the accumulators (the previous tile's epilogue has read them: the asm
      * statements keep their order, and acc is an output of the first) */
     sm90_wgmma_fence();
-    wgmma_ss_m64n256k16_first(acc, sm90_make_desc_sw128(st, 16, 1024), sm90_make_desc_sw128(sq, 16, 1024));
+    wgmma_ss_m64n256k16_first(acc, sm90_desc_at(st >> 4, 0, 16, 1024), sm90_desc_at(sq >> 4, 0, 16, 1024));
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
       for (int k = 0; k < 4; ++k)
         if (b | k)
-          sm90_wgmma_ss_m64n256k16<0>(acc, sm90_make_desc_sw128(st + b * kBlkBytes + k * 32, 16, 1024),
-                              sm90_make_desc_sw128(sq + b * kQBlk + k * 32, 16, 1024), 1);
+          sm90_wgmma_ss_m64n256k16<0>(acc, sm90_desc_at(st >> 4, b * kBlkBytes + k * 32, 16, 1024),
+                              sm90_desc_at(sq >> 4, b * kQBlk + k * 32, 16, 1024), 1);
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
 #pragma unroll
