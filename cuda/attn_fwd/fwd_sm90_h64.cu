@@ -449,6 +449,24 @@ __device__ __forceinline__ void init_bars(uint64_t *q_full, uint64_t (*full)[2],
   sm90_mbar_init_fence();
 }
 
+#ifndef DSA_FWD_PRODUCER_HOIST
+#define DSA_FWD_PRODUCER_HOIST 0
+#endif
+#if DSA_FWD_PRODUCER_HOIST
+/* One half of a gathered tile from sources computed before: blocks [B0, B1) of the thread's four rows
+ * (dst: its chunk of row g in the tile; rows g + 16 r at + 2048 r), src-size 16 where bit 4 + r of
+ * vbits is set, else 0 (zero fill). */
+template <int B0, int B1>
+__device__ __forceinline__ void gather_half(uint32_t dst, const uint16_t *const src[4], uint32_t vbits, uint64_t pol) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const uint32_t sz = (vbits >> r) & 16u;
+#pragma unroll
+    for (int b = B0; b < B1; ++b) sm90_cp_async16_hint(dst + b * kBlkBytes + r * 2048, src[r] + b * 64, sz, pol);
+  }
+}
+#endif
+
 /* The producer's part of one item (token tok, its heads from h0): its npairs pairs of tiles into the
  * ring. */
 template <int NB>
@@ -465,6 +483,52 @@ __device__ __forceinline__ void producer_item(const FwdArgs &args, uint8_t *smem
     int32_t ia[4], ib[4];
     sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
     sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
+#if DSA_FWD_PRODUCER_HOIST
+    /* An experiment (the Makefile's EXPERIMENTS): the pair's eight row sources and their validity
+     * before the first empty wait, so that each half after its wait is a plain run of cp.async (the
+     * 64-bit address arithmetic otherwise sits between each wait and its copies). */
+    const uint32_t dst = sb0 + sm90_sw128_chunk_off(g, j);
+    const uint16_t *src[2][4];
+    uint32_t vbits = 0; /* bit 4 + 4 t + r: row r of tile t is a valid slot */
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      bool ok;
+      src[0][r] = sm90_gather_src(ia[r], j, p.kv, p.kv_stride, p.num_kv, p.q, &ok);
+      vbits |= (uint32_t)ok << (4 + r);
+      src[1][r] = sm90_gather_src(ib[r], j, p.kv, p.kv_stride, p.num_kv, p.q, &ok);
+      vbits |= (uint32_t)ok << (8 + r);
+    }
+    /* keep the arithmetic above the waits (ptxas would otherwise sink it to each use) */
+#pragma unroll
+    for (int t2 = 0; t2 < 2; ++t2)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) asm volatile("" : "+l"(src[t2][r]));
+    asm volatile("" : "+r"(vbits));
+    sm90_mbar_wait(&empty[0][0], par);
+    gather_half<0, 4>(dst, src[0], vbits, pol);
+    if (j == 0) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) valid[g + 16 * r] = (vbits >> (4 + r)) & 1;
+    }
+    sm90_cp_async_mbar_arrive_noinc(&full[0][0]);
+    sm90_mbar_arrive(&full[0][0]);
+    sm90_mbar_wait(&empty[1][1], par);
+    gather_half<4, NB>(dst + L::kTile, src[1], vbits >> 4, pol);
+    if (j == 0) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) valid[64 + g + 16 * r] = (vbits >> (8 + r)) & 1;
+    }
+    sm90_cp_async_mbar_arrive_noinc(&full[1][1]);
+    sm90_mbar_arrive(&full[1][1]);
+    sm90_mbar_wait(&empty[0][1], par);
+    gather_half<4, NB>(dst, src[0], vbits, pol);
+    sm90_cp_async_mbar_arrive_noinc(&full[0][1]);
+    sm90_mbar_arrive(&full[0][1]);
+    sm90_mbar_wait(&empty[1][0], par);
+    gather_half<0, 4>(dst + L::kTile, src[1], vbits >> 4, pol);
+    sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
+    sm90_mbar_arrive(&full[1][0]);
+#else
     sm90_mbar_wait(&empty[0][0], par);
     sm90_gather_kv_blocks<0, 4, true>(sb0, valid, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
     sm90_cp_async_mbar_arrive_noinc(&full[0][0]);
@@ -481,6 +545,7 @@ __device__ __forceinline__ void producer_item(const FwdArgs &args, uint8_t *smem
     sm90_gather_kv_blocks<0, 4, false>(sb1, nullptr, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
     sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
     sm90_mbar_arrive(&full[1][0]);
+#endif
   }
 }
 
