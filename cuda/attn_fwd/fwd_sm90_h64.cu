@@ -452,6 +452,9 @@ __device__ __forceinline__ void init_bars(uint64_t *q_full, uint64_t (*full)[2],
 #ifndef DSA_FWD_PRODUCER_HOIST
 #define DSA_FWD_PRODUCER_HOIST 0
 #endif
+#ifndef DSA_FWD_EPILOGUE_STSM
+#define DSA_FWD_EPILOGUE_STSM 0
+#endif
 #if DSA_FWD_PRODUCER_HOIST
 /* One half of a gathered tile from sources computed before: blocks [B0, B1) of the thread's four rows
  * (dst: its chunk of row g in the tile; rows g + 16 r at + 2048 r), src-size 16 where bit 4 + r of
@@ -660,6 +663,43 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
      * 4-B writes of 8 rows and the 16-B reads of one row are both conflict-free), then writes each row
      * as 32 x 16 B: whole 32-B sectors, a quarter of the store instructions. */
     uint8_t *stage = smem + L::kQ;
+#if DSA_FWD_EPILOGUE_STSM
+    /* An experiment (the Makefile's EXPERIMENTS): the staging by stmatrix, four 8 x 8 tiles per
+     * instruction (lane l addresses row l % 8 of tile l / 8: tiles 0 / 1 rows 0-7 / 8-15 of column
+     * block 2 q, tiles 2 / 3 of block 2 q + 1), 16 per thread instead of 64 4-B stores; then the
+     * rows in two batches of eight 16-B loads and eight stores, one row pointer stepped by the head
+     * stride and no branch around the loads. */
+    {
+      const int m = lane >> 3, rs = 16 * warp + (lane & 7) + 8 * (m & 1);
+      const uint32_t sbase = sm90_smem_addr(stage) + rs * 1024;
+#pragma unroll
+      for (int q = 0; q < 16; ++q) {
+        const int i = 8 * q;
+        sm90_stmatrix_x4(sbase + (((32 * c + 2 * q + (m >> 1)) ^ (lane & 7)) << 4),
+                         sm90_pack_bf16x2(o[i] * fac[0], o[i + 1] * fac[0]),
+                         sm90_pack_bf16x2(o[i + 2] * fac[1], o[i + 3] * fac[1]),
+                         sm90_pack_bf16x2(o[i + 4] * fac[0], o[i + 5] * fac[0]),
+                         sm90_pack_bf16x2(o[i + 6] * fac[1], o[i + 7] * fac[1]));
+      }
+    }
+    __syncwarp();
+    {
+      const int nrow = h_end - (h0 + 16 * warp); /* rows of this warp that exist (<= 0: none) */
+      uint16_t *orow = p.out + tok * p.out_stride_token + (int64_t)(h0 + 16 * warp) * p.out_stride_head + c * 256 + 8 * lane;
+      const uint8_t *srd = stage + 16 * warp * 1024;
+#pragma unroll
+      for (int bt = 0; bt < 2; ++bt) {
+        uint4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = *(const uint4 *)(srd + (8 * bt + k) * 1024 + (((32 * c + lane) ^ k) << 4));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          if (8 * bt + k < nrow) *(uint4 *)orow = v[k];
+          orow += p.out_stride_head;
+        }
+      }
+    }
+#else
     const int r0 = 16 * warp + (lane >> 2);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -678,6 +718,7 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
       if (h < h_end)
         *(uint4 *)(p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * 256 + 8 * lane) = v;
     }
+#endif
   } else {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
