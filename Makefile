@@ -199,6 +199,7 @@ run: $(BUILD)/bench/dsa_layer
 # compiling (CI runs this). The list is empty when no experiment is pending; the target then does nothing.
 EXPERIMENTS := cuda/attn_fwd/fwd_sm90_h64.cu:-DDSA_FWD_PRODUCER_HOIST=1 \
                cuda/attn_fwd/fwd_sm90_h64.cu:-DDSA_FWD_EPILOGUE_STSM=1 \
+               cuda/attn_fwd/fwd_sm90_h64.cu:-DDSA_FWD_Q_TMA=1 \
                cuda/indexer_train/slot_target_sm90.cu:-DDSA_SLOT_TARGET_PRODUCER_HOIST=1
 experiments:
 	@for e in $(EXPERIMENTS); do f=$${e%%:*}; d=$${e#*:}; echo "nvcc $$d $$f"; mkdir -p $(BUILD)/experiments; \

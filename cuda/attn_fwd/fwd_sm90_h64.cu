@@ -82,6 +82,16 @@
 #include "internal.h"
 #include "common/sm90_common.cuh"
 
+/* -DDSA_FWD_Q_TMA=1 (an experiment, the Makefile's EXPERIMENTS): Q by three-dimensional TMA boxes
+ * (head_dim, heads, tokens) instead of the consumers' cp.async, from a tensor map the launcher
+ * encodes (cuTensorMapEncodeTiled through the runtime's driver entry point: no link to libcuda). */
+#ifndef DSA_FWD_Q_TMA
+#define DSA_FWD_Q_TMA 0
+#endif
+#if DSA_FWD_Q_TMA
+#include <cuda.h>
+#endif
+
 namespace {
 
 constexpr int kThreads = 384;
@@ -117,6 +127,10 @@ struct FwdArgs {
   int num_hblocks, head_begin, head_end;
   int kv_evict_last; /* the KV gather's L2 policy (dsa_fwd_kv_evict_last) */
   int out_vec16;     /* 1: out rows 16-B aligned (staged, 16-B stores), else 4-B stores from registers */
+#if DSA_FWD_Q_TMA
+  int q_tma;         /* 1: qmap holds Q's tensor map (else the encode failed: Q by cp.async) */
+  CUtensorMap qmap;  /* dims (head_dim, num_heads, num_tokens), box (64, 64, 1), SWIZZLE_128B */
+#endif
 };
 
 /* Device helpers: only in the sm_90a pass (and the host pass, which never calls them): the compute_90
@@ -438,8 +452,9 @@ __device__ __forceinline__ void bars_of(uint8_t *smem, uint64_t *&q_full, uint64
   hand = bars + 9;
 }
 
-__device__ __forceinline__ void init_bars(uint64_t *q_full, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand) {
-  sm90_mbar_init(q_full, 256); /* the consumers' cp.async .noinc */
+__device__ __forceinline__ void init_bars(uint64_t *q_full, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
+                                          int q_arrivals) {
+  sm90_mbar_init(q_full, q_arrivals); /* the consumers' cp.async .noinc (256), or the TMA issuer (1) */
   for (int w = 0; w < 2; ++w)
     for (int h = 0; h < 2; ++h) {
       sm90_mbar_init(&full[w][h], 256); /* 128 cp.async .noinc + 128 plain (mask bytes) */
@@ -570,6 +585,25 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}; /* the frame and the sums in it */
   float true_max[2] = {-INFINITY, -INFINITY}; /* the logits' running max of this WG's tiles (max_logits) */
 
+#if DSA_FWD_Q_TMA
+  if (args.q_tma) {
+    /* Q by NB boxes of 64 dims x 64 heads from one thread, evict_first; rows past num_heads land as
+     * zeros, rows in [h_end, num_heads) as those heads' q (their outputs are never written) */
+    if (c == 0 && t == 0) {
+      uint64_t pol;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+      const uint32_t bar = sm90_smem_addr(q_full), sq0 = sm90_smem_addr(smem + L::kQ);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(NB * 8192) : "memory");
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+        asm volatile(
+            "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+            " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(sq0 + b * 8192),
+            "l"((uint64_t)&args.qmap), "r"(64 * b), "r"(h0), "r"((int)tok), "r"(bar), "l"(pol)
+            : "memory");
+    }
+  } else
+#endif
   {
     /* Q (zero rows past h_end) by the 256 consumer threads, so that the producer starts on the first
      * KV half at once: thread (g, j) of WG c copies 16-B chunk j of every block of rows g + 16 (2 c +
@@ -750,7 +784,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
   int64_t tok;
   int h0, klen, npairs;
   item_of(args, blockIdx.x, tok, h0, klen, npairs);
-  if (tid == 0) init_bars(q_full, full, empty, hand);
+#if DSA_FWD_Q_TMA
+  if (tid == 0) init_bars(q_full, full, empty, hand, args.q_tma ? 1 : 256);
+#else
+  if (tid == 0) init_bars(q_full, full, empty, hand, 256);
+#endif
   __syncthreads();
 
   if (wg == 2) {
@@ -770,6 +808,36 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
 #endif
 }
 
+#if DSA_FWD_Q_TMA
+typedef CUresult (*EncodeTiledFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* Q's tensor map: 1 when encoded, 0 when the driver lacks the entry point or rejects the layout (the
+ * kernel then loads Q by cp.async). The entry point is looked up once per process (a race repeats the
+ * same lookup). */
+static int encode_q_map(const dsa_attn_fwd_params *p, CUtensorMap *map) {
+  static EncodeTiledFn encode;
+  static int looked_up;
+  if (!looked_up) {
+    void *f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      encode = (EncodeTiledFn)f;
+    looked_up = 1;
+  }
+  if (!encode || p->num_tokens > 0x7fffffff) return 0;
+  const cuuint64_t dims[3] = {(cuuint64_t)p->head_dim, (cuuint64_t)p->num_heads, (cuuint64_t)p->num_tokens};
+  const cuuint64_t strides[2] = {(cuuint64_t)p->q_stride_head * 2, (cuuint64_t)p->q_stride_token * 2};
+  const cuuint32_t box[3] = {64, 64, 1}, estr[3] = {1, 1, 1};
+  if (p->q_stride_head <= 0 || p->q_stride_token <= 0) return 0;
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)p->q, dims, strides, box, estr,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+#endif
+
 template <int NB, bool MB>
 dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int head_begin,
                    int head_end, int num_hblocks) {
@@ -787,6 +855,9 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   args.head_end = head_end;
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
   args.out_vec16 = dsa_rows_16b_aligned(p->out, p->out_stride_token, p->out_stride_head);
+#if DSA_FWD_Q_TMA
+  args.q_tma = encode_q_map(p, &args.qmap);
+#endif
   const unsigned items = (unsigned)(p->num_tokens * num_hblocks);
   attn_fwd_sm90_h64_kernel<NB, MB><<<items, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
