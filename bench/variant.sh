@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# A build of the kernels' compile-time experiment switches beside the default one, for bench/ab.sh:
+#   bash bench/variant.sh NAME "-DSWITCH=1 [-DOTHER=1 ...]"
+# copies the tree and its build/ (built first: make all build/bench/dsa_bench build/tests/dsa_tests)
+# to .ab/NAME, touches the sources that mention each switch (the Makefile does not track flags), and
+# rebuilds there with NVCCFLAGS="-O3 -lineinfo <switches>" (the Makefile adds its own flags), so only
+# those files recompile. Then: .ab/NAME/build/bench/dsa_bench and .ab/NAME/build/tests/dsa_tests.
+# JOBS (default 8) sets make -j; two variants can build at once.
+set -eu
+if [ $# -ne 2 ]; then sed -n 2,8p "$0"; exit 2; fi
+NAME=$1 FLAGS=$2
+[ -x build/bench/dsa_bench ] && [ -x build/tests/dsa_tests ] || { echo "variant.sh: build the default first"; exit 1; }
+DIR=.ab/$NAME
+rm -rf "$DIR"; mkdir -p "$DIR"
+cp -a Makefile include src cuda tests bench build "$DIR"/
+[ -d examples ] && cp -a examples "$DIR"/
+for f in $FLAGS; do
+  sw=${f#-D}; sw=${sw%%=*}
+  files=$(grep -rl --include='*.cu' --include='*.cuh' "$sw" cuda || true)
+  [ -n "$files" ] || { echo "variant.sh: no source under cuda/ mentions $sw"; exit 1; }
+  (cd "$DIR" && touch $files)
+done
+cd "$DIR" && make -j"${JOBS:-8}" build/bench/dsa_bench build/tests/dsa_tests NVCCFLAGS="-O3 -lineinfo $FLAGS"
