@@ -361,10 +361,12 @@ DSA_HIDDEN dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_i
  * d_index_k. DSA_ERROR_UNSUPPORTED before any launch off cc 9.0. */
 DSA_HIDDEN dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc,
                                                   cudaStream_t stream);
+/* The launch checks of both sm_90a indexer-backward launchers, alone: DSA_ERROR_UNSUPPORTED with a
+ * message where they decline (dsa_launch_indexer_bwd's automatic choice of the deterministic pass). */
+DSA_HIDDEN dsa_status dsa_indexer_bwd_sm90_check(const dsa_context *ctx, const dsa_indexer_bwd_params *p);
 /* The same kernel over tokens [t0, t0 + count), writing each valid slot's fp32 dK row at rows[((t -
  * t0) topk + j) 128] instead of reducing it (the deterministic d_index_k's chunked pass); d_index_q
- * and d_weights as above; DSA_ERROR_UNSUPPORTED likewise. count 0 runs the launch checks alone
- * (dsa_launch_indexer_bwd's automatic choice of the pass). */
+ * and d_weights as above; DSA_ERROR_UNSUPPORTED likewise. */
 DSA_HIDDEN dsa_status dsa_launch_indexer_bwd_sm90_rows(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
                                                        float *rows, int64_t t0, int64_t count, cudaStream_t stream);
 /* The slot scores on sm_90a (the same file; T > 0): zeroes the scores, then one warpgroup per token

@@ -429,8 +429,8 @@ extern "C" dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_i
   const int64_t T = p->num_tokens, Tk = p->num_keys;
   float *acc = (!p->deterministic && Tk > 0) ? (float *)(ws + L.acc) : nullptr;
   /* the deterministic d_index_k from the sm_90a kernel's slot rows: SM90 forces it (a decline is the
-   * op's error, at the first chunk's launch), AUTO takes it where the kernel's checks pass (a launch
-   * of 0 tokens runs them and nothing else), PORTABLE keeps the CUDA-core pass */
+   * op's error, at the first chunk's launch), AUTO takes it where the kernel's launch checks pass,
+   * PORTABLE keeps the CUDA-core pass */
   bool rows_pass = false;
   if (p->deterministic && T > 0 && Tk > 0) {
     const int64_t kernel = ctx->options[DSA_OPTION_TRAIN_KERNEL];
@@ -439,7 +439,7 @@ extern "C" dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_i
     } else if (kernel == DSA_TRAIN_KERNEL_AUTO) {
       dsa_saved_message saved;
       dsa_message_save(&saved);
-      const dsa_status s = dsa_launch_indexer_bwd_sm90_rows(ctx, p, nullptr, 0, 0, stream);
+      const dsa_status s = dsa_indexer_bwd_sm90_check(ctx, p);
       if (!dsa_declined(s, &saved)) {
         if (s != DSA_SUCCESS) return s;
         rows_pass = true;

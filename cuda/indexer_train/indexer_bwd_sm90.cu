@@ -376,6 +376,10 @@ dsa_status ib_check(const dsa_context *ctx, int64_t num_tokens, const char *fn) 
 
 }  // namespace
 
+extern "C" dsa_status dsa_indexer_bwd_sm90_check(const dsa_context *ctx, const dsa_indexer_bwd_params *p) {
+  return ib_check(ctx, p->num_tokens, "dsa_indexer_bwd");
+}
+
 extern "C" dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc,
                                                   cudaStream_t stream) {
   static const char fn[] = "dsa_indexer_bwd";
