@@ -973,25 +973,25 @@ static void bench_train(bench *b, const shape *sh) {
     int kernel; /* DSA_OPTION_TRAIN_KERNEL while the row runs */
   } passes[] = {{"det0", 0, DSA_TRAIN_KERNEL_AUTO}, {"det1", 1, DSA_TRAIN_KERNEL_AUTO},
                 {"det1,portable", 1, DSA_TRAIN_KERNEL_PORTABLE}};
+  dsa_indexer_bwd_params *p = &ta.bw;
+  memset(p, 0, sizeof *p);
+  p->num_tokens = T;
+  p->num_keys = Tk;
+  p->num_heads = H;
+  p->topk = K;
+  p->index_q = s.q;
+  p->index_k = s.k;
+  p->weights = s.w;
+  p->weights_dtype = DSA_DTYPE_F32;
+  p->indices = d_idx;
+  p->lengths = d_len;
+  p->grad = grad;
+  p->d_index_q = dq;
+  p->d_weights = dw;
+  p->d_index_k = dk;
   for (int i = 0; i < (int)(sizeof passes / sizeof passes[0]); ++i) {
     progress(sh, passes[i].name);
-    dsa_indexer_bwd_params *p = &ta.bw;
-    memset(p, 0, sizeof *p);
-    p->num_tokens = T;
-    p->num_keys = Tk;
-    p->num_heads = H;
-    p->topk = K;
     p->deterministic = passes[i].det;
-    p->index_q = s.q;
-    p->index_k = s.k;
-    p->weights = s.w;
-    p->weights_dtype = DSA_DTYPE_F32;
-    p->indices = d_idx;
-    p->lengths = d_len;
-    p->grad = grad;
-    p->d_index_q = dq;
-    p->d_weights = dw;
-    p->d_index_k = dk;
     ms = NAN;
     s2 = st;
     set_option(b->ctx, DSA_OPTION_TRAIN_KERNEL, passes[i].kernel);
