@@ -197,11 +197,7 @@ run: $(BUILD)/bench/dsa_layer
 # The kernels' compile-time experiment switches (A/B builds for the GPU machine: docs/perf.md "How to
 # run"), entries file.cu:-DSWITCH=value: each file compiled once more with its switch, so they keep
 # compiling (CI runs this). The list is empty when no experiment is pending; the target then does nothing.
-EXPERIMENTS := cuda/attn_fwd/fwd_sm90_h64.cu:-DDSA_FWD_PRODUCER_HOIST=1 \
-               cuda/attn_fwd/fwd_sm90_h64.cu:-DDSA_FWD_EPILOGUE_STSM=1 \
-               cuda/attn_fwd/fwd_sm90_h64.cu:-DDSA_FWD_Q_TMA=1 \
-               cuda/indexer_train/slot_target_sm90.cu:-DDSA_SLOT_TARGET_PRODUCER_HOIST=1 \
-               cuda/indexer/idx_fused_wgmma.cu:-DIDX9_DESCENDING=1
+EXPERIMENTS :=
 experiments:
 	@for e in $(EXPERIMENTS); do f=$${e%%:*}; d=$${e#*:}; echo "nvcc $$d $$f"; mkdir -p $(BUILD)/experiments; \
 	  $(NVCC) $(NVCCFLAGS) $$d -c $$f -o $(BUILD)/experiments/$$(basename $$f .cu).o || exit 1; done

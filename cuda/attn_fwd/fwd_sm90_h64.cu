@@ -82,16 +82,6 @@
 #include "internal.h"
 #include "common/sm90_common.cuh"
 
-/* -DDSA_FWD_Q_TMA=1 (an experiment, the Makefile's EXPERIMENTS): Q by three-dimensional TMA boxes
- * (head_dim, heads, tokens) instead of the consumers' cp.async, from a tensor map the launcher
- * encodes (cuTensorMapEncodeTiled through the runtime's driver entry point: no link to libcuda). */
-#ifndef DSA_FWD_Q_TMA
-#define DSA_FWD_Q_TMA 0
-#endif
-#if DSA_FWD_Q_TMA
-#include <cuda.h>
-#endif
-
 namespace {
 
 constexpr int kThreads = 384;
@@ -127,10 +117,6 @@ struct FwdArgs {
   int num_hblocks, head_begin, head_end;
   int kv_evict_last; /* the KV gather's L2 policy (dsa_fwd_kv_evict_last) */
   int out_vec16;     /* 1: out rows 16-B aligned (staged, 16-B stores), else 4-B stores from registers */
-#if DSA_FWD_Q_TMA
-  int q_tma;         /* 1: qmap holds Q's tensor map (else the encode failed: Q by cp.async) */
-  CUtensorMap qmap;  /* dims (head_dim, num_heads, num_tokens), box (64, 64, 1), SWIZZLE_128B */
-#endif
 };
 
 /* Device helpers: only in the sm_90a pass (and the host pass, which never calls them): the compute_90
@@ -452,9 +438,8 @@ __device__ __forceinline__ void bars_of(uint8_t *smem, uint64_t *&q_full, uint64
   hand = bars + 9;
 }
 
-__device__ __forceinline__ void init_bars(uint64_t *q_full, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
-                                          int q_arrivals) {
-  sm90_mbar_init(q_full, q_arrivals); /* the consumers' cp.async .noinc (256), or the TMA issuer (1) */
+__device__ __forceinline__ void init_bars(uint64_t *q_full, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand) {
+  sm90_mbar_init(q_full, 256); /* the consumers' cp.async .noinc */
   for (int w = 0; w < 2; ++w)
     for (int h = 0; h < 2; ++h) {
       sm90_mbar_init(&full[w][h], 256); /* 128 cp.async .noinc + 128 plain (mask bytes) */
@@ -464,13 +449,6 @@ __device__ __forceinline__ void init_bars(uint64_t *q_full, uint64_t (*full)[2],
   sm90_mbar_init_fence();
 }
 
-#ifndef DSA_FWD_PRODUCER_HOIST
-#define DSA_FWD_PRODUCER_HOIST 0
-#endif
-#ifndef DSA_FWD_EPILOGUE_STSM
-#define DSA_FWD_EPILOGUE_STSM 0
-#endif
-#if DSA_FWD_PRODUCER_HOIST
 /* One half of a gathered tile from sources computed before: blocks [B0, B1) of the thread's four rows
  * (dst: its chunk of row g in the tile; rows g + 16 r at + 2048 r), src-size 16 where bit 4 + r of
  * vbits is set, else 0 (zero fill). */
@@ -483,7 +461,6 @@ __device__ __forceinline__ void gather_half(uint32_t dst, const uint16_t *const 
     for (int b = B0; b < B1; ++b) sm90_cp_async16_hint(dst + b * kBlkBytes + r * 2048, src[r] + b * 64, sz, pol);
   }
 }
-#endif
 
 /* The producer's part of one item (token tok, its heads from h0): its npairs pairs of tiles into the
  * ring. */
@@ -493,7 +470,7 @@ __device__ __forceinline__ void producer_item(const FwdArgs &args, uint8_t *smem
   typedef Smem<NB> L;
   const dsa_attn_fwd_params &p = args.p;
   const int32_t *irow = p.indices + tok * p.indices_stride;
-  const uint32_t sb0 = sm90_smem_addr(smem + L::kKV), sb1 = sb0 + L::kTile;
+  const uint32_t sb0 = sm90_smem_addr(smem + L::kKV);
   uint8_t *valid = smem + L::kValid;
   const uint64_t pol = sm90_l2_policy(args.kv_evict_last != 0);
   for (int i = 0; i < npairs; ++i) {
@@ -501,11 +478,13 @@ __device__ __forceinline__ void producer_item(const FwdArgs &args, uint8_t *smem
     int32_t ia[4], ib[4];
     sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
     sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
-#if DSA_FWD_PRODUCER_HOIST
-    /* An experiment (the Makefile's EXPERIMENTS): the pair's eight row sources and their validity
-     * before the first empty wait, so that each half after its wait is a plain run of cp.async (the
-     * 64-bit address arithmetic otherwise sits between each wait and its copies). */
-    const uint32_t dst = sb0 + sm90_sw128_chunk_off(g, j);
+    /* The pair's eight row sources and their validity come before the first empty wait, so that each
+     * half after its wait is a plain run of cp.async: the 64-bit address arithmetic is off the path
+     * from a freed buffer to its copies (where the gather misses L2 this is -3% a shape). */
+    uint32_t dst = sb0 + sm90_sw128_chunk_off(g, j);
+    /* dst is opaque to ptxas: split into a uniform base plus a per-thread offset, CUDA 13.0's ptxas
+     * encodes the hinted LDGSTS with an odd uniform pair as its L2 descriptor, an illegal instruction */
+    asm volatile("" : "+r"(dst));
     const uint16_t *src[2][4];
     uint32_t vbits = 0; /* bit 4 + 4 t + r: row r of tile t is a valid slot */
 #pragma unroll
@@ -546,24 +525,6 @@ __device__ __forceinline__ void producer_item(const FwdArgs &args, uint8_t *smem
     gather_half<0, 4>(dst + L::kTile, src[1], vbits >> 4, pol);
     sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
     sm90_mbar_arrive(&full[1][0]);
-#else
-    sm90_mbar_wait(&empty[0][0], par);
-    sm90_gather_kv_blocks<0, 4, true>(sb0, valid, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
-    sm90_cp_async_mbar_arrive_noinc(&full[0][0]);
-    sm90_mbar_arrive(&full[0][0]);
-    sm90_mbar_wait(&empty[1][1], par);
-    sm90_gather_kv_blocks<4, NB, true>(sb1, valid + 64, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
-    sm90_cp_async_mbar_arrive_noinc(&full[1][1]);
-    sm90_mbar_arrive(&full[1][1]);
-    sm90_mbar_wait(&empty[0][1], par);
-    sm90_gather_kv_blocks<4, NB, false>(sb0, nullptr, ia, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
-    sm90_cp_async_mbar_arrive_noinc(&full[0][1]);
-    sm90_mbar_arrive(&full[0][1]);
-    sm90_mbar_wait(&empty[1][0], par);
-    sm90_gather_kv_blocks<0, 4, false>(sb1, nullptr, ib, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
-    sm90_cp_async_mbar_arrive_noinc(&full[1][0]);
-    sm90_mbar_arrive(&full[1][0]);
-#endif
   }
 }
 
@@ -585,25 +546,6 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f}; /* the frame and the sums in it */
   float true_max[2] = {-INFINITY, -INFINITY}; /* the logits' running max of this WG's tiles (max_logits) */
 
-#if DSA_FWD_Q_TMA
-  if (args.q_tma) {
-    /* Q by NB boxes of 64 dims x 64 heads from one thread, evict_first; rows past num_heads land as
-     * zeros, rows in [h_end, num_heads) as those heads' q (their outputs are never written) */
-    if (c == 0 && t == 0) {
-      uint64_t pol;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-      const uint32_t bar = sm90_smem_addr(q_full), sq0 = sm90_smem_addr(smem + L::kQ);
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(NB * 8192) : "memory");
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-        asm volatile(
-            "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-            " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(sq0 + b * 8192),
-            "l"((uint64_t)&args.qmap), "r"(64 * b), "r"(h0), "r"((int)tok), "r"(bar), "l"(pol)
-            : "memory");
-    }
-  } else
-#endif
   {
     /* Q (zero rows past h_end) by the 256 consumer threads, so that the producer starts on the first
      * KV half at once: thread (g, j) of WG c copies 16-B chunk j of every block of rows g + 16 (2 c +
@@ -697,43 +639,6 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
      * 4-B writes of 8 rows and the 16-B reads of one row are both conflict-free), then writes each row
      * as 32 x 16 B: whole 32-B sectors, a quarter of the store instructions. */
     uint8_t *stage = smem + L::kQ;
-#if DSA_FWD_EPILOGUE_STSM
-    /* An experiment (the Makefile's EXPERIMENTS): the staging by stmatrix, four 8 x 8 tiles per
-     * instruction (lane l addresses row l % 8 of tile l / 8: tiles 0 / 1 rows 0-7 / 8-15 of column
-     * block 2 q, tiles 2 / 3 of block 2 q + 1), 16 per thread instead of 64 4-B stores; then the
-     * rows in two batches of eight 16-B loads and eight stores, one row pointer stepped by the head
-     * stride and no branch around the loads. */
-    {
-      const int m = lane >> 3, rs = 16 * warp + (lane & 7) + 8 * (m & 1);
-      const uint32_t sbase = sm90_smem_addr(stage) + rs * 1024;
-#pragma unroll
-      for (int q = 0; q < 16; ++q) {
-        const int i = 8 * q;
-        sm90_stmatrix_x4(sbase + (((32 * c + 2 * q + (m >> 1)) ^ (lane & 7)) << 4),
-                         sm90_pack_bf16x2(o[i] * fac[0], o[i + 1] * fac[0]),
-                         sm90_pack_bf16x2(o[i + 2] * fac[1], o[i + 3] * fac[1]),
-                         sm90_pack_bf16x2(o[i + 4] * fac[0], o[i + 5] * fac[0]),
-                         sm90_pack_bf16x2(o[i + 6] * fac[1], o[i + 7] * fac[1]));
-      }
-    }
-    __syncwarp();
-    {
-      const int nrow = h_end - (h0 + 16 * warp); /* rows of this warp that exist (<= 0: none) */
-      uint16_t *orow = p.out + tok * p.out_stride_token + (int64_t)(h0 + 16 * warp) * p.out_stride_head + c * 256 + 8 * lane;
-      const uint8_t *srd = stage + 16 * warp * 1024;
-#pragma unroll
-      for (int bt = 0; bt < 2; ++bt) {
-        uint4 v[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = *(const uint4 *)(srd + (8 * bt + k) * 1024 + (((32 * c + lane) ^ k) << 4));
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          if (8 * bt + k < nrow) *(uint4 *)orow = v[k];
-          orow += p.out_stride_head;
-        }
-      }
-    }
-#else
     const int r0 = 16 * warp + (lane >> 2);
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -752,7 +657,6 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
       if (h < h_end)
         *(uint4 *)(p.out + tok * p.out_stride_token + (int64_t)h * p.out_stride_head + c * 256 + 8 * lane) = v;
     }
-#endif
   } else {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -784,11 +688,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
   int64_t tok;
   int h0, klen, npairs;
   item_of(args, blockIdx.x, tok, h0, klen, npairs);
-#if DSA_FWD_Q_TMA
-  if (tid == 0) init_bars(q_full, full, empty, hand, args.q_tma ? 1 : 256);
-#else
-  if (tid == 0) init_bars(q_full, full, empty, hand, 256);
-#endif
+  if (tid == 0) init_bars(q_full, full, empty, hand);
   __syncthreads();
 
   if (wg == 2) {
@@ -808,35 +708,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __
 #endif
 }
 
-#if DSA_FWD_Q_TMA
-typedef CUresult (*EncodeTiledFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-/* Q's tensor map: 1 when encoded, 0 when the driver lacks the entry point or rejects the layout (the
- * kernel then loads Q by cp.async). The entry point is looked up once per process (a race repeats the
- * same lookup). */
-static int encode_q_map(const dsa_attn_fwd_params *p, CUtensorMap *map) {
-  static EncodeTiledFn encode;
-  static int looked_up;
-  if (!looked_up) {
-    void *f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      encode = (EncodeTiledFn)f;
-    looked_up = 1;
-  }
-  if (!encode || p->num_tokens > 0x7fffffff) return 0;
-  const cuuint64_t dims[3] = {(cuuint64_t)p->head_dim, (cuuint64_t)p->num_heads, (cuuint64_t)p->num_tokens};
-  const cuuint64_t strides[2] = {(cuuint64_t)p->q_stride_head * 2, (cuuint64_t)p->q_stride_token * 2};
-  const cuuint32_t box[3] = {64, 64, 1}, estr[3] = {1, 1, 1};
-  if (p->q_stride_head <= 0 || p->q_stride_token <= 0) return 0;
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)p->q, dims, strides, box, estr,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-#endif
 
 template <int NB, bool MB>
 dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream, int head_begin,
@@ -855,9 +726,6 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   args.head_end = head_end;
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
   args.out_vec16 = dsa_rows_16b_aligned(p->out, p->out_stride_token, p->out_stride_head);
-#if DSA_FWD_Q_TMA
-  args.q_tma = encode_q_map(p, &args.qmap);
-#endif
   const unsigned items = (unsigned)(p->num_tokens * num_hblocks);
   attn_fwd_sm90_h64_kernel<NB, MB><<<items, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);

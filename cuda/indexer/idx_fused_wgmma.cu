@@ -73,13 +73,6 @@ constexpr int kThreads = 128 * (kConsumers + 1);
 #define IDX9_TILES_PER_CTA 32          /* 2048 keys per CTA: the Q load (128 KB) is ~3% of its work */
 #endif
 constexpr int kTilesPerCta = IDX9_TILES_PER_CTA;
-/* -DIDX9_DESCENDING=1 (an experiment, the Makefile's EXPERIMENTS): query groups in descending order
- * (blockIdx.y counts from the chunk's last queries), so that in a causal chunk the CTAs with the
- * longest windows launch first and the short or empty ones (select-all queries exit at once) fill
- * the last wave, as the 64-head forward's token order does. */
-#ifndef IDX9_DESCENDING
-#define IDX9_DESCENDING 0
-#endif
 constexpr int kConsumerRegs = 232;     /* accumulators 128 + weights 64 + sums and addresses */
 constexpr int kProducerRegs = 40;      /* cp.async address math */
 constexpr int kBlkBytes = 64 * 128;    /* a [64 rows x 64 dims] bf16 SW128 block: 8 atoms */
@@ -167,11 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1) idx_sm90_kernel(const __grid_cons
   uint64_t *bars = (uint64_t *)(smem + kOffBars);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
-#if IDX9_DESCENDING
-  const int64_t r0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * QC; /* first chunk query of the CTA */
-#else
   const int64_t r0 = (int64_t)blockIdx.y * QC;              /* first chunk query of the CTA */
-#endif
   const int64_t tb = (int64_t)blockIdx.x * kTilesPerCta;    /* first tile of the CTA's column block */
 
   /* visible window (columns of the chunk's scores rows) of each query; empty when it selects all */

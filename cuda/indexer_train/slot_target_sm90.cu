@@ -49,10 +49,6 @@
 
 namespace {
 
-#ifndef DSA_SLOT_TARGET_PRODUCER_HOIST
-#define DSA_SLOT_TARGET_PRODUCER_HOIST 0
-#endif
-
 constexpr int kThreads = 384;  /* WG0, WG1 consumers, WG2 producer */
 constexpr int kConsumerRegs = 224; /* Q 144 + S 32 + the column sums 16 + addressing */
 constexpr int kProducerRegs = 56;
@@ -146,39 +142,10 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
       st_stage_of(n, s, par);
       int32_t idxs[4];
       sm90_gather_read_indices(irow, n, g, klen, idxs);
-#if DSA_SLOT_TARGET_PRODUCER_HOIST
-      /* An experiment (the Makefile's EXPERIMENTS): the tile's four row sources and their validity
-       * before the waits, so that after them the gather is a plain run of cp.async (the forward's
-       * producer profile: the 64-bit address arithmetic after each wait delays the copies). */
-      const uint16_t *src[4];
-      uint32_t okbits = 0;
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        bool ok;
-        src[r] = sm90_gather_src(idxs[r], j, p.kv, p.kv_stride, p.num_kv, p.q, &ok);
-        okbits |= (uint32_t)ok << (4 + r);
-      }
-#pragma unroll
-      for (int r = 0; r < 4; ++r) asm volatile("" : "+l"(src[r]));
-      asm volatile("" : "+r"(okbits));
-      if (n == 2) sm90_mbar_wait(q_free, 0); /* stage 2 held Q */
-      sm90_mbar_wait(&empty[s], par ^ 1); /* first use: parity 1 returns at once */
-      {
-        const uint32_t dst = base + L::kKV + s * L::kStage + sm90_sw128_chunk_off(g, j); /* row g + 16 r: + 2048 r */
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const uint32_t sz = (okbits >> r) & 16u;
-#pragma unroll
-          for (int b = 0; b < NB; ++b) sm90_cp_async16(dst + b * kBlk + r * 2048, src[r] + b * 64, sz);
-          if (j == 0) sidx[s * kBlockN + g + 16 * r] = sz ? idxs[r] : -1;
-        }
-      }
-#else
       if (n == 2) sm90_mbar_wait(q_free, 0); /* stage 2 held Q */
       sm90_mbar_wait(&empty[s], par ^ 1); /* first use: parity 1 returns at once */
       sm90_gather_tile_idx<NB>(base + L::kKV + s * L::kStage, sidx + s * kBlockN, idxs, g, j, p.kv, p.kv_stride,
                                p.num_kv, p.q);
-#endif
       sm90_cp_async_mbar_arrive_noinc(&full[s]);
       sm90_mbar_arrive(&full[s]);
     }
