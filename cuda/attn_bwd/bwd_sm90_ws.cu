@@ -180,10 +180,31 @@ __device__ __forceinline__ void ws_target_tile(const dsa_attn_bwd_params &p, con
 /* WG0's gather of one 64-key tile into the SW128 KV tile at skv (rows g, g + 16, g + 32, g + 48 of
  * thread (g = t / 8, j = t % 8), 4 NBT cp.async per thread, zero fill for invalid slots: idxs -1 past
  * the row's length) and of the tile's kv indices (or -1) into tidx. */
+#ifndef DSA_BWD_RED_NOBRANCH
+#define DSA_BWD_RED_NOBRANCH 0
+#endif
 template <int NBT>
 __device__ __forceinline__ void ws_gather(const dsa_attn_bwd_params &p, uint32_t skv, int32_t *tidx,
                                           const int32_t idxs[4], int g, int j) {
+#if DSA_BWD_RED_NOBRANCH
+  /* An experiment (the Makefile's EXPERIMENTS): an invalid slot's entry is ~f (negative: every reader's
+   * validity test is unchanged), f a valid kv row spread over the CTAs, so that WG1 reduces its exact
+   * zeros into row f without a branch per reduction (0 * finite q / dO: +-0, which leaves any row as
+   * it is). Only with num_kv > 0: WG1 reduces nothing otherwise. */
+  const uint32_t nkv = p.num_kv > 0 ? (uint32_t)min(p.num_kv, (int64_t)INT32_MAX) : 1u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = g + 16 * i;
+    bool ok;
+    const uint16_t *src = sm90_gather_src(idxs[i], j, p.kv, p.kv_stride, p.num_kv, p.q, &ok);
+#pragma unroll
+    for (int b = 0; b < NBT; ++b)
+      sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
+    if (j == 0) tidx[r] = ok ? idxs[i] : ~(int32_t)(((uint32_t)blockIdx.x * 64u + (uint32_t)r) % nkv);
+  }
+#else
   sm90_gather_tile_idx<NBT>(skv, tidx, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
+#endif
 }
 
 /* WG0 ("front"): gather, S, dP, P / dS, dQ dims [0, 256) by RS wgmma, P / dS to smem. */
@@ -334,6 +355,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
   const int r0 = 16 * warp + (lane >> 2), odd = (lane >> 2) & 1;
   float *const rowp = args.acc + 16 * odd + 4 * (lane & 3);
   const uint64_t pol = sm90_l2_policy(true); /* reductions: evict_last */
+  const bool red_on = p.num_kv > 0;          /* (DSA_BWD_RED_NOBRANCH: no row to reduce into otherwise) */
   /* every descriptor is the shared base + a compile-time offset (sm90_desc_at): one live register */
   const uint32_t b4 = sm90_smem_addr(smem) >> 4;
 
@@ -346,6 +368,16 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
     sm90_named_bar_sync_any(kBarPdSFull, kThreads); /* P(n), dS(n), KV(n), idx(n) */
     int32_t ka[2], kb[2];
     sm90_lay1_key_rows(sidx + s * kBlockN, r0, odd, ka, kb);
+#if DSA_BWD_RED_NOBRANCH
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) { /* ~f -> f: every row valid */
+      ka[hr] ^= ka[hr] >> 31;
+      kb[hr] ^= kb[hr] >> 31;
+    }
+    constexpr bool kAllValid = true;
+#else
+    constexpr bool kAllValid = false;
+#endif
 
     /* ---- dQ[:, 256:) += dS K[:, 256:): SS, A = dS tile K-major (+32 B per k16 of keys), B = KV tile
      * dims [256, 64 NBT) MN-major (as WG0's B). Waited at once: KV(n) is then free for gather(n + 1). */
@@ -394,7 +426,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
         sm90_wgmma_wait<1>(); /* chunk c - 1 */
 #pragma unroll
         for (int i = 0; i < 32; ++i) sm90_fence_operand(prev[i]);
-        sm90_red_block_lay1<kD>(rowp, prev, c - 1, odd, ka, kb, pol);
+        if (!kAllValid || red_on) sm90_red_block_lay1<kD, kAllValid>(rowp, prev, c - 1, odd, ka, kb, pol);
       }
     }
     float *last = ((NBT - 1) & 1) ? acc1 : acc0;
@@ -402,7 +434,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
 #pragma unroll
     for (int i = 0; i < 32; ++i) sm90_fence_operand(last[i]);
     if (n + 1 < ntiles) ws_bar_arrive(kBarPdSFree, kThreads);
-    sm90_red_block_lay1<kD>(rowp, last, NBT - 1, odd, ka, kb, pol);
+    if (!kAllValid || red_on) sm90_red_block_lay1<kD, kAllValid>(rowp, last, NBT - 1, odd, ka, kb, pol);
   }
   int64_t tok_e;
   int h0_e;

@@ -355,8 +355,9 @@ __device__ __forceinline__ void sm90_ldmatrix_x4(uint32_t addr, uint32_t r[4]) {
 /* One red.global.add.v4.f32 of four fp32 where the row is valid (row >= 0), with the L2 policy `pol`
  * (evict_last: the accumulator's lines stay while gathers and other operands stream past them). (A predicate set inside the asm instead of
  * the branch costs D = 576 12-28 bytes of spills at 255 registers.) */
+template <bool kAllValid = false>
 __device__ __forceinline__ void sm90_red4_hint(float *dst, float a, float b, float c, float d, int32_t row, uint64_t pol) {
-  if (row < 0) return;
+  if (!kAllValid && row < 0) return;
   asm volatile("red.relaxed.gpu.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(dst), "f"(a), "f"(b),
                "f"(c), "f"(d), "l"(pol)
                : "memory");
@@ -369,14 +370,15 @@ __device__ __forceinline__ void sm90_red4_hint(float *dst, float a, float b, flo
  * needs, one shfl.xor 4 moves it, and one select each assembles the even quad's row (`lo` of the even
  * lane, the received `hi` on the odd one) and the odd quad's row (the received `lo`, the own `hi`).
  * rowp: this lane's base in the accumulator (+ 16 odd + 4 (lane % 4) columns); ka / kb [hr]: the even /
- * the odd quad's kv row of key row r0 + 8 hr (-1: invalid, predicated off). */
-template <int kD>
+ * the odd quad's kv row of key row r0 + 8 hr (-1: invalid, predicated off; kAllValid: every row is a
+ * valid kv row, no test and no branch per reduction). */
+template <int kD, bool kAllValid = false>
 __device__ __forceinline__ void sm90_red_block_lay1(float *rowp, const float *acc, int b, int odd, const int32_t ka[2],
                                            const int32_t kb[2], uint64_t pol) {
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
-    float *const pa = rowp + (int64_t)max(ka[hr], 0) * kD + 64 * b;
-    float *const pb = rowp + (int64_t)max(kb[hr], 0) * kD + 64 * b;
+    float *const pa = rowp + (int64_t)(kAllValid ? ka[hr] : max(ka[hr], 0)) * kD + 64 * b;
+    float *const pb = rowp + (int64_t)(kAllValid ? kb[hr] : max(kb[hr], 0)) * kD + 64 * b;
 #pragma unroll
     for (int G = 0; G < 2; ++G) {
       float va[4], vb[4];
@@ -388,8 +390,8 @@ __device__ __forceinline__ void sm90_red_block_lay1(float *rowp, const float *ac
         va[e] = odd ? r : lo;
         vb[e] = odd ? hi : r;
       }
-      sm90_red4_hint(pa + 32 * G, va[0], va[1], va[2], va[3], ka[hr], pol);
-      sm90_red4_hint(pb + 32 * G, vb[0], vb[1], vb[2], vb[3], kb[hr], pol);
+      sm90_red4_hint<kAllValid>(pa + 32 * G, va[0], va[1], va[2], va[3], ka[hr], pol);
+      sm90_red4_hint<kAllValid>(pb + 32 * G, vb[0], vb[1], vb[2], vb[3], kb[hr], pol);
     }
   }
 }
