@@ -101,6 +101,15 @@ test: check-criterion
 	@$(MAKE) --no-print-directory $(TEST_BIN)
 	$(TEST_BIN) --jobs $(JOBS) $(TEST_ARGS)
 	@$(MAKE) --no-print-directory test-python
+	@$(MAKE) --no-print-directory sass-check
+
+# The sm_90a machine code's check (tests/sass/check.sh): no instruction takes an odd uniform register
+# pair as its memory descriptor (an illegal instruction on the GPU that only a GPU run finds). It needs
+# cuobjdump and nvdisasm (the CUDA toolkit's, or pip's nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm;
+# .ci/run installs those) and passes with a note without them.
+.PHONY: sass-check
+sass-check: $(LIB_A)
+	@bash tests/sass/check.sh $(BUILD)/static/cuda
 
 # The Python package's suites (python/tests, pytest): the installed package when there is one
 # (pip install ./python), else the checkout's python/libdsa with $(LIB_SO). They need torch and
@@ -201,8 +210,10 @@ EXPERIMENTS := cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_RED_NOBRANCH=1 \
                cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_STREAM_HINTS=1 \
                cuda/attn_bwd/bwd_sm90_h64.cu:-DDSA_BWD_STREAM_HINTS=1
 experiments:
+	@rm -rf $(BUILD)/experiments
 	@for e in $(EXPERIMENTS); do f=$${e%%:*}; d=$${e#*:}; echo "nvcc $$d $$f"; mkdir -p $(BUILD)/experiments; \
-	  $(NVCC) $(NVCCFLAGS) $$d -c $$f -o $(BUILD)/experiments/$$(basename $$f .cu).o || exit 1; done
+	  $(NVCC) $(NVCCFLAGS) $$d -c $$f -o $(BUILD)/experiments/$$(basename $$f .cu)$$(echo "$$d" | tr -c 'A-Za-z0-9\n' _).o || exit 1; done
+	@if [ -d $(BUILD)/experiments ]; then bash tests/sass/check.sh $(BUILD)/experiments; fi
 .PHONY: experiments
 
 bench: $(BUILD)/bench/dsa_bench
