@@ -71,6 +71,13 @@ struct MainArgs {
   int num_hblocks;
 };
 
+/* -DDSA_BWD_FAST_EXP2=1 (an experiment, the Makefile's EXPERIMENTS): P's exponentials as one
+ * ex2.approx.ftz each (sm90_exp2, as the forward's) instead of exp2f's four instructions; a P below
+ * 2^-126 becomes 0. */
+#ifndef DSA_BWD_FAST_EXP2
+#define DSA_BWD_FAST_EXP2 0
+#endif
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 /* P and dS of keys [key0, key0 + 8 NCC) from a completed m64n(8 NCC)k16 S / dP accumulator pair:
  * P = exp2(S * scale * log2e - L' * log2e) (0 for invalid slots), dS = scale * P * (dP - Delta).
@@ -90,7 +97,11 @@ __device__ __forceinline__ void bwd_sm90_p_ds(const float *sacc, const float *dp
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = 4 * cc + 2 * hr + e;
+#if DSA_BWD_FAST_EXP2
+        const float pr = (e ? v1 : v0) ? sm90_exp2(sacc[i] * scale_log2 - lp2[hr]) : 0.f;
+#else
         const float pr = (e ? v1 : v0) ? exp2f(sacc[i] * scale_log2 - lp2[hr]) : 0.f;
+#endif
         pv[i] = pr;
         dsv[i] = scale * pr * (dpacc[i] - dl[hr]);
       }

@@ -183,6 +183,13 @@ __device__ __forceinline__ void ws_target_tile(const dsa_attn_bwd_params &p, con
 #ifndef DSA_BWD_RED_NOBRANCH
 #define DSA_BWD_RED_NOBRANCH 0
 #endif
+/* An experiment (the Makefile's EXPERIMENTS): at D = 576 the rope block of dQ (dims [512, 576)) on
+ * WG0 (4 RS m64n64k16 after its m64n256 ones) instead of WG1, which sets the tile time: WG1 keeps
+ * dims [256, 512) (128 registers instead of 160) and WG0, which waits ~20% of its time, takes the
+ * 32 registers and the 4 wgmmas. */
+#ifndef DSA_BWD_DQ_ROPE_WG0
+#define DSA_BWD_DQ_ROPE_WG0 0
+#endif
 template <int NBT>
 __device__ __forceinline__ void ws_gather(const dsa_attn_bwd_params &p, uint32_t skv, int32_t *tidx,
                                           const int32_t idxs[4], int g, int j) {
@@ -229,9 +236,12 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
   /* every descriptor is the shared base + a compile-time offset (sm90_desc_at): one live register */
   const uint32_t b4 = sm90_smem_addr(smem) >> 4;
 
-  float dq[128]; /* dims [0, 256) of the 64 head rows: the m64n256 map */
+  /* dims [0, 256) of the 64 head rows, the m64n256 map (DSA_BWD_DQ_ROPE_WG0 at D = 576: then dims
+   * [512, 576), the m64n64 map, at dq + 128) */
+  constexpr int kDQ0 = (DSA_BWD_DQ_ROPE_WG0 && NBT == 9) ? 160 : 128;
+  float dq[kDQ0];
 #pragma unroll
-  for (int i = 0; i < 128; ++i) dq[i] = 0.f;
+  for (int i = 0; i < kDQ0; ++i) dq[i] = 0.f;
 
   for (int n = 0; n < ntiles; ++n) {
     const int s = n & 1;
@@ -297,17 +307,23 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
      * per k16 of keys). Waited before the stmatrix below reads dsp (A registers of an unfinished
      * wgmma must not be accessed); in the steady state WG0 would wait on kBarPdSFree here anyway. */
 #pragma unroll
-    for (int i = 0; i < 128; ++i) sm90_fence_operand(dq[i]);
+    for (int i = 0; i < kDQ0; ++i) sm90_fence_operand(dq[i]);
 #pragma unroll
     for (int i = 0; i < 16; ++i) sm90_fence_operand_u32(dsp[i]);
     sm90_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
       sm90_wgmma_rs_m64n256k16_tb1(dq, dsp + 4 * kk, sm90_desc_at(b4, L::kKV + kk * 2048, kBlkBytes, 1024), 1);
+    if constexpr (kDQ0 == 160) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        sm90_wgmma_rs_m64n64k16<1>(dq + 128, dsp + 4 * kk,
+                                   sm90_desc_at(b4, L::kKV + 8 * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
+    }
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < 128; ++i) sm90_fence_operand(dq[i]);
+    for (int i = 0; i < kDQ0; ++i) sm90_fence_operand(dq[i]);
 #pragma unroll
     for (int i = 0; i < 16; ++i) sm90_fence_operand_u32(dsp[i]);
 
@@ -337,6 +353,7 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
     }
   }
   bwd_sm90_store_dq<128, 0>(p, dq, tok, h0, warp, lane);
+  if constexpr (kDQ0 == 160) bwd_sm90_store_dq<32, 8>(p, dq + 128, tok, h0, warp, lane);
 }
 
 /* WG1 ("back"): dQ dims [256, 64 NBT) by SS wgmma, then the NBT 64-dim dKV chunks with two alternating
@@ -345,7 +362,8 @@ template <int NBT>
 __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int ntiles) {
   typedef Smem<NBT> L;
   constexpr int kD = 64 * NBT;          /* row stride of acc */
-  constexpr int kDQ = (NBT - 4) * 32;   /* dQ registers: 160 (D = 576) / 128 (D = 512) */
+  /* dQ registers: 160 (D = 576) / 128 (D = 512; D = 576 with DSA_BWD_DQ_ROPE_WG0) */
+  constexpr int kDQ = (DSA_BWD_DQ_ROPE_WG0 && NBT == 9) ? 128 : (NBT - 4) * 32;
   const dsa_attn_bwd_params &p = args.p;
   const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
   const uint32_t sq = sm90_smem_addr(smem + L::kQ), sdo = sm90_smem_addr(smem + L::kDO);
@@ -388,7 +406,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
     for (int kk = 0; kk < 4; ++kk) {
       const uint64_t da = sm90_desc_at(b4, L::kDS + kk * 32, 16, 1024);
       sm90_wgmma_ss_m64n256k16<1>(dq, da, sm90_desc_at(b4, L::kKV + 4 * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
-      if constexpr (NBT == 9)
+      if constexpr (kDQ == 160)
         sm90_wgmma_ss_m64n64k16<0, 1>(dq + 128, da,
                                         sm90_desc_at(b4, L::kKV + 8 * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
     }
