@@ -10,9 +10,11 @@ if [ $# -lt 2 ]; then sed -n 2,7p "$0"; exit 2; fi
 secs=$1; shift
 setsid "$@" &
 pid=$!
-( sleep "$secs"; kill -KILL -"$pid" 2>/dev/null ) &
+# the watchdog in its own process group, holding none of our output (a pipe reader such as tee must
+# not wait for its sleep)
+setsid bash -c "sleep $secs; kill -KILL -$pid 2>/dev/null" </dev/null >/dev/null 2>&1 &
 watch=$!
 wait "$pid"; rc=$?
-kill "$watch" 2>/dev/null
+kill -KILL -"$watch" 2>/dev/null
 kill -KILL -"$pid" 2>/dev/null   # workers left behind by a command that exited
 exit $rc

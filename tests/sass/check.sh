@@ -30,7 +30,8 @@ if [ -z "$objdump" ] || [ -z "$disasm" ]; then
   echo "sass-check: no cuobjdump / nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, or the CUDA toolkit): skipped"
   exit 0
 fi
-export NVDISASM_PATH=$(dirname "$disasm")
+NVDISASM_PATH=$(dirname "$disasm")
+export NVDISASM_PATH
 objs=$(find "$DIR" -name '*.o' 2>/dev/null | sort)
 [ -n "$objs" ] || { echo "sass-check: no objects under $DIR (build first: make all)"; exit 1; }
 bad=0 n=0 ninst=0
