@@ -208,6 +208,7 @@ run: $(BUILD)/bench/dsa_layer
 # compiling (CI runs this). The list is empty when no experiment is pending; the target then does nothing.
 EXPERIMENTS := cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_RED_NOBRANCH=1 \
                cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_DQ_ROPE_WG0=1 \
+               cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_WG0_LAST_DKV=1 \
                cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_STREAM_HINTS=1 \
                cuda/attn_bwd/bwd_sm90_h64.cu:-DDSA_BWD_STREAM_HINTS=1 \
                cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_FAST_EXP2=1 \

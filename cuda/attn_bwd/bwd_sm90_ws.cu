@@ -190,6 +190,12 @@ __device__ __forceinline__ void ws_target_tile(const dsa_attn_bwd_params &p, con
 #ifndef DSA_BWD_DQ_ROPE_WG0
 #define DSA_BWD_DQ_ROPE_WG0 0
 #endif
+/* An experiment (the Makefile's EXPERIMENTS): the tile's last dKV chunk (D = 576: the rope block, dS^T
+ * Q only) computed and reduced by WG0 between its P / dS store and its kBarKVFree wait, where it
+ * waits anyway, instead of by WG1, which sets the tile time: WG1's chunk loop is 1/9 shorter. */
+#ifndef DSA_BWD_WG0_LAST_DKV
+#define DSA_BWD_WG0_LAST_DKV 0
+#endif
 template <int NBT>
 __device__ __forceinline__ void ws_gather(const dsa_attn_bwd_params &p, uint32_t skv, int32_t *tidx,
                                           const int32_t idxs[4], int g, int j) {
@@ -343,6 +349,37 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
     }
     sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> WG1's wgmma (async proxy) */
     ws_bar_arrive(kBarPdSFull, kThreads);
+#if DSA_BWD_WG0_LAST_DKV
+    {
+      /* ---- the last dKV chunk c = NBT - 1 (as WG1's chunks below), once all of WG0's P / dS stores
+       * are in: A = dS / P tile M-major, B = Q / dO block c MN-major; its reductions after. */
+      constexpr int c = NBT - 1, kD = 64 * NBT;
+      constexpr int kBarWG0 = 6; /* WG0: every WG0 thread's P(n), dS(n) stored and fenced */
+      sm90_named_bar_sync_any(kBarWG0, 128);
+      float acc[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
+      sm90_wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(b4, L::kDS + kk * 2048, kBlkBytes, 1024),
+                                      sm90_desc_at(b4, L::kQ + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), kk != 0);
+      if constexpr (c < kNBV) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(b4, L::kP + kk * 2048, kBlkBytes, 1024),
+                                        sm90_desc_at(b4, L::kDO + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
+      }
+      sm90_wgmma_commit();
+      sm90_wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
+      const int odd = (lane >> 2) & 1;
+      int32_t ka[2], kb[2];
+      sm90_lay1_key_rows(sidx + s * kBlockN, r0, odd, ka, kb);
+      sm90_red_block_lay1<kD>(args.acc + 16 * odd + 4 * (lane & 3), acc, c, odd, ka, kb, sm90_l2_policy(true));
+    }
+#endif
 
     /* ---- gather tile n + 1 into the single KV buffer once WG1's dQ wgmmas on KV(n) have completed
      * (WG0's own S / dP / dQ reads of it are waited above). Its indices go to the other half of sidx,
@@ -422,8 +459,9 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
      * wgmma overwrites (scale-d 0). Chunk c runs in accumulator c % 2: issue chunk c, wait until at
      * most 1 group is pending (chunk c - 1 done), reduce chunk c - 1 while chunk c runs. */
     float acc0[32], acc1[32];
+    constexpr int kNC = NBT - DSA_BWD_WG0_LAST_DKV; /* chunks of WG1 */
 #pragma unroll
-    for (int c = 0; c < NBT; ++c) {
+    for (int c = 0; c < kNC; ++c) {
       float *acc = (c & 1) ? acc1 : acc0;
 #pragma unroll
       for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
@@ -447,12 +485,12 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
         if (!kAllValid || red_on) sm90_red_block_lay1<kD, kAllValid>(rowp, prev, c - 1, odd, ka, kb, pol);
       }
     }
-    float *last = ((NBT - 1) & 1) ? acc1 : acc0;
-    sm90_wgmma_wait<0>(); /* chunk NBT - 1: every wgmma reading P(n), dS(n) has completed */
+    float *last = ((kNC - 1) & 1) ? acc1 : acc0;
+    sm90_wgmma_wait<0>(); /* chunk kNC - 1: every WG1 wgmma reading P(n), dS(n) has completed */
 #pragma unroll
     for (int i = 0; i < 32; ++i) sm90_fence_operand(last[i]);
     if (n + 1 < ntiles) ws_bar_arrive(kBarPdSFree, kThreads);
-    if (!kAllValid || red_on) sm90_red_block_lay1<kD, kAllValid>(rowp, last, NBT - 1, odd, ka, kb, pol);
+    if (!kAllValid || red_on) sm90_red_block_lay1<kD, kAllValid>(rowp, last, kNC - 1, odd, ka, kb, pol);
   }
   int64_t tok_e;
   int h0_e;
