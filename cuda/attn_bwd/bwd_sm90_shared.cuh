@@ -247,7 +247,7 @@ __device__ __forceinline__ void bwd_sm90_store_dq(const dsa_attn_bwd_params &p, 
     for (int cc = 0; cc < kDQ / 4; ++cc) {
       const int i = 4 * cc + 2 * hr;
 #if DSA_BWD_STREAM_HINTS
-      asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;\n" ::"l"(orow + 8 * cc),
+      asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;\n" ::"l"(__cvta_generic_to_global(orow + 8 * cc)),
                    "r"(sm90_pack_bf16x2(dq[i], dq[i + 1])), "l"(pol)
                    : "memory");
 #else

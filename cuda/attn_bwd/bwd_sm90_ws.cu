@@ -66,7 +66,8 @@
  * kBarPdSFree 2 (WG1 arrives after tile n for n < ntiles - 1; WG0 syncs before storing P / dS of tile
  * n >= 1), kBarKVFree 3 (WG1 arrives after its dQ wgmmas of tile n for n < ntiles - 1; WG0 syncs before
  * gather(n + 1)), kBarKV 4 and kBarTgt 5 (WG0 only, 128; spart is rewritten only after the next
- * tile's kBarKV, which every WG0 thread reaches after its reads of it). Arrivals and syncs pair up one to one per tile, so no
+ * tile's kBarKV, which every WG0 thread reaches after its reads of it), kBarWG0 6 (WG0 only, 128, with
+ * DSA_BWD_WG0_LAST_DKV: its four warps' P / dS stores, each fenced, before WG0's own chunk wgmmas). Arrivals and syncs pair up one to one per tile, so no
  * barrier is left half-arrived at exit. Why there is no race:
  *   - P / dS smem: written only by WG0's stmatrix of tile n, after kBarPdSFree(n - 1), which WG1 arrives
  *     after wait<0> on its last chunk of tile n - 1 (every wgmma reading P / dS(n - 1), the dQ ones
@@ -91,7 +92,7 @@
  * Registers (ptxas, nvcc 13, -Xptxas -v, __launch_bounds__(256, 1), both warpgroups share one
  * allocation): D = 576 254 registers, D = 512 250; 0 spill
  * bytes, no C7510 / C7511 / C7515 / C7519 (no serialised wgmma, no injected warpgroup.arrive), 6 named
- * barriers. 254 of 255 leaves no headroom at D = 576: recheck spills after any change to WG1's loop
+ * barriers (7 with DSA_BWD_WG0_LAST_DKV). 254 of 255 leaves no headroom at D = 576: recheck spills after any change to WG1's loop
  * (the dq store re-reads %ctaid instead of keeping token / head live: that alone was a 4-B spill).
  * Live fp32 at the peak: WG1 dQ 160 + 2 x 32 dKV = 224 (D = 512: 192); WG0 dQ 128 + S 32 + dP 32 = 192.
  *
@@ -123,6 +124,7 @@ constexpr int kBarPdSFree = 2; /* WG1 -> WG0: WG1's wgmmas reading P(n), dS(n) h
 constexpr int kBarKVFree = 3;  /* WG1 -> WG0: WG1's dQ wgmmas reading KV(n) have completed */
 constexpr int kBarKV = 4;      /* WG0: every WG0 thread's copies of KV(n), idx(n) landed and fenced */
 constexpr int kBarTgt = 5;     /* WG0: the four warps' slot-target partial sums in spart */
+constexpr int kBarWG0 = 6;     /* WG0 (DSA_BWD_WG0_LAST_DKV): every WG0 thread's P(n), dS(n) stored, fenced */
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* This kernel's shared memory: the Smem<NBT> map, then spart, f32 [4][64] (the slot target's per-warp
@@ -354,7 +356,6 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
       /* ---- the last dKV chunk c = NBT - 1 (as WG1's chunks below), once all of WG0's P / dS stores
        * are in: A = dS / P tile M-major, B = Q / dO block c MN-major; its reductions after. */
       constexpr int c = NBT - 1, kD = 64 * NBT;
-      constexpr int kBarWG0 = 6; /* WG0: every WG0 thread's P(n), dS(n) stored and fenced */
       sm90_named_bar_sync_any(kBarWG0, 128);
       float acc[32];
 #pragma unroll
@@ -459,7 +460,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
      * wgmma overwrites (scale-d 0). Chunk c runs in accumulator c % 2: issue chunk c, wait until at
      * most 1 group is pending (chunk c - 1 done), reduce chunk c - 1 while chunk c runs. */
     float acc0[32], acc1[32];
-    constexpr int kNC = NBT - DSA_BWD_WG0_LAST_DKV; /* chunks of WG1 */
+    constexpr int kNC = NBT - (DSA_BWD_WG0_LAST_DKV ? 1 : 0); /* chunks of WG1 */
 #pragma unroll
     for (int c = 0; c < kNC; ++c) {
       float *acc = (c & 1) ? acc1 : acc0;
