@@ -157,12 +157,33 @@ __device__ __forceinline__ void bwd_sm90_dkv_red(float *gacc, const float *acc, 
  * L2 evict_first policy, so that they displace the dKV accumulator's lines (evict_last reductions)
  * and the reused kv rows less (ncu at bwd-glm-32k: 59% more reduction misses in L2 than cuDNN's
  * kernel, whose Q / dO come by TMA with evict_first). */
-__device__ __forceinline__ uint64_t bwd_sm90_evict_first() {
+__device__ __forceinline__ uint64_t bwd_sm90_stream_policy() {
   uint64_t pol;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
   return pol;
 }
+#else
+__device__ __forceinline__ uint64_t bwd_sm90_stream_policy() { return 0; }
 #endif
+/* One 16-B cp.async of a Q / dO row chunk, and one 4-B store of a dq pair: with the stream policy
+ * under DSA_BWD_STREAM_HINTS, plain otherwise (pol unused). */
+__device__ __forceinline__ void bwd_sm90_cp_stream(uint32_t dst, const void *src, uint32_t src_bytes, uint64_t pol) {
+#if DSA_BWD_STREAM_HINTS
+  sm90_cp_async16_hint(dst, src, src_bytes, pol);
+#else
+  (void)pol;
+  sm90_cp_async16(dst, src, src_bytes);
+#endif
+}
+__device__ __forceinline__ void bwd_sm90_st_stream(uint16_t *dst, uint32_t v, uint64_t pol) {
+#if DSA_BWD_STREAM_HINTS
+  asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;\n" ::"l"(__cvta_generic_to_global(dst)), "r"(v), "l"(pol)
+               : "memory");
+#else
+  (void)pol;
+  *(uint32_t *)dst = v;
+#endif
+}
 
 /* Q and dO rows of heads [h0, h0 + 64) into the SW128 tiles at sq / sdo by all 256 threads: thread
  * (g = tid / 8, j = tid % 8) copies 16-B chunk j of every block of rows g and g + 32 (cp.async; heads
@@ -170,6 +191,7 @@ __device__ __forceinline__ uint64_t bwd_sm90_evict_first() {
 template <int NBT>
 __device__ __forceinline__ void bwd_sm90_load_q_do(const dsa_attn_bwd_params &p, uint32_t sq, uint32_t sdo,
                                                    int64_t tok, int h0, int g, int j) {
+  const uint64_t pol = bwd_sm90_stream_policy();
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = g + 32 * i, h = h0 + r;
@@ -177,22 +199,12 @@ __device__ __forceinline__ void bwd_sm90_load_q_do(const dsa_attn_bwd_params &p,
     const int hh = ok ? h : h0;
     const uint16_t *qs = p.q + tok * p.q_stride_token + (int64_t)hh * p.q_stride_head + j * 8;
     const uint16_t *gs = p.dout + tok * p.dout_stride_token + (int64_t)hh * p.dout_stride_head + j * 8;
-#if DSA_BWD_STREAM_HINTS
-    const uint64_t pol = bwd_sm90_evict_first();
 #pragma unroll
     for (int b = 0; b < NBT; ++b)
-      sm90_cp_async16_hint(sq + b * kBlkBytes + sm90_sw128_chunk_off(r, j), qs + b * 64, ok ? 16u : 0u, pol);
+      bwd_sm90_cp_stream(sq + b * kBlkBytes + sm90_sw128_chunk_off(r, j), qs + b * 64, ok ? 16u : 0u, pol);
 #pragma unroll
     for (int b = 0; b < kNBV; ++b)
-      sm90_cp_async16_hint(sdo + b * kBlkBytes + sm90_sw128_chunk_off(r, j), gs + b * 64, ok ? 16u : 0u, pol);
-#else
-#pragma unroll
-    for (int b = 0; b < NBT; ++b)
-      sm90_cp_async16(sq + b * kBlkBytes + sm90_sw128_chunk_off(r, j), qs + b * 64, ok ? 16u : 0u);
-#pragma unroll
-    for (int b = 0; b < kNBV; ++b)
-      sm90_cp_async16(sdo + b * kBlkBytes + sm90_sw128_chunk_off(r, j), gs + b * 64, ok ? 16u : 0u);
-#endif
+      bwd_sm90_cp_stream(sdo + b * kBlkBytes + sm90_sw128_chunk_off(r, j), gs + b * 64, ok ? 16u : 0u, pol);
   }
 }
 
@@ -235,9 +247,7 @@ template <int kDQ, int B0>
 __device__ __forceinline__ void bwd_sm90_store_dq(const dsa_attn_bwd_params &p, const float *dq, int64_t tok, int h0,
                                                   int warp, int lane) {
   const int r0 = 16 * warp + (lane >> 2);
-#if DSA_BWD_STREAM_HINTS
-  const uint64_t pol = bwd_sm90_evict_first();
-#endif
+  const uint64_t pol = bwd_sm90_stream_policy();
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int h = h0 + r0 + 8 * hr;
@@ -246,13 +256,7 @@ __device__ __forceinline__ void bwd_sm90_store_dq(const dsa_attn_bwd_params &p, 
 #pragma unroll
     for (int cc = 0; cc < kDQ / 4; ++cc) {
       const int i = 4 * cc + 2 * hr;
-#if DSA_BWD_STREAM_HINTS
-      asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;\n" ::"l"(__cvta_generic_to_global(orow + 8 * cc)),
-                   "r"(sm90_pack_bf16x2(dq[i], dq[i + 1])), "l"(pol)
-                   : "memory");
-#else
-      *(uint32_t *)(orow + 8 * cc) = sm90_pack_bf16x2(dq[i], dq[i + 1]);
-#endif
+      bwd_sm90_st_stream(orow + 8 * cc, sm90_pack_bf16x2(dq[i], dq[i + 1]), pol);
     }
   }
 }

@@ -202,24 +202,34 @@ template <int NBT>
 __device__ __forceinline__ void ws_gather(const dsa_attn_bwd_params &p, uint32_t skv, int32_t *tidx,
                                           const int32_t idxs[4], int g, int j) {
 #if DSA_BWD_RED_NOBRANCH
-  /* An experiment (the Makefile's EXPERIMENTS): an invalid slot's entry is ~f (negative: every reader's
-   * validity test is unchanged), f a valid kv row spread over the CTAs, so that WG1 reduces its exact
-   * zeros into row f without a branch per reduction (0 * finite q / dO: +-0, which leaves any row as
-   * it is). Only with num_kv > 0: WG1 reduces nothing otherwise. */
+  /* An experiment (the Makefile's EXPERIMENTS): an invalid slot's entry is ~f, f a valid kv row spread
+   * over the CTAs, so that WG1 reduces its exact zeros into row f without a branch per reduction (0 *
+   * finite q / dO: +-0, which leaves any row as it is). WG1 reduces nothing when num_kv = 0. */
   const uint32_t nkv = p.num_kv > 0 ? (uint32_t)min(p.num_kv, (int64_t)INT32_MAX) : 1u;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int r = g + 16 * i;
-    bool ok;
-    const uint16_t *src = sm90_gather_src(idxs[i], j, p.kv, p.kv_stride, p.num_kv, p.q, &ok);
-#pragma unroll
-    for (int b = 0; b < NBT; ++b)
-      sm90_cp_async16(skv + b * kBlkBytes + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
-    if (j == 0) tidx[r] = ok ? idxs[i] : ~(int32_t)(((uint32_t)blockIdx.x * 64u + (uint32_t)r) % nkv);
-  }
+  sm90_gather_tile_idx<NBT, true>(skv, tidx, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q, (uint32_t)blockIdx.x * 64u,
+                                  nkv);
 #else
   sm90_gather_tile_idx<NBT>(skv, tidx, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
 #endif
+}
+
+/* Issues dKV chunk c = dims [64 c, 64 c + 64) of the tile's 64 key rows into acc: dS^T Q (+ P^T dO for
+ * c < 8), keys on M; A = dS / P tile read M-major (tA = 1: +2048 B per k16 of heads, SBO 1024, LBO 8192
+ * unused for one 64-key block), B = Q / dO block c read MN-major (tB = 1); the first wgmma overwrites
+ * (scale-d 0). No fence / commit / wait: the caller's. */
+template <int NBT>
+__device__ __forceinline__ void ws_dkv_chunk(float *acc, uint32_t b4, int c) {
+  typedef Smem<NBT> L;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(b4, L::kDS + kk * 2048, kBlkBytes, 1024),
+                                  sm90_desc_at(b4, L::kQ + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), kk != 0);
+  if (c < kNBV) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(b4, L::kP + kk * 2048, kBlkBytes, 1024),
+                                    sm90_desc_at(b4, L::kDO + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
+  }
 }
 
 /* WG0 ("front"): gather, S, dP, P / dS, dQ dims [0, 256) by RS wgmma, P / dS to smem. */
@@ -248,6 +258,12 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
    * [512, 576), the m64n64 map, at dq + 128) */
   constexpr int kDQ0 = (DSA_BWD_DQ_ROPE_WG0 && NBT == 9) ? 160 : 128;
   float dq[kDQ0];
+#if DSA_BWD_WG0_LAST_DKV
+  /* the reductions' lane constants, as WG1's */
+  const int red_odd = (lane >> 2) & 1;
+  float *const red_rowp = args.acc + 16 * red_odd + 4 * (lane & 3);
+  const uint64_t red_pol = sm90_l2_policy(true);
+#endif
 #pragma unroll
   for (int i = 0; i < kDQ0; ++i) dq[i] = 0.f;
 
@@ -361,24 +377,14 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
 #pragma unroll
       for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
       sm90_wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(b4, L::kDS + kk * 2048, kBlkBytes, 1024),
-                                      sm90_desc_at(b4, L::kQ + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), kk != 0);
-      if constexpr (c < kNBV) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(b4, L::kP + kk * 2048, kBlkBytes, 1024),
-                                        sm90_desc_at(b4, L::kDO + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
-      }
+      ws_dkv_chunk<NBT>(acc, b4, c);
       sm90_wgmma_commit();
       sm90_wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
-      const int odd = (lane >> 2) & 1;
       int32_t ka[2], kb[2];
-      sm90_lay1_key_rows(sidx + s * kBlockN, r0, odd, ka, kb);
-      sm90_red_block_lay1<kD>(args.acc + 16 * odd + 4 * (lane & 3), acc, c, odd, ka, kb, sm90_l2_policy(true));
+      sm90_lay1_key_rows(sidx + s * kBlockN, r0, red_odd, ka, kb);
+      sm90_red_block_lay1<kD>(red_rowp, acc, c, red_odd, ka, kb, red_pol);
     }
 #endif
 
@@ -454,10 +460,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
     for (int i = 0; i < kDQ; ++i) sm90_fence_operand(dq[i]);
     if (n + 1 < ntiles) ws_bar_arrive(kBarKVFree, kThreads);
 
-    /* ---- dKV chunk c = dims [64 c, 64 c + 64) of the tile's 64 key rows: dS^T Q (+ P^T dO for
-     * c < 8), keys on M. A = dS / P tile read M-major (tA = 1: +2048 B per k16 of heads, SBO 1024,
-     * LBO 8192 unused for one 64-key block), B = Q / dO block c read MN-major (tB = 1); the first
-     * wgmma overwrites (scale-d 0). Chunk c runs in accumulator c % 2: issue chunk c, wait until at
+    /* ---- dKV chunks (ws_dkv_chunk). Chunk c runs in accumulator c % 2: issue chunk c, wait until at
      * most 1 group is pending (chunk c - 1 done), reduce chunk c - 1 while chunk c runs. */
     float acc0[32], acc1[32];
     constexpr int kNC = NBT - (DSA_BWD_WG0_LAST_DKV ? 1 : 0); /* chunks of WG1 */
@@ -467,16 +470,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
 #pragma unroll
       for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
       sm90_wgmma_fence(); /* orders the reductions' reads of this accumulator (chunk c - 2) */
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(b4, L::kDS + kk * 2048, kBlkBytes, 1024),
-                                      sm90_desc_at(b4, L::kQ + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), kk != 0);
-      if (c < kNBV) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          sm90_wgmma_ss_m64n64k16<1, 1>(acc, sm90_desc_at(b4, L::kP + kk * 2048, kBlkBytes, 1024),
-                                        sm90_desc_at(b4, L::kDO + c * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
-      }
+      ws_dkv_chunk<NBT>(acc, b4, c);
       sm90_wgmma_commit();
       if (c > 0) {
         float *prev = (c & 1) ? acc0 : acc1;
