@@ -206,14 +206,7 @@ run: $(BUILD)/bench/dsa_layer
 # The kernels' compile-time experiment switches (A/B builds for the GPU machine: docs/perf.md "How to
 # run"), entries file.cu:-DSWITCH=value: each file compiled once more with its switch, so they keep
 # compiling (CI runs this). The list is empty when no experiment is pending; the target then does nothing.
-EXPERIMENTS := cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_RED_NOBRANCH=1 \
-               cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_DQ_ROPE_WG0=1 \
-               cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_WG0_LAST_DKV=1 \
-               cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_STREAM_HINTS=1 \
-               cuda/attn_bwd/bwd_sm90_h64.cu:-DDSA_BWD_STREAM_HINTS=1 \
-               cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_FAST_EXP2=1 \
-               cuda/attn_bwd/bwd_sm90_h64.cu:-DDSA_BWD_FAST_EXP2=1 \
-               cuda/indexer_train/slot_target_sm90.cu:-DDSA_SLOT_TARGET_FAST_EXP2=1
+EXPERIMENTS :=
 experiments:
 	@rm -rf $(BUILD)/experiments
 	@for e in $(EXPERIMENTS); do f=$${e%%:*}; d=$${e#*:}; echo "nvcc $$d $$f"; mkdir -p $(BUILD)/experiments; \

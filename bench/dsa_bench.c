@@ -784,13 +784,17 @@ static void bench_bwd(bench *b, const shape *sh) {
   }
   printf("done\n");
 
-  /* passes: det0, det1, and det0 with the slot target (dsa_attn_bwd_params.slot_target, issue 21:
-   * what the fused target costs the backward) */
+  /* passes: det0, det1, det0 with the slot target (dsa_attn_bwd_params.slot_target, issue 21:
+   * what the fused target costs the backward), and, where some row holds fewer than K keys, det0
+   * without topk_length: the same lists read as -1-padded (how a caller that passes no lengths
+   * sees them; the kernels then walk every slot of every row) */
+  int padded = 0;
+  for (int64_t t = 0; in.h_len && t < in.T && !padded; ++t) padded = in.h_len[t] < in.K;
   float *target = bc_dmalloc((size_t)in.T * in.K * 4);
-  for (int pass = 0; pass < 3; ++pass) {
-    const int det = pass == 1, tgt = pass == 2;
+  for (int pass = 0; pass < 3 + padded; ++pass) {
+    const int det = pass == 1, tgt = pass == 2, pad = pass == 3;
     char variant[32];
-    snprintf(variant, sizeof variant, "%s", det ? "det1" : tgt ? "det0,tgt" : "det0");
+    snprintf(variant, sizeof variant, "%s", det ? "det1" : tgt ? "det0,tgt" : pad ? "det0,pad" : "det0");
     if (bwd_variant_forced > 0) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",bv%d", bwd_variant_forced);
     progress(sh, variant);
     bwd_arg a;
@@ -807,7 +811,7 @@ static void bench_bwd(bench *b, const shape *sh) {
     p->q = in.q;
     p->kv = in.kv;
     p->indices = in.idx;
-    p->topk_length = in.len;
+    p->topk_length = pad ? NULL : in.len;
     p->sink = in.sink;
     p->out = out;
     p->dout = dout;

@@ -49,6 +49,12 @@ namespace {
 
 constexpr int kBwdSmallThreads = 256; /* prep (8 warps), convert, keys, offsets, dsink */
 constexpr size_t kBwdAlign = 256;     /* workspace region alignment */
+/* Spare rows after the non-deterministic fp32 dkv accumulator's T_kv rows (2.25 MiB at D = 576): the
+ * warp-specialised kernel reduces an invalid slot's zeros into one of them (cuda/attn_bwd/
+ * bwd_sm90_ws.cu ws_gather) instead of branching around each reduction, so that a non-finite q / dO
+ * (0 * inf) reaches no real row. Zeroed with the accumulator, never read. 1024 rows: CTA b's 64-row
+ * tiles land on rows 64 (b % 16) .. + 63, so concurrent CTAs share them at most ~9 ways. */
+constexpr int64_t kBwdSpareRows = 1024;
 
 __device__ __forceinline__ float bf2f(uint16_t x) { return __uint_as_float((uint32_t)x << 16); }
 __device__ __forceinline__ uint16_t f2bf(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }

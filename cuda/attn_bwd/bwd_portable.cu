@@ -329,7 +329,10 @@ dsa_status make_layout(const dsa_attn_bwd_params *p, Layout *L) {
   L->lp = o; o += bwd_align_up(th * 4);
   L->part = o; o += bwd_align_up(th * 4);
   if (!p->deterministic) {
-    L->acc = o; o += bwd_align_up((size_t)p->num_kv * (size_t)p->head_dim * 4);
+    /* T_kv rows and the sm_90a ws kernel's spare rows (kBwdSpareRows; none without tokens: then no
+     * kernel reduces, bwd_zero_tokens) */
+    const int64_t rows = p->num_kv + (p->num_tokens > 0 ? kBwdSpareRows : 0);
+    L->acc = o; o += bwd_align_up((size_t)rows * (size_t)p->head_dim * 4);
   } else {
     if (p->num_tokens > INT32_MAX)
       return dsa_fail(DSA_ERROR_UNSUPPORTED,

@@ -71,16 +71,11 @@ struct MainArgs {
   int num_hblocks;
 };
 
-/* -DDSA_BWD_FAST_EXP2=1 (an experiment, the Makefile's EXPERIMENTS): P's exponentials as one
- * ex2.approx.ftz each (sm90_exp2, as the forward's) instead of exp2f's four instructions; a P below
- * 2^-126 becomes 0. */
-#ifndef DSA_BWD_FAST_EXP2
-#define DSA_BWD_FAST_EXP2 0
-#endif
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
 /* P and dS of keys [key0, key0 + 8 NCC) from a completed m64n(8 NCC)k16 S / dP accumulator pair:
  * P = exp2(S * scale * log2e - L' * log2e) (0 for invalid slots), dS = scale * P * (dP - Delta).
+ * The exponential is one ex2.approx.ftz (sm90_exp2, as the forward's): a P below 2^-126 is 0, which
+ * changes no bf16 result, and exp2f's subnormal scaling would cost three more instructions each.
  * Register i: head row 16 warp + lane / 4 + 8 ((i >> 1) & 1), key column key0 + 8 (i >> 2) +
  * 2 (lane % 4) + (i & 1) (docs/hopper.md section 2); tidx: the tile's kv rows (-1 = invalid), lp2 / dl:
  * L' log2e and Delta of this thread's two head rows. */
@@ -97,11 +92,7 @@ __device__ __forceinline__ void bwd_sm90_p_ds(const float *sacc, const float *dp
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = 4 * cc + 2 * hr + e;
-#if DSA_BWD_FAST_EXP2
         const float pr = (e ? v1 : v0) ? sm90_exp2(sacc[i] * scale_log2 - lp2[hr]) : 0.f;
-#else
-        const float pr = (e ? v1 : v0) ? exp2f(sacc[i] * scale_log2 - lp2[hr]) : 0.f;
-#endif
         pv[i] = pr;
         dsv[i] = scale * pr * (dpacc[i] - dl[hr]);
       }
@@ -149,49 +140,12 @@ __device__ __forceinline__ void bwd_sm90_dkv_red(float *gacc, const float *acc, 
   }
 }
 
-#ifndef DSA_BWD_STREAM_HINTS
-#define DSA_BWD_STREAM_HINTS 0
-#endif
-#if DSA_BWD_STREAM_HINTS
-/* An experiment (the Makefile's EXPERIMENTS): Q / dO loads and dq stores, each touched once, with an
- * L2 evict_first policy, so that they displace the dKV accumulator's lines (evict_last reductions)
- * and the reused kv rows less (ncu at bwd-glm-32k: 59% more reduction misses in L2 than cuDNN's
- * kernel, whose Q / dO come by TMA with evict_first). */
-__device__ __forceinline__ uint64_t bwd_sm90_stream_policy() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-#else
-__device__ __forceinline__ uint64_t bwd_sm90_stream_policy() { return 0; }
-#endif
-/* One 16-B cp.async of a Q / dO row chunk, and one 4-B store of a dq pair: with the stream policy
- * under DSA_BWD_STREAM_HINTS, plain otherwise (pol unused). */
-__device__ __forceinline__ void bwd_sm90_cp_stream(uint32_t dst, const void *src, uint32_t src_bytes, uint64_t pol) {
-#if DSA_BWD_STREAM_HINTS
-  sm90_cp_async16_hint(dst, src, src_bytes, pol);
-#else
-  (void)pol;
-  sm90_cp_async16(dst, src, src_bytes);
-#endif
-}
-__device__ __forceinline__ void bwd_sm90_st_stream(uint16_t *dst, uint32_t v, uint64_t pol) {
-#if DSA_BWD_STREAM_HINTS
-  asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;\n" ::"l"(__cvta_generic_to_global(dst)), "r"(v), "l"(pol)
-               : "memory");
-#else
-  (void)pol;
-  *(uint32_t *)dst = v;
-#endif
-}
-
 /* Q and dO rows of heads [h0, h0 + 64) into the SW128 tiles at sq / sdo by all 256 threads: thread
  * (g = tid / 8, j = tid % 8) copies 16-B chunk j of every block of rows g and g + 32 (cp.async; heads
  * past H are zero rows, src-size 0 from head h0). */
 template <int NBT>
 __device__ __forceinline__ void bwd_sm90_load_q_do(const dsa_attn_bwd_params &p, uint32_t sq, uint32_t sdo,
                                                    int64_t tok, int h0, int g, int j) {
-  const uint64_t pol = bwd_sm90_stream_policy();
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = g + 32 * i, h = h0 + r;
@@ -201,10 +155,10 @@ __device__ __forceinline__ void bwd_sm90_load_q_do(const dsa_attn_bwd_params &p,
     const uint16_t *gs = p.dout + tok * p.dout_stride_token + (int64_t)hh * p.dout_stride_head + j * 8;
 #pragma unroll
     for (int b = 0; b < NBT; ++b)
-      bwd_sm90_cp_stream(sq + b * kBlkBytes + sm90_sw128_chunk_off(r, j), qs + b * 64, ok ? 16u : 0u, pol);
+      sm90_cp_async16(sq + b * kBlkBytes + sm90_sw128_chunk_off(r, j), qs + b * 64, ok ? 16u : 0u);
 #pragma unroll
     for (int b = 0; b < kNBV; ++b)
-      bwd_sm90_cp_stream(sdo + b * kBlkBytes + sm90_sw128_chunk_off(r, j), gs + b * 64, ok ? 16u : 0u, pol);
+      sm90_cp_async16(sdo + b * kBlkBytes + sm90_sw128_chunk_off(r, j), gs + b * 64, ok ? 16u : 0u);
   }
 }
 
@@ -247,7 +201,6 @@ template <int kDQ, int B0>
 __device__ __forceinline__ void bwd_sm90_store_dq(const dsa_attn_bwd_params &p, const float *dq, int64_t tok, int h0,
                                                   int warp, int lane) {
   const int r0 = 16 * warp + (lane >> 2);
-  const uint64_t pol = bwd_sm90_stream_policy();
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int h = h0 + r0 + 8 * hr;
@@ -256,7 +209,7 @@ __device__ __forceinline__ void bwd_sm90_store_dq(const dsa_attn_bwd_params &p, 
 #pragma unroll
     for (int cc = 0; cc < kDQ / 4; ++cc) {
       const int i = 4 * cc + 2 * hr;
-      bwd_sm90_st_stream(orow + 8 * cc, sm90_pack_bf16x2(dq[i], dq[i + 1]), pol);
+      *(uint32_t *)(orow + 8 * cc) = sm90_pack_bf16x2(dq[i], dq[i + 1]);
     }
   }
 }

@@ -66,9 +66,8 @@
  * kBarPdSFree 2 (WG1 arrives after tile n for n < ntiles - 1; WG0 syncs before storing P / dS of tile
  * n >= 1), kBarKVFree 3 (WG1 arrives after its dQ wgmmas of tile n for n < ntiles - 1; WG0 syncs before
  * gather(n + 1)), kBarKV 4 and kBarTgt 5 (WG0 only, 128; spart is rewritten only after the next
- * tile's kBarKV, which every WG0 thread reaches after its reads of it), kBarWG0 6 (WG0 only, 128, with
- * DSA_BWD_WG0_LAST_DKV: its four warps' P / dS stores, each fenced, before WG0's own chunk wgmmas). Arrivals and syncs pair up one to one per tile, so no
- * barrier is left half-arrived at exit. Why there is no race:
+ * tile's kBarKV, which every WG0 thread reaches after its reads of it). Arrivals and syncs pair up one
+ * to one per tile, so no barrier is left half-arrived at exit. Why there is no race:
  *   - P / dS smem: written only by WG0's stmatrix of tile n, after kBarPdSFree(n - 1), which WG1 arrives
  *     after wait<0> on its last chunk of tile n - 1 (every wgmma reading P / dS(n - 1), the dQ ones
  *     waited earlier, has completed). Read by WG1 only after kBarPdSFull(n), which WG0 arrives after its
@@ -92,16 +91,17 @@
  * Registers (ptxas, nvcc 13, -Xptxas -v, __launch_bounds__(256, 1), both warpgroups share one
  * allocation): D = 576 254 registers, D = 512 250; 0 spill
  * bytes, no C7510 / C7511 / C7515 / C7519 (no serialised wgmma, no injected warpgroup.arrive), 6 named
- * barriers (7 with DSA_BWD_WG0_LAST_DKV). 254 of 255 leaves no headroom at D = 576: recheck spills after any change to WG1's loop
+ * barriers. 254 of 255 leaves no headroom at D = 576: recheck spills after any change to WG1's loop
  * (the dq store re-reads %ctaid instead of keeping token / head live: that alone was a 4-B spill).
  * Live fp32 at the peak: WG1 dQ 160 + 2 x 32 dKV = 224 (D = 512: 192); WG0 dQ 128 + S 32 + dP 32 = 192.
  *
  * What sets the tile time: the larger of WG1's instruction stream (one warp per SM sub-partition,
- * nothing to switch to: ~7-8 cycles per instruction, ~1570 instructions per tile) and the SM's share of
- * the L2 reduction stream (147 KB per tile); the two are close, so WG1 stays lean: every wgmma
- * descriptor is one add on one base register (sm90_desc_at), each reduced value costs three selects and
- * one shuffle (sm90_red_block_lay1), and a key row's two accumulator row pointers are the only per-chunk
- * address arithmetic (docs/bwd-sm90-v3.md part III).
+ * nothing to switch to: ~7-8 cycles per instruction; the chunk loop is ~1250 static instructions) and
+ * the SM's share of the L2 reduction stream (147 KB per tile); the two are close, so WG1 stays lean:
+ * every wgmma descriptor is one add on one base register (sm90_desc_at), each reduced value costs three
+ * selects and one shuffle (sm90_red_block_lay1), a key row's two accumulator row pointers are the only
+ * per-chunk address arithmetic, and no reduction is behind a branch (ws_gather's ~f rows)
+ * (docs/bwd-sm90-v3.md part III).
  * Later steps (docs/bwd-sm90-v3.md part II section 5): persistent LPT grid, a kv_full mbarrier instead
  * of WG0's cp.async.wait, Q / dO by TMA with evict_first, softmax under dP (wait<1>).
  */
@@ -124,7 +124,6 @@ constexpr int kBarPdSFree = 2; /* WG1 -> WG0: WG1's wgmmas reading P(n), dS(n) h
 constexpr int kBarKVFree = 3;  /* WG1 -> WG0: WG1's dQ wgmmas reading KV(n) have completed */
 constexpr int kBarKV = 4;      /* WG0: every WG0 thread's copies of KV(n), idx(n) landed and fenced */
 constexpr int kBarTgt = 5;     /* WG0: the four warps' slot-target partial sums in spart */
-constexpr int kBarWG0 = 6;     /* WG0 (DSA_BWD_WG0_LAST_DKV): every WG0 thread's P(n), dS(n) stored, fenced */
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* This kernel's shared memory: the Smem<NBT> map, then spart, f32 [4][64] (the slot target's per-warp
@@ -181,36 +180,19 @@ __device__ __forceinline__ void ws_target_tile(const dsa_attn_bwd_params &p, con
 
 /* WG0's gather of one 64-key tile into the SW128 KV tile at skv (rows g, g + 16, g + 32, g + 48 of
  * thread (g = t / 8, j = t % 8), 4 NBT cp.async per thread, zero fill for invalid slots: idxs -1 past
- * the row's length) and of the tile's kv indices (or -1) into tidx. */
-#ifndef DSA_BWD_RED_NOBRANCH
-#define DSA_BWD_RED_NOBRANCH 0
-#endif
-/* An experiment (the Makefile's EXPERIMENTS): at D = 576 the rope block of dQ (dims [512, 576)) on
- * WG0 (4 RS m64n64k16 after its m64n256 ones) instead of WG1, which sets the tile time: WG1 keeps
- * dims [256, 512) (128 registers instead of 160) and WG0, which waits ~20% of its time, takes the
- * 32 registers and the 4 wgmmas. */
-#ifndef DSA_BWD_DQ_ROPE_WG0
-#define DSA_BWD_DQ_ROPE_WG0 0
-#endif
-/* An experiment (the Makefile's EXPERIMENTS): the tile's last dKV chunk (D = 576: the rope block, dS^T
- * Q only) computed and reduced by WG0 between its P / dS store and its kBarKVFree wait, where it
- * waits anyway, instead of by WG1, which sets the tile time: WG1's chunk loop is 1/9 shorter. */
-#ifndef DSA_BWD_WG0_LAST_DKV
-#define DSA_BWD_WG0_LAST_DKV 0
-#endif
+ * the row's length) and of the tile's kv indices into tidx. An invalid slot's entry is ~f (negative, so
+ * WG0's masks and the slot target's tests see it as invalid), f one of the accumulator's spare rows
+ * after its T_kv real ones (T_kv + (64 blockIdx.x + r) % kBwdSpareRows): WG1 decodes it once per tile
+ * and reduces the slot's zeros into row f with no test and no branch per reduction; a per-reduction
+ * `row < 0` test made every reduction its own branch region, which kept ptxas from batching a block's
+ * shuffles ahead of its reds. The spare rows are never read, so a NaN from 0 * (non-finite q / dO)
+ * reaches no real dkv row (docs/design.md "NaN and infinity"). */
 template <int NBT>
 __device__ __forceinline__ void ws_gather(const dsa_attn_bwd_params &p, uint32_t skv, int32_t *tidx,
                                           const int32_t idxs[4], int g, int j) {
-#if DSA_BWD_RED_NOBRANCH
-  /* An experiment (the Makefile's EXPERIMENTS): an invalid slot's entry is ~f, f a valid kv row spread
-   * over the CTAs, so that WG1 reduces its exact zeros into row f without a branch per reduction (0 *
-   * finite q / dO: +-0, which leaves any row as it is). WG1 reduces nothing when num_kv = 0. */
-  const uint32_t nkv = p.num_kv > 0 ? (uint32_t)min(p.num_kv, (int64_t)INT32_MAX) : 1u;
+  const uint32_t base = (uint32_t)min(p.num_kv, (int64_t)INT32_MAX - kBwdSpareRows);
   sm90_gather_tile_idx<NBT, true>(skv, tidx, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q, (uint32_t)blockIdx.x * 64u,
-                                  nkv);
-#else
-  sm90_gather_tile_idx<NBT>(skv, tidx, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q);
-#endif
+                                  (uint32_t)kBwdSpareRows, base);
 }
 
 /* Issues dKV chunk c = dims [64 c, 64 c + 64) of the tile's 64 key rows into acc: dS^T Q (+ P^T dO for
@@ -254,18 +236,9 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
   /* every descriptor is the shared base + a compile-time offset (sm90_desc_at): one live register */
   const uint32_t b4 = sm90_smem_addr(smem) >> 4;
 
-  /* dims [0, 256) of the 64 head rows, the m64n256 map (DSA_BWD_DQ_ROPE_WG0 at D = 576: then dims
-   * [512, 576), the m64n64 map, at dq + 128) */
-  constexpr int kDQ0 = (DSA_BWD_DQ_ROPE_WG0 && NBT == 9) ? 160 : 128;
-  float dq[kDQ0];
-#if DSA_BWD_WG0_LAST_DKV
-  /* the reductions' lane constants, as WG1's */
-  const int red_odd = (lane >> 2) & 1;
-  float *const red_rowp = args.acc + 16 * red_odd + 4 * (lane & 3);
-  const uint64_t red_pol = sm90_l2_policy(true);
-#endif
+  float dq[128]; /* dims [0, 256) of the 64 head rows, the m64n256 map */
 #pragma unroll
-  for (int i = 0; i < kDQ0; ++i) dq[i] = 0.f;
+  for (int i = 0; i < 128; ++i) dq[i] = 0.f;
 
   for (int n = 0; n < ntiles; ++n) {
     const int s = n & 1;
@@ -331,23 +304,17 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
      * per k16 of keys). Waited before the stmatrix below reads dsp (A registers of an unfinished
      * wgmma must not be accessed); in the steady state WG0 would wait on kBarPdSFree here anyway. */
 #pragma unroll
-    for (int i = 0; i < kDQ0; ++i) sm90_fence_operand(dq[i]);
+    for (int i = 0; i < 128; ++i) sm90_fence_operand(dq[i]);
 #pragma unroll
     for (int i = 0; i < 16; ++i) sm90_fence_operand_u32(dsp[i]);
     sm90_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
       sm90_wgmma_rs_m64n256k16_tb1(dq, dsp + 4 * kk, sm90_desc_at(b4, L::kKV + kk * 2048, kBlkBytes, 1024), 1);
-    if constexpr (kDQ0 == 160) {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        sm90_wgmma_rs_m64n64k16<1>(dq + 128, dsp + 4 * kk,
-                                   sm90_desc_at(b4, L::kKV + 8 * kBlkBytes + kk * 2048, kBlkBytes, 1024), 1);
-    }
     sm90_wgmma_commit();
     sm90_wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < kDQ0; ++i) sm90_fence_operand(dq[i]);
+    for (int i = 0; i < 128; ++i) sm90_fence_operand(dq[i]);
 #pragma unroll
     for (int i = 0; i < 16; ++i) sm90_fence_operand_u32(dsp[i]);
 
@@ -367,26 +334,6 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
     }
     sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> WG1's wgmma (async proxy) */
     ws_bar_arrive(kBarPdSFull, kThreads);
-#if DSA_BWD_WG0_LAST_DKV
-    {
-      /* ---- the last dKV chunk c = NBT - 1 (as WG1's chunks below), once all of WG0's P / dS stores
-       * are in: A = dS / P tile M-major, B = Q / dO block c MN-major; its reductions after. */
-      constexpr int c = NBT - 1, kD = 64 * NBT;
-      sm90_named_bar_sync_any(kBarWG0, 128);
-      float acc[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
-      sm90_wgmma_fence();
-      ws_dkv_chunk<NBT>(acc, b4, c);
-      sm90_wgmma_commit();
-      sm90_wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
-      int32_t ka[2], kb[2];
-      sm90_lay1_key_rows(sidx + s * kBlockN, r0, red_odd, ka, kb);
-      sm90_red_block_lay1<kD>(red_rowp, acc, c, red_odd, ka, kb, red_pol);
-    }
-#endif
 
     /* ---- gather tile n + 1 into the single KV buffer once WG1's dQ wgmmas on KV(n) have completed
      * (WG0's own S / dP / dQ reads of it are waited above). Its indices go to the other half of sidx,
@@ -397,7 +344,6 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
     }
   }
   bwd_sm90_store_dq<128, 0>(p, dq, tok, h0, warp, lane);
-  if constexpr (kDQ0 == 160) bwd_sm90_store_dq<32, 8>(p, dq + 128, tok, h0, warp, lane);
 }
 
 /* WG1 ("back"): dQ dims [256, 64 NBT) by SS wgmma, then the NBT 64-dim dKV chunks with two alternating
@@ -406,8 +352,7 @@ template <int NBT>
 __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int ntiles) {
   typedef Smem<NBT> L;
   constexpr int kD = 64 * NBT;          /* row stride of acc */
-  /* dQ registers: 160 (D = 576) / 128 (D = 512; D = 576 with DSA_BWD_DQ_ROPE_WG0) */
-  constexpr int kDQ = (DSA_BWD_DQ_ROPE_WG0 && NBT == 9) ? 128 : (NBT - 4) * 32;
+  constexpr int kDQ = (NBT - 4) * 32;   /* dQ registers: 160 (D = 576) / 128 (D = 512) */
   const dsa_attn_bwd_params &p = args.p;
   const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
   const uint32_t sq = sm90_smem_addr(smem + L::kQ), sdo = sm90_smem_addr(smem + L::kDO);
@@ -417,7 +362,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
   const int r0 = 16 * warp + (lane >> 2), odd = (lane >> 2) & 1;
   float *const rowp = args.acc + 16 * odd + 4 * (lane & 3);
   const uint64_t pol = sm90_l2_policy(true); /* reductions: evict_last */
-  const bool red_on = p.num_kv > 0;          /* (DSA_BWD_RED_NOBRANCH: no row to reduce into otherwise) */
+  const bool red_on = p.num_kv > 0;          /* no T_kv rows: nothing to reduce (the spare rows aside) */
   /* every descriptor is the shared base + a compile-time offset (sm90_desc_at): one live register */
   const uint32_t b4 = sm90_smem_addr(smem) >> 4;
 
@@ -430,16 +375,11 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
     sm90_named_bar_sync_any(kBarPdSFull, kThreads); /* P(n), dS(n), KV(n), idx(n) */
     int32_t ka[2], kb[2];
     sm90_lay1_key_rows(sidx + s * kBlockN, r0, odd, ka, kb);
-#if DSA_BWD_RED_NOBRANCH
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) { /* ~f -> f: every row valid */
+    for (int hr = 0; hr < 2; ++hr) { /* ~f -> f (ws_gather): every row valid */
       ka[hr] ^= ka[hr] >> 31;
       kb[hr] ^= kb[hr] >> 31;
     }
-    constexpr bool kAllValid = true;
-#else
-    constexpr bool kAllValid = false;
-#endif
 
     /* ---- dQ[:, 256:) += dS K[:, 256:): SS, A = dS tile K-major (+32 B per k16 of keys), B = KV tile
      * dims [256, 64 NBT) MN-major (as WG0's B). Waited at once: KV(n) is then free for gather(n + 1). */
@@ -463,9 +403,8 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
     /* ---- dKV chunks (ws_dkv_chunk). Chunk c runs in accumulator c % 2: issue chunk c, wait until at
      * most 1 group is pending (chunk c - 1 done), reduce chunk c - 1 while chunk c runs. */
     float acc0[32], acc1[32];
-    constexpr int kNC = NBT - (DSA_BWD_WG0_LAST_DKV ? 1 : 0); /* chunks of WG1 */
 #pragma unroll
-    for (int c = 0; c < kNC; ++c) {
+    for (int c = 0; c < NBT; ++c) {
       float *acc = (c & 1) ? acc1 : acc0;
 #pragma unroll
       for (int i = 0; i < 32; ++i) sm90_fence_operand(acc[i]);
@@ -477,15 +416,15 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
         sm90_wgmma_wait<1>(); /* chunk c - 1 */
 #pragma unroll
         for (int i = 0; i < 32; ++i) sm90_fence_operand(prev[i]);
-        if (!kAllValid || red_on) sm90_red_block_lay1<kD, kAllValid>(rowp, prev, c - 1, odd, ka, kb, pol);
+        if (red_on) sm90_red_block_lay1<kD, true>(rowp, prev, c - 1, odd, ka, kb, pol);
       }
     }
-    float *last = ((kNC - 1) & 1) ? acc1 : acc0;
-    sm90_wgmma_wait<0>(); /* chunk kNC - 1: every WG1 wgmma reading P(n), dS(n) has completed */
+    float *last = ((NBT - 1) & 1) ? acc1 : acc0;
+    sm90_wgmma_wait<0>(); /* chunk NBT - 1: every WG1 wgmma reading P(n), dS(n) has completed */
 #pragma unroll
     for (int i = 0; i < 32; ++i) sm90_fence_operand(last[i]);
     if (n + 1 < ntiles) ws_bar_arrive(kBarPdSFree, kThreads);
-    if (!kAllValid || red_on) sm90_red_block_lay1<kD, kAllValid>(rowp, last, kNC - 1, odd, ka, kb, pol);
+    if (red_on) sm90_red_block_lay1<kD, true>(rowp, last, NBT - 1, odd, ka, kb, pol);
   }
   int64_t tok_e;
   int h0_e;
@@ -555,8 +494,8 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
                     "device has %d", fn, kWsBytes<NBT>, ctx->max_smem_optin);
   DSA_TRY(ws_prepare<NBT>(ctx->device));
   DSA_TRY(bwd_launch_prep(p, R.delta, R.lp, R.part, stream));
-  if (p->num_kv > 0)
-    DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(R.acc, 0, (size_t)p->num_kv * kD * 4, stream), fn));
+  /* the T_kv rows and the spare rows (ws_gather) */
+  DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(R.acc, 0, (size_t)(p->num_kv + kBwdSpareRows) * kD * 4, stream), fn));
   if (p->slot_target)
     DSA_TRY(dsa_cuda_status((int)cudaMemset2DAsync(p->slot_target, (size_t)p->slot_target_stride * 4, 0,
                                                    (size_t)p->topk * 4, (size_t)p->num_tokens, stream),

@@ -436,13 +436,14 @@ __device__ __forceinline__ const uint16_t *sm90_gather_src(int32_t idx, int j, c
  * cp.async); an invalid slot (idx < 0 or >= num_kv) copies 0 bytes (zero fill) from `harmless`, a
  * readable address; thread j == 0 of each row writes the row's kv index (or -1) to tidx (the
  * backward's and the slot target's tiles, whose consumers read the index itself). kSpread: an invalid
- * slot's entry is ~f instead of -1, f = (spread + r) % spread_mod a valid kv row (spread_mod >= 1):
- * still negative for every validity test, and a row to send the slot's zero contributions to. */
+ * slot's entry is ~f instead of -1, f = spread_base + (spread + r) % spread_mod (spread_mod >= 1, f <=
+ * INT32_MAX): still negative for every validity test, and a row to send the slot's zero contributions
+ * to. */
 template <int NB, bool kSpread = false>
 __device__ __forceinline__ void sm90_gather_tile_idx(uint32_t skv, int32_t *tidx, const int32_t idxs[4], int g, int j,
                                                      const uint16_t *kv, int64_t kv_stride, int64_t num_kv,
                                                      const uint16_t *harmless, uint32_t spread = 0,
-                                                     uint32_t spread_mod = 1) {
+                                                     uint32_t spread_mod = 1, uint32_t spread_base = 0) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int r = g + 16 * i;
@@ -450,7 +451,7 @@ __device__ __forceinline__ void sm90_gather_tile_idx(uint32_t skv, int32_t *tidx
     const uint16_t *src = sm90_gather_src(idxs[i], j, kv, kv_stride, num_kv, harmless, &ok);
 #pragma unroll
     for (int b = 0; b < NB; ++b) sm90_cp_async16(skv + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u);
-    if (j == 0) tidx[r] = ok ? idxs[i] : kSpread ? ~(int32_t)((spread + (uint32_t)r) % spread_mod) : -1;
+    if (j == 0) tidx[r] = ok ? idxs[i] : kSpread ? ~(int32_t)(spread_base + (spread + (uint32_t)r) % spread_mod) : -1;
   }
 }
 

@@ -49,14 +49,6 @@
 
 namespace {
 
-/* -DDSA_SLOT_TARGET_FAST_EXP2=1 (an experiment, the Makefile's EXPERIMENTS): P's exponentials as one
- * ex2.approx.ftz each (sm90_exp2) instead of exp2f's four instructions, the consumers being the
- * kernel's bound (ncu: 596 instructions per warp and tile, 96 of them exp2f's subnormal handling); a
- * P below 2^-126 becomes 0. */
-#ifndef DSA_SLOT_TARGET_FAST_EXP2
-#define DSA_SLOT_TARGET_FAST_EXP2 0
-#endif
-
 constexpr int kThreads = 384;  /* WG0, WG1 consumers, WG2 producer */
 constexpr int kConsumerRegs = 224; /* Q 144 + S 32 + the column sums 16 + addressing */
 constexpr int kProducerRegs = 56;
@@ -232,13 +224,10 @@ __global__ void __launch_bounds__(kThreads, 1) slot_target_sm90_kernel(const __g
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const bool ok = (okbits >> (2 * cc + e)) & 1u;
-#if DSA_SLOT_TARGET_FAST_EXP2
+        /* one ex2.approx.ftz each (sm90_exp2): a P below 2^-126 is 0; exp2f's subnormal scaling
+         * would add three instructions each to the consumers, the kernel's bound */
         const float p0 = ok ? sm90_exp2(sacc[4 * cc + e] * scale_log2 - lp2[0]) : 0.f;
         const float p1 = ok ? sm90_exp2(sacc[4 * cc + 2 + e] * scale_log2 - lp2[1]) : 0.f;
-#else
-        const float p0 = ok ? exp2f(sacc[4 * cc + e] * scale_log2 - lp2[0]) : 0.f;
-        const float p1 = ok ? exp2f(sacc[4 * cc + 2 + e] * scale_log2 - lp2[1]) : 0.f;
-#endif
         v[2 * cc + e] = p0 + p1;
       }
     float z[2];
