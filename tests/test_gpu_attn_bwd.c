@@ -42,6 +42,8 @@ typedef struct bwd_case {
   double p_invalid; /* a slot holds -1, INT_MIN, T_kv, > T_kv or INT_MAX */
   double p_dup;     /* a slot repeats an earlier slot of its row */
   double p_empty;   /* a row has only invalid slots */
+  double p_tail;    /* a row's slots from a random cut on are invalid (a -1-padded list; cuts at 0,
+                     * K and multiples of 64 included) */
   int strided;      /* padded token strides for q/out/dout/dq, head-major dout, padded kv/dkv/idx */
   int no_dsink;     /* pass dsink = NULL */
   int chunk_sweep;  /* sm_90a deterministic pass: runs 1.. use 1, 2, 5 tokens per chunk */
@@ -191,6 +193,12 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
         row[j] = row[tc_below(rng, j)];
       else
         row[j] = (int32_t)tc_below(rng, Tkv);
+    }
+    if (c->p_tail > 0 && tc_uniform(rng) < c->p_tail) {
+      const int64_t r = tc_below(rng, 4);
+      const int64_t cut = r == 0 ? 64 * (int64_t)tc_below(rng, K / 64 + 1) : r == 1 ? (int64_t)tc_below(rng, 2) * K
+                                                                                     : (int64_t)tc_below(rng, K + 1);
+      for (int64_t j = cut; j < K; ++j) row[j] = j % 5 ? -1 : invalid_index(rng, Tkv);
     }
     for (int64_t j = K; j < idx_st; ++j) row[j] = Tkv ? (int32_t)tc_below(rng, Tkv) : 0;
     switch (c->len) {
@@ -647,6 +655,26 @@ Test(gpu_attn_bwd, ws_tile_edges) {
                   .sink = i % 2 ? SINK_FINITE : SINK_MIX, .p_invalid = 0.1, .p_dup = 0.1, .p_empty = 0.05};
     char name[64];
     snprintf(name, sizeof name, "ws D=%d H=%d K=%d", D, H, K);
+    run_case(&c, &rng, name);
+  }
+  only_kernel = 0;
+}
+/* -1-padded lists without topk_length (the kernel walks each row up to its last valid slot, which the
+ * prep finds): tails cut at 0, K, tile edges and anywhere, H 16 / 64 / 128, K up to 4 tiles. */
+Test(gpu_attn_bwd, ws_padded_lists_without_length) {
+  TC_REQUIRE_GPU();
+  ws_gate();
+  only_kernel = DSA_BWD_KERNEL_SM90_WS;
+  tc_rng rng = tc_seed("gpu_attn_bwd/ws_padded_lists_without_length");
+  static const int Ks[] = {129, 256, 200, 64};
+  static const int Hs[] = {64, 128, 16, 64};
+  for (int i = 0; i < 4; ++i) {
+    const int H = Hs[i], K = Ks[i], D = i % 2 ? 512 : 576;
+    bwd_case c = {.T = tc_sanitize() ? 6 : 24, .H = H, .D = D, .Tkv = 2 * K + 7, .K = K, .len = LEN_NULL,
+                  .sink = i % 2 ? SINK_FINITE : SINK_NULL, .p_invalid = 0.05, .p_dup = 0.1, .p_empty = 0.05,
+                  .p_tail = 0.9};
+    char name[64];
+    snprintf(name, sizeof name, "ws padded D=%d H=%d K=%d", D, H, K);
     run_case(&c, &rng, name);
   }
   only_kernel = 0;

@@ -74,14 +74,32 @@ __device__ __forceinline__ int bwd_slot_row(const dsa_attn_bwd_params &p, int64_
 }
 
 /* ---- prep: Delta, L', dsink partials ---------------------------------------------------------- */
+/* len_out (non-NULL only without topk_length): each row's last valid slot + 1 (0 for none), a
+ * length under which the row's valid slots all lie, for a main kernel to skip the -1 tail. */
 __global__ void __launch_bounds__(kBwdSmallThreads) bwd_prep_kernel(const __grid_constant__ dsa_attn_bwd_params p,
-                                                                    float *delta, float *lp, float *part) {
+                                                                    float *delta, float *lp, float *part,
+                                                                    int32_t *len_out) {
+  __shared__ int wlast[kBwdSmallThreads / 32];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
     const int len = bwd_eff_len(p, t);
     int any = 0;
-    for (int j = tid; j < len && !any; j += kBwdSmallThreads) any = bwd_slot_row(p, t, j, len) >= 0;
-    any = __syncthreads_or(any);
+    if (len_out) {
+      int last = -1;
+      for (int j = tid; j < len; j += kBwdSmallThreads)
+        if (bwd_slot_row(p, t, j, len) >= 0) last = j;
+      last = __reduce_max_sync(0xffffffffu, last);
+      if (lane == 0) wlast[warp] = last;
+      __syncthreads();
+#pragma unroll
+      for (int w = 0; w < kBwdSmallThreads / 32; ++w) last = max(last, wlast[w]);
+      any = last >= 0;
+      if (tid == 0) len_out[t] = last + 1;
+      __syncthreads(); /* wlast is rewritten for the next token */
+    } else {
+      for (int j = tid; j < len && !any; j += kBwdSmallThreads) any = bwd_slot_row(p, t, j, len) >= 0;
+      any = __syncthreads_or(any);
+    }
     for (int h = warp; h < p.num_heads; h += kBwdSmallThreads / 32) {
       const uint16_t *o = p.out + t * p.out_stride_token + (int64_t)h * p.out_stride_head;
       const uint16_t *g = p.dout + t * p.dout_stride_token + (int64_t)h * p.dout_stride_head;
@@ -206,9 +224,9 @@ inline dsa_status bwd_sort_layout(int64_t n, int64_t num_kv, size_t *o, BwdSortL
 
 /* ---- launch wrappers (params validated and stride-resolved; every launch checked) --------------- */
 inline dsa_status bwd_launch_prep(const dsa_attn_bwd_params *p, float *delta, float *lp, float *part,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, int32_t *len_out = nullptr) {
   bwd_prep_kernel<<<bwd_grid_for(p->num_tokens, 1, kBwdGridCap), kBwdSmallThreads, 0, stream>>>(*p, delta, lp,
-                                                                                              part);
+                                                                                              part, len_out);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
 
@@ -329,10 +347,11 @@ inline unsigned char *bwd_align_workspace(void *workspace) {
 }
 
 /* The regions every backward workspace starts with, at the same offsets in cuda/attn_bwd/bwd_portable.cu's
- * make_layout and in bwd_det_layout: delta, lp, part ([T x H] fp32 each), then the fp32 dKV
- * accumulator; ws is the aligned workspace. */
+ * make_layout and in bwd_det_layout: delta, lp, part ([T x H] fp32 each), len ([T] int32: the prep's
+ * row lengths when topk_length is NULL), then the fp32 dKV accumulator; ws is the aligned workspace. */
 struct BwdBaseRegions {
   float *delta, *lp, *part, *acc;
+  int32_t *len;
 };
 inline BwdBaseRegions bwd_base_regions(unsigned char *ws, const dsa_attn_bwd_params *p) {
   const size_t th = bwd_align_up((size_t)p->num_tokens * (size_t)p->num_heads * 4);
@@ -340,7 +359,8 @@ inline BwdBaseRegions bwd_base_regions(unsigned char *ws, const dsa_attn_bwd_par
   r.delta = (float *)ws;
   r.lp = (float *)(ws + th);
   r.part = (float *)(ws + 2 * th);
-  r.acc = (float *)(ws + 3 * th);
+  r.len = (int32_t *)(ws + 3 * th);
+  r.acc = (float *)(ws + 3 * th + bwd_align_up((size_t)p->num_tokens * 4));
   return r;
 }
 
@@ -374,6 +394,7 @@ inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, int64_t chunk_tok
   L->delta = o; o += bwd_align_up(th * 4);
   L->lp = o; o += bwd_align_up(th * 4);
   L->part = o; o += bwd_align_up(th * 4);
+  o += bwd_align_up((size_t)p->num_tokens * 4); /* len (bwd_base_regions) */
   L->acc = o; o += bwd_align_up((size_t)p->num_kv * D * 4);
   L->contrib = o; o += bwd_align_up((size_t)C * per_tok);
   DSA_TRY(bwd_sort_layout(C * (int64_t)p->topk, p->num_kv, &o, &L->sort));

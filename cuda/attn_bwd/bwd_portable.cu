@@ -328,6 +328,7 @@ dsa_status make_layout(const dsa_attn_bwd_params *p, Layout *L) {
   L->delta = o; o += bwd_align_up(th * 4);
   L->lp = o; o += bwd_align_up(th * 4);
   L->part = o; o += bwd_align_up(th * 4);
+  o += bwd_align_up((size_t)p->num_tokens * 4); /* len (bwd_base_regions) */
   if (!p->deterministic) {
     /* T_kv rows and the sm_90a ws kernel's spare rows (kBwdSpareRows; none without tokens: then no
      * kernel reduces, bwd_zero_tokens) */
