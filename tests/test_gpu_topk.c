@@ -199,6 +199,11 @@ Test(gpu_topk, constant_and_nan_rows) {
   tc_rng r = tc_seed("gpu_topk.constant_and_nan_rows");
   run_case(&e, &r, 16, 4099, 100, FILL_CONST, 1, 0, 0, "constant rows");
   run_case(&e, &r, 16, 4099, 2048, FILL_CONST, 0, 0, 0, "constant rows, k 2048");
+  /* the same at <= 4096 columns (the filter kernel's short-row build) */
+  run_case(&e, &r, 16, 4096, 100, FILL_CONST, 1, 0, 0, "constant rows, 4096 columns");
+  run_case(&e, &r, 16, 4096, 2048, FILL_CONST, 0, 0, 0, "constant rows, 4096 columns, k 2048");
+  run_case(&e, &r, 300, 4096, 2048, FILL_TIES, 1, 0, 0, "300 rows of 4096 columns, ties, k 2048");
+  run_case(&e, &r, 300, 4095, 2048, FILL_MIXED, 1, 1, 3, "300 unaligned rows of 4095 columns, k 2048");
   /* all-NaN and all -inf rows, and a row with exactly one number among NaNs */
   {
     dsa_topk_params p;

@@ -4,12 +4,14 @@
  * its 2 x 90 KB of shared memory per SM (cuda/topk/topk.cu); same output as the radix kernel
  * (cuda/topk/topk_radix.cu: the rule, the key order, ties to the smaller column, ascending output).
  *
- * Per row (one 512-thread CTA, two CTAs per SM, grid-stride over rows):
- *  - L <= TKF_CAP: every column is a candidate (take-all), no sample.
- *  - else the sample: sv = min(n4 / 32, TKF_SV_MAX) 16-byte vectors at a fixed stride over the aligned
+ * Per row (one CTA, grid-stride over rows; two builds, TkfCfg below: 512 threads and two CTAs per SM
+ * for any row, 256 threads and four CTAs per SM when no row of the launch exceeds CAP = 4096 columns;
+ * CAP = 8192 in the first):
+ *  - L <= CAP: every column is a candidate (take-all), no sample.
+ *  - else the sample: sv = min(n4 / 32, SV_MAX) 16-byte vectors at a fixed stride over the aligned
  *    body of the row (S = 4 sv keys, 1/32 of the row up to 128K columns) and a 2-pass radix select
- *    (11 + 11 bits) of the r-th largest sample key, r = ceil(TKF_TARGET * S / L), give the 22-bit
- *    prefix T of that key: about TKF_TARGET (= TKF_CAP / 2) keys of the row are >= T. T becomes a
+ *    (11 + 11 bits) of the r-th largest sample key, r = ceil(TARGET * S / L), give the 22-bit
+ *    prefix T of that key: about TARGET (= CAP / 2) keys of the row are >= T. T becomes a
  *    float threshold tf (key order and float order agree for non-NaN values; -0 == +0 in both; NaN
  *    fails every float compare, as its key 0 is below every number); the exact set kept is
  *    {key(x) >= key(tf)}, any tf gives a valid "all keys >= some key" set.
@@ -17,17 +19,17 @@
  *    16-byte alignment scalar): x >= tf (one setp per key, no .ftz) sets a bit of a 4U-bit lane mask;
  *    a warp scan of the popcounts and one shared atomic per warp step reserve the slots; the kept
  *    (float bits, column) pairs go to ck / cc in any order. A warp whose reservation passes
- *    TKF_CAP stops (the row then falls back).
- *  - c = candidates: K <= c <= TKF_CAP means every selected key is among them (the K-th largest key
+ *    CAP stops (the row then falls back).
+ *  - c = candidates: K <= c <= CAP means every selected key is among them (the K-th largest key
  *    T* is >= key(tf), so all keys > T* and all keys == T* were kept): the exact selection runs on the
  *    candidates only. Keys in place + block min / max; the bits above the highest bit where min and
  *    max differ are common, so the radix passes (11-bit digits, 2048 bins) start there (uniform
  *    scores: 2 passes, the first one spread over ~1000 bins instead of a few exponent bins). Emit:
- *    the bitmaps of the candidates > T* and == T* by column (windows of TKF_WIN columns over the
+ *    the bitmaps of the candidates > T* and == T* by column (windows of WIN columns over the
  *    histogram memory), one block scan of (popc gt, popc eq) per window: ascending output, the
  *    need_eq smallest columns among the ties. The append order never matters: only counts and sets
  *    are used.
- *  - fallback (c < K: threshold too high; c > TKF_CAP: too low, e.g. constant or heavily tied rows; T
+ *  - fallback (c < K: threshold too high; c > CAP: too low, e.g. constant or heavily tied rows; T
  *    with a NaN key): the exact radix select straight from global memory (three passes 11 + 11 + 10
  *    bits, then a count and an emit sweep by warp stretches, as the radix kernel's streaming path),
  *    same CTA, no workspace.
@@ -43,16 +45,31 @@
  */
 #include "topk/topk_common.cuh"
 
-#define TKF_NT 512                 /* threads per CTA (two CTAs per SM) */
-#define TKF_CAP 8192               /* candidate (float bits, column) pairs in shared memory */
-#define TKF_TARGET (TKF_CAP / 2)   /* candidates the sampled threshold aims at (>= 2 K for any K) */
-#define TKF_U 4                    /* 16-byte loads per thread per filtering step */
-#define TKF_SV_MAX (2 * TKF_NT)    /* sample vectors at most (4096 keys) */
-#define TKF_WIN 65536              /* columns per emit window (two bitmaps of TKF_WIN / 32 words) */
-static_assert(TKF_SMEM == (2 * TKF_CAP + 3 * TK_BINS) * 4, "ck, cc, three 2048-bin histograms");
-static_assert(2 * (TKF_WIN / 32) <= 3 * TK_BINS, "the emit bitmaps overlay the histograms");
-static_assert((TKF_WIN / 32) % TKF_NT == 0, "whole bitmap words per thread");
-static_assert(TKF_TARGET >= 2 * 2048, "the target covers twice the largest k");
+#define TKF_U 4 /* 16-byte loads per thread per filtering step */
+
+/* A build of the kernel: NT threads per CTA, MINB CTAs per SM; CAP candidates in shared memory; WIN
+ * columns per emit window (two bitmaps of WIN / 32 words over the histograms); SHORT: every row has
+ * at most CAP columns (the launch's `columns` says so), so a row is taken whole and its candidates'
+ * columns are their positions (no cc array, no sample; a longer row would take the fallback). */
+template <int NT_, int CAP_, int WIN_, int MINB_, bool SHORT_>
+struct TkfCfg {
+  static constexpr int NT = NT_, CAP = CAP_, WIN = WIN_, MINB = MINB_;
+  static constexpr bool SHORT = SHORT_;
+  static constexpr int TARGET = CAP / 2;  /* candidates the sampled threshold aims at */
+  static constexpr int SV_MAX = 2 * NT;   /* sample vectors at most */
+  static constexpr int SMEM = ((SHORT ? 1 : 2) * CAP + 3 * TK_BINS) * 4; /* ck (, cc), h0 h1 h2 */
+  static_assert(2 * (WIN / 32) <= 3 * TK_BINS, "the emit bitmaps overlay the histograms");
+  static_assert((WIN / 32) % NT == 0, "whole bitmap words per thread");
+  static_assert(SHORT ? WIN >= CAP : TARGET >= 2 * 2048, "short rows: one window; long rows: the target "
+                "covers twice the largest k");
+};
+/* Any row length: 512 threads, two CTAs per SM, 88 KB (TKF_SMEM). */
+typedef TkfCfg<512, 8192, 65536, 2, false> TkfLong;
+/* Launches whose rows all have at most 4096 columns (the indexer's windows of short sequences): the
+ * whole row in 16 KB and the histograms, 40 KB, four 256-thread CTAs per SM, twice the rows in flight
+ * of TkfLong, whose per-row phases (a few block barriers each) are latency-bound. */
+typedef TkfCfg<256, 4096, 8192, 4, true> TkfShort;
+static_assert(TkfLong::SMEM == TKF_SMEM, "ck, cc, three 2048-bin histograms");
 
 /* x >= t as an IEEE compare (subnormals kept whatever the flags: no .ftz); NaN gives 0 */
 static __device__ __forceinline__ unsigned tkf_ge(float x, float t) {
@@ -61,31 +78,33 @@ static __device__ __forceinline__ unsigned tkf_ge(float x, float t) {
   return r;
 }
 
-/* the aligned body of a row longer than TKF_CAP and its sample: head columns [0, hd) up to the
+/* the aligned body of a row longer than CAP and its sample: head columns [0, hd) up to the
  * 16-byte alignment, n4 float4 vectors from column hd, sv sample vectors at stride sst */
 struct tkf_geom {
   int hd, n4, sv, sst;
 };
+template <class C>
 static __device__ __forceinline__ tkf_geom tkf_geometry(const float *src, int Li) {
   tkf_geom g;
   g.hd = (int)(((16u - ((unsigned)(uintptr_t)src & 15u)) & 15u) >> 2);
   g.n4 = (Li - g.hd) >> 2;
-  g.sv = (g.n4 >> 5) < TKF_SV_MAX ? (g.n4 >> 5) : TKF_SV_MAX; /* >= 63 for Li > TKF_CAP */
+  g.sv = (g.n4 >> 5) < C::SV_MAX ? (g.n4 >> 5) : C::SV_MAX; /* >= 63 for Li > TkfLong::CAP */
   g.sst = g.n4 / g.sv;                                          /* >= 32 */
   return g;
 }
 
 /* Next row of this CTA: its sample vectors into L2 (nothing for rows without a sample). */
+template <class C>
 static __device__ __forceinline__ void tkf_prefetch_next(const dsa_topk_launch &a, int64_t nr, int tid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int64_t nL = tk_row_len(a, nr);
   int64_t noff = 0;
   if (nL <= a.k) return;
-  if (nL <= TKF_CAP) return;
+  if (C::SHORT || nL <= C::CAP) return;
   if (a.starts != NULL) noff = a.starts[nr] - a.start_base;
   const float *ns = a.scores + nr * a.scores_stride + noff;
-  const tkf_geom g = tkf_geometry(ns, (int)nL);
-  for (int i = tid; i < g.sv; i += TKF_NT)
+  const tkf_geom g = tkf_geometry<C>(ns, (int)nL);
+  for (int i = tid; i < g.sv; i += C::NT)
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ns + g.hd + 4 * (int64_t)i * g.sst) : "memory");
 #else
   (void)a;
@@ -96,10 +115,11 @@ static __device__ __forceinline__ void tkf_prefetch_next(const dsa_topk_launch &
 
 /* The exact streaming select of one row from global memory (the fallback): h0.. (three 2048-bin
  * histograms) must be zero in this thread's program order before the call. */
+template <class C>
 static __device__ __forceinline__ void tkf_fallback(const float *__restrict__ src, int64_t L, int k, int64_t add,
                                                     int32_t *out, int *h0, int *s_scan, uint32_t *s_prefix,
                                                     int *s_rem, int *s_nc, long long *s_wgt, long long *s_weq) {
-  constexpr int NT = TKF_NT, NW = NT / 32;
+  constexpr int NT = C::NT, NW = NT / 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   __syncthreads();
   uint32_t prefix = 0;
@@ -141,15 +161,16 @@ static __device__ __forceinline__ void tkf_fallback(const float *__restrict__ sr
    * the next fallback's barriers */
 }
 
-static __global__ void __launch_bounds__(TKF_NT, 2) tkf_kernel(dsa_topk_launch a) {
-  constexpr int NT = TKF_NT, NW = NT / 32, U = TKF_U;
-  constexpr int WPT = TKF_WIN / 32 / NT; /* bitmap words per thread in the emit scan */
+template <class C>
+static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_launch a) {
+  constexpr int NT = C::NT, NW = NT / 32, U = TKF_U, CAP = C::CAP, WIN = C::WIN;
+  constexpr int WPT = WIN / 32 / NT; /* bitmap words per thread in the emit scan */
   extern __shared__ __align__(16) uint32_t tkf_smem[];
-  uint32_t *const ck = tkf_smem;                    /* [TKF_CAP] candidate float bits, then keys */
-  uint32_t *const cc = tkf_smem + TKF_CAP;          /* [TKF_CAP] candidate columns */
-  int *const h0 = (int *)(tkf_smem + 2 * TKF_CAP); /* [3 * TK_BINS] histograms h0, h1, h2 */
-  uint32_t *const bg = (uint32_t *)h0;              /* emit: [TKF_WIN / 32] key > T* (over h0..) */
-  uint32_t *const be = bg + TKF_WIN / 32;           /* emit: [TKF_WIN / 32] key == T* */
+  uint32_t *const ck = tkf_smem;                       /* [CAP] candidate float bits, then keys */
+  uint32_t *const cc = tkf_smem + CAP;                 /* [CAP] candidate columns (not SHORT) */
+  int *const h0 = (int *)(tkf_smem + (C::SHORT ? 1 : 2) * CAP); /* [3 * TK_BINS] histograms h0, h1, h2 */
+  uint32_t *const bg = (uint32_t *)h0;                 /* emit: [WIN / 32] key > T* (over h0..) */
+  uint32_t *const be = bg + WIN / 32;                  /* emit: [WIN / 32] key == T* */
   __shared__ int s_scan[NW];
   __shared__ uint32_t s_prefix, s_kmin, s_kmax;
   __shared__ int s_rem, s_nc, s_cnt;
@@ -163,7 +184,7 @@ static __global__ void __launch_bounds__(TKF_NT, 2) tkf_kernel(dsa_topk_launch a
     const float *src;
     if (!tk_row_begin<NT>(a, row, tid, &L, &add, &out, &src)) continue; /* L <= k: written; block-uniform */
     const int Li = (int)L; /* columns < 2^31 (int32 indices) */
-    if (row + gridDim.x < a.rows) tkf_prefetch_next(a, row + gridDim.x, tid);
+    if (row + gridDim.x < a.rows) tkf_prefetch_next<C>(a, row + gridDim.x, tid);
 
     /* the previous row's last shared reads (histograms / bitmaps, s_cnt, s_kmin / s_kmax) came
      * before its last barrier */
@@ -176,18 +197,21 @@ static __global__ void __launch_bounds__(TKF_NT, 2) tkf_kernel(dsa_topk_launch a
     __syncthreads();
 
     int c; /* candidates (block-uniform) */
-    if (Li <= TKF_CAP) {
+    if (Li <= CAP) {
       /* take-all: every column, in column order */
 #pragma unroll 4
       for (int i = tid; i < Li; i += NT) {
         ck[i] = __float_as_uint(__ldg(src + i));
-        cc[i] = (uint32_t)i;
+        if constexpr (!C::SHORT) cc[i] = (uint32_t)i;
       }
       c = Li;
       __syncthreads();
+    } else if constexpr (C::SHORT) { /* a longer row than the launch said: exact, from global memory */
+      tkf_fallback<C>(src, L, k, add, out, h0, s_scan, &s_prefix, &s_rem, &s_nc, s_wgt, s_weq);
+      continue;
     } else {
       /* ---- the sample: the r-th largest of S = 4 sv keys, its top 22 bits ---- */
-      const tkf_geom g = tkf_geometry(src, Li);
+      const tkf_geom g = tkf_geometry<C>(src, Li);
       const float4 *s4 = (const float4 *)(src + g.hd);
       uint32_t sk[8];
 #pragma unroll
@@ -209,7 +233,7 @@ static __global__ void __launch_bounds__(TKF_NT, 2) tkf_kernel(dsa_topk_launch a
       }
       __syncthreads();
       uint32_t prefix = 0;
-      int rem = (int)(((int64_t)TKF_TARGET * 4 * g.sv + L - 1) / L), nc; /* 1 <= r < S */
+      int rem = (int)(((int64_t)C::TARGET * 4 * g.sv + L - 1) / L), nc; /* 1 <= r < S */
       tk_find_bin<NT>(TK_BINS, 21, prefix, rem, nc, h0, s_scan, &s_prefix, &s_rem, &s_nc);
 #pragma unroll
       for (int i = 0; i < 8; ++i)
@@ -259,8 +283,8 @@ static __global__ void __launch_bounds__(TKF_NT, 2) tkf_kernel(dsa_topk_launch a
           int wb = 0;
           if (lane == 31) wb = atomicAdd(&s_cnt, tot);
           wb = __shfl_sync(0xffffffffu, wb, 31);
-          if (wb + tot > TKF_CAP) return false; /* warp-uniform: s_cnt > TKF_CAP, the row falls back */
-          uint32_t *p = ck + (wb + x - n); /* this lane's slots; the columns sit TKF_CAP words after */
+          if (wb + tot > CAP) return false; /* warp-uniform: s_cnt > CAP, the row falls back */
+          uint32_t *p = ck + (wb + x - n); /* this lane's slots; the columns sit CAP words after */
 #pragma unroll
           for (int u = 0; u < U; ++u) {
             const uint32_t cb = (uint32_t)g.hd + 4u * (uint32_t)(base + u * NT + tid);
@@ -269,7 +293,7 @@ static __global__ void __launch_bounds__(TKF_NT, 2) tkf_kernel(dsa_topk_launch a
             for (int j = 0; j < 4; ++j)
               if ((m >> (4 * u + j)) & 1u) {
                 p[0] = __float_as_uint(e[j]);
-                p[TKF_CAP] = cb + j;
+                p[CAP] = cb + j;
                 ++p;
               }
           }
@@ -288,7 +312,7 @@ static __global__ void __launch_bounds__(TKF_NT, 2) tkf_kernel(dsa_topk_launch a
             const float xv = __ldg(src + col);
             if (tkf_ge(xv, tf)) {
               const int p = atomicAdd(&s_cnt, 1);
-              if (p < TKF_CAP) {
+              if (p < CAP) {
                 ck[p] = __float_as_uint(xv);
                 cc[p] = (uint32_t)col;
               }
@@ -298,8 +322,8 @@ static __global__ void __launch_bounds__(TKF_NT, 2) tkf_kernel(dsa_topk_launch a
         __syncthreads();
         c = s_cnt;
       }
-      if (c < k || c > TKF_CAP) { /* block-uniform */
-        tkf_fallback(src, L, k, add, out, h0, s_scan, &s_prefix, &s_rem, &s_nc, s_wgt, s_weq);
+      if (c < k || c > CAP) { /* block-uniform */
+        tkf_fallback<C>(src, L, k, add, out, h0, s_scan, &s_prefix, &s_rem, &s_nc, s_wgt, s_weq);
         continue;
       }
     }
@@ -344,18 +368,18 @@ static __global__ void __launch_bounds__(TKF_NT, 2) tkf_kernel(dsa_topk_launch a
     const uint32_t thr = prefix; /* the k-th largest key */
     const int need_eq = rem, count_gt = k - rem;
 
-    /* ---- emit: per window of TKF_WIN columns, bitmaps of the candidates > thr and == thr, one
-     * block scan of (popc gt << 16 | popc eq) over the words (both < 65536: at most TKF_CAP bits) ---- */
+    /* ---- emit: per window of WIN columns, bitmaps of the candidates > thr and == thr, one
+     * block scan of (popc gt << 16 | popc eq) over the words (both < 65536: at most CAP bits) ---- */
     int gb_run = 0, eb_run = 0;
 #pragma unroll 1
-    for (int64_t w0 = 0; w0 < L; w0 += TKF_WIN) {
+    for (int64_t w0 = 0; w0 < L; w0 += WIN) {
       /* the histograms (and the previous window's words) were last read before a barrier */
-      for (int i = tid; i < 2 * (TKF_WIN / 32); i += NT) bg[i] = 0u;
+      for (int i = tid; i < 2 * (WIN / 32); i += NT) bg[i] = 0u;
       __syncthreads();
       for (int i = tid; i < c; i += NT) {
         const uint32_t key = ck[i];
-        const uint32_t col = cc[i] - (uint32_t)w0;
-        if (col < TKF_WIN && key >= thr) atomicOr(key > thr ? &bg[col >> 5] : &be[col >> 5], 1u << (col & 31));
+        const uint32_t col = (C::SHORT ? (uint32_t)i : cc[i]) - (uint32_t)w0;
+        if (col < WIN && key >= thr) atomicOr(key > thr ? &bg[col >> 5] : &be[col >> 5], 1u << (col & 31));
       }
       __syncthreads();
       uint32_t gw[WPT], ew[WPT];
@@ -400,12 +424,20 @@ static __global__ void __launch_bounds__(TKF_NT, 2) tkf_kernel(dsa_topk_launch a
   }
 }
 
-/* Launches the filter kernel (any row length; needs TKF_SMEM of opt-in shared memory per CTA). */
-extern "C" dsa_status dsa_topk_launch_filter(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream) {
-  static int attr_set[DSA_TRACKED_DEVICES]; /* two CTAs per SM: the largest carveout too */
-  DSA_TRY(dsa_kernel_smem_once((const void *)tkf_kernel, TKF_SMEM, 1, ctx->device, attr_set,
+template <class C>
+static dsa_status tkf_launch(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream) {
+  static int attr_set[DSA_TRACKED_DEVICES]; /* MINB CTAs per SM: the largest carveout too */
+  DSA_TRY(dsa_kernel_smem_once((const void *)tkf_kernel<C>, C::SMEM, 1, ctx->device, attr_set,
                                "dsa_topk (cudaFuncSetAttribute)"));
-  const int64_t grid = a->rows < 2 * (int64_t)ctx->sm_count ? a->rows : 2 * (int64_t)ctx->sm_count;
-  tkf_kernel<<<(unsigned)grid, TKF_NT, TKF_SMEM, stream>>>(*a);
+  const int64_t slots = (int64_t)C::MINB * ctx->sm_count;
+  const int64_t grid = a->rows < slots ? a->rows : slots;
+  tkf_kernel<C><<<(unsigned)grid, C::NT, C::SMEM, stream>>>(*a);
   return dsa_cuda_status(cudaGetLastError(), "dsa_topk (kernel launch)");
+}
+
+/* Launches the filter kernel (any row length; needs TKF_SMEM of opt-in shared memory per CTA): the
+ * short-row build when no row can exceed its 4096 columns and some row is read (scores given). */
+extern "C" dsa_status dsa_topk_launch_filter(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream) {
+  if (a->scores != NULL && a->columns <= TkfShort::CAP) return tkf_launch<TkfShort>(ctx, a, stream);
+  return tkf_launch<TkfLong>(ctx, a, stream);
 }
