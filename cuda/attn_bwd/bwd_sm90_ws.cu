@@ -496,7 +496,8 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
   /* without topk_length the prep finds each row's last valid slot, and the main kernel walks the row
    * up to it: a -1-padded list then costs what its valid prefix costs (the kernel tests every slot's
    * index either way, so the results are those of the whole row) */
-  DSA_TRY(bwd_launch_prep(p, R.delta, R.lp, R.part, stream, p->topk_length ? nullptr : R.len));
+  int32_t *const found_len = p->topk_length ? nullptr : R.len;
+  DSA_TRY(bwd_launch_prep(p, R.delta, R.lp, R.part, stream, found_len));
   /* the T_kv rows and the spare rows (ws_gather) */
   DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(R.acc, 0, (size_t)(p->num_kv + kBwdSpareRows) * kD * 4, stream), fn));
   if (p->slot_target)
@@ -504,7 +505,7 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
                                                    (size_t)p->topk * 4, (size_t)p->num_tokens, stream),
                             fn));
   MainArgs args = bwd_sm90_main_args(p, R, num_hblocks);
-  if (!p->topk_length) args.p.topk_length = R.len;
+  if (found_len) args.p.topk_length = found_len;
   attn_bwd_sm90_ws_kernel<NBT><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(args);
   DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   if (p->num_kv > 0) DSA_TRY(bwd_launch_convert_lay1<kD>(p, R.acc, stream));
