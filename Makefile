@@ -206,7 +206,7 @@ run: $(BUILD)/bench/dsa_layer
 # The kernels' compile-time experiment switches (A/B builds for the GPU machine: docs/perf.md "How to
 # run"), entries file.cu:-DSWITCH=value: each file compiled once more with its switch, so they keep
 # compiling (CI runs this). The list is empty when no experiment is pending; the target then does nothing.
-EXPERIMENTS := cuda/topk/topk_filter.cu:-DDSA_TOPK_SHORT_NT128=1
+EXPERIMENTS :=
 experiments:
 	@rm -rf $(BUILD)/experiments
 	@for e in $(EXPERIMENTS); do f=$${e%%:*}; d=$${e#*:}; echo "nvcc $$d $$f"; mkdir -p $(BUILD)/experiments; \

@@ -51,15 +51,14 @@
  * columns per emit window (two bitmaps of WIN / 32 words over the histograms); SHORT: every row has
  * at most CAP columns (the launch's `columns` says so), so a row is taken whole and its candidates'
  * columns are their positions (no cc array, no sample; a longer row would take the fallback). */
-template <int NT_, int CAP_, int WIN_, int MINB_, bool SHORT_, int NHIST_ = 3>
+template <int NT_, int CAP_, int WIN_, int MINB_, bool SHORT_>
 struct TkfCfg {
-  static constexpr int NT = NT_, CAP = CAP_, WIN = WIN_, MINB = MINB_, NHIST = NHIST_;
+  static constexpr int NT = NT_, CAP = CAP_, WIN = WIN_, MINB = MINB_;
   static constexpr bool SHORT = SHORT_;
   static constexpr int TARGET = CAP / 2;  /* candidates the sampled threshold aims at */
   static constexpr int SV_MAX = 2 * NT;   /* sample vectors at most */
-  static constexpr int SMEM = ((SHORT ? 1 : 2) * CAP + NHIST * TK_BINS) * 4; /* ck (, cc), histograms */
-  static_assert(NHIST == 3 || (NHIST == 1 && SHORT), "one histogram (rezeroed per digit): short rows only");
-  static_assert(2 * (WIN / 32) <= NHIST * TK_BINS, "the emit bitmaps overlay the histograms");
+  static constexpr int SMEM = ((SHORT ? 1 : 2) * CAP + 3 * TK_BINS) * 4; /* ck (, cc), h0 h1 h2 */
+  static_assert(2 * (WIN / 32) <= 3 * TK_BINS, "the emit bitmaps overlay the histograms");
   static_assert((WIN / 32) % NT == 0, "whole bitmap words per thread");
   static_assert(SHORT ? WIN >= CAP : TARGET >= 2 * 2048, "short rows: one window; long rows: the target "
                 "covers twice the largest k");
@@ -69,16 +68,7 @@ typedef TkfCfg<512, 8192, 65536, 2, false> TkfLong;
 /* Launches whose rows all have at most 4096 columns (the indexer's windows of short sequences): the
  * whole row in 16 KB and the histograms, 40 KB, four 256-thread CTAs per SM, twice the rows in flight
  * of TkfLong, whose per-row phases (a few block barriers each) are latency-bound. */
-#ifndef DSA_TOPK_SHORT_NT128
-#define DSA_TOPK_SHORT_NT128 0
-#endif
-#if DSA_TOPK_SHORT_NT128
-/* An experiment (the Makefile's EXPERIMENTS): 128 threads and one histogram rezeroed per digit (24
- * KB), eight CTAs per SM: twice the rows in flight again, at half the threads per row. */
-typedef TkfCfg<128, 4096, 4096, 8, true, 1> TkfShort;
-#else
 typedef TkfCfg<256, 4096, 8192, 4, true> TkfShort;
-#endif
 static_assert(TkfLong::SMEM == TKF_SMEM, "ck, cc, three 2048-bin histograms");
 
 /* x >= t as an IEEE compare (subnormals kept whatever the flags: no .ftz); NaN gives 0 */
@@ -178,7 +168,7 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
   extern __shared__ __align__(16) uint32_t tkf_smem[];
   uint32_t *const ck = tkf_smem;                       /* [CAP] candidate float bits, then keys */
   uint32_t *const cc = tkf_smem + CAP;                 /* [CAP] candidate columns (not SHORT) */
-  int *const h0 = (int *)(tkf_smem + (C::SHORT ? 1 : 2) * CAP); /* [NHIST * TK_BINS] histograms h0 (, h1, h2) */
+  int *const h0 = (int *)(tkf_smem + (C::SHORT ? 1 : 2) * CAP); /* [3 * TK_BINS] histograms h0, h1, h2 */
   uint32_t *const bg = (uint32_t *)h0;                 /* emit: [WIN / 32] key > T* (over h0..) */
   uint32_t *const be = bg + WIN / 32;                  /* emit: [WIN / 32] key == T* */
   __shared__ int s_scan[NW];
@@ -198,7 +188,7 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
 
     /* the previous row's last shared reads (histograms / bitmaps, s_cnt, s_kmin / s_kmax) came
      * before its last barrier */
-    for (int i = tid; i < C::NHIST * TK_BINS; i += NT) h0[i] = 0;
+    for (int i = tid; i < 3 * TK_BINS; i += NT) h0[i] = 0;
     if (tid == 0) {
       s_cnt = 0;
       s_kmin = 0xffffffffu;
@@ -216,10 +206,8 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
       }
       c = Li;
       __syncthreads();
-    } else if constexpr (C::SHORT && C::NHIST == 3) { /* a longer row than the launch said: exact, from global memory */
+    } else if constexpr (C::SHORT) { /* a longer row than the launch said: exact, from global memory */
       tkf_fallback<C>(src, L, k, add, out, h0, s_scan, &s_prefix, &s_rem, &s_nc, s_wgt, s_weq);
-      continue;
-    } else if constexpr (C::SHORT) { /* unreachable: L <= columns <= CAP (tk_row_len, the launcher) */
       continue;
     } else {
       /* ---- the sample: the r-th largest of S = 4 sv keys, its top 22 bits ---- */
@@ -374,14 +362,7 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
         __syncthreads();
         tk_find_bin<NT>(TK_BINS, shift, prefix, rem, nc, h, s_scan, &s_prefix, &s_rem, &s_nc);
         lo = shift;
-        if constexpr (C::NHIST == 1) { /* the bins were read before tk_find_bin's closing barrier */
-          if (lo > 0) {
-            for (int i = tid; i < TK_BINS; i += NT) h[i] = 0;
-            __syncthreads();
-          }
-        } else {
-          h += TK_BINS;
-        }
+        h += TK_BINS;
       }
     }
     const uint32_t thr = prefix; /* the k-th largest key */
