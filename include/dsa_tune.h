@@ -95,8 +95,7 @@ typedef enum dsa_bwd_kernel {
   DSA_BWD_KERNEL_PORTABLE = 1,  /* the CUDA-core kernels */
   DSA_BWD_KERNEL_SM90_H64 = 2,  /* the 64-head sm_90a kernel */
   DSA_BWD_KERNEL_SM90_SMALL = 3, /* the small-H sm_90a kernel (H <= 32) */
-  /* the warp-specialised 64-head sm_90a kernel, non-deterministic mode only (deterministic = 1
-   * returns DSA_ERROR_UNSUPPORTED); the automatic choice of that mode on cc 9.0 */
+  /* the warp-specialised 64-head sm_90a kernel, both modes; the automatic choice on cc 9.0 */
   DSA_BWD_KERNEL_SM90_WS = 4
 } dsa_bwd_kernel;
 

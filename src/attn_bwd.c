@@ -75,19 +75,13 @@ static dsa_status bwd_dispatch(dsa_context *ctx, const dsa_attn_bwd_params *r, v
     dsa_saved_message saved;
     dsa_status s;
     dsa_message_save(&saved);
-    /* The non-deterministic mode: the warp-specialised kernel, every H (below 64 heads as zero rows:
-     * the fp32 reductions bind, not the MMA). The deterministic mode: the small-H kernel for H <= 32,
-     * else the 64-head kernel (docs/design.md section 6). */
-    if (!r->deterministic) {
-      s = dsa_launch_attn_bwd_sm90_ws(ctx, r, workspace, stream);
-      if (!dsa_declined(s, &saved)) {
-        if (s == DSA_SUCCESS) *target_done = 1;
-        return s;
-      }
-    }
-    if (r->num_heads <= 32 && r->deterministic) {
-      s = dsa_launch_attn_bwd_sm90_small(ctx, r, workspace, stream);
-      if (!dsa_declined(s, &saved)) return s;
+    /* Both modes: the warp-specialised kernel, every H (below 64 heads as zero rows: the fp32
+     * reductions, or in the deterministic mode the per-slot rows' HBM traffic, bind, not the MMA;
+     * docs/design.md section 6). */
+    s = dsa_launch_attn_bwd_sm90_ws(ctx, r, workspace, stream);
+    if (!dsa_declined(s, &saved)) {
+      if (s == DSA_SUCCESS) *target_done = 1;
+      return s;
     }
     s = dsa_launch_attn_bwd_sm90(ctx, r, workspace, stream);
     if (!dsa_declined(s, &saved)) return s;

@@ -22,9 +22,10 @@
  * The non-deterministic mode of the sm_90a kernels (fp32 atomics into their permuted dKV
  * accumulators, src/internal.h) is also held against the same kernel's deterministic mode.
  * The ws_* tests run the same cases on the warp-specialised 64-head sm_90a kernel
- * (DSA_BWD_KERNEL_SM90_WS, 4; cuda/attn_bwd/bwd_sm90_ws.cu, non-deterministic mode only): one pass
- * per case (only_kernel), checked as above (reference, poison, gaps, dsink); it is the automatic
- * choice of the non-deterministic mode on cc 9.0, and never runs under racecheck (ws_gate below). */
+ * (DSA_BWD_KERNEL_SM90_WS, 4; cuda/attn_bwd/bwd_sm90_ws.cu): both modes of it alone per case
+ * (only_kernel), checked as above (reference, poison, gaps, dsink, the deterministic reruns, the two
+ * modes against each other); it is the automatic choice of both modes on cc 9.0, and never runs
+ * under racecheck (ws_gate below). */
 #include <limits.h>
 #include "test_common.h"
 #include "internal.h"
@@ -105,8 +106,8 @@ static double rel_err_f32(const float *g, const float *r, int n) {
   return sqrt(num) / (den > 1e-300 ? sqrt(den) : 1.0);
 }
 
-/* Nonzero: run_case runs one pass only, non-deterministic on this DSA_OPTION_BWD_KERNEL value (the
- * ws_* tests: DSA_BWD_KERNEL_SM90_WS). */
+/* Nonzero: run_case runs this DSA_OPTION_BWD_KERNEL value alone, one pass per mode (the ws_* tests:
+ * DSA_BWD_KERNEL_SM90_WS). */
 static int only_kernel = 0;
 
 typedef struct gpu_result {
@@ -285,11 +286,11 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   cr_assert(dq_host && dkv_host && dq_c && dkv_c);
 
   /* passes 0, 1, 2: non-deterministic on kernel 1 (DSA_BWD_KERNEL_PORTABLE), 2 (SM90_H64), 3
-   * (SM90_SMALL, H <= 32 only); passes 3, 4, 5: the same, deterministic. only_kernel: pass 0 alone,
-   * on that kernel */
+   * (SM90_SMALL, H <= 32 only); passes 3, 4, 5: the same, deterministic. only_kernel: passes 0 and 3
+   * alone, on that kernel */
   static const int sweep[4] = {0, 1, 2, 5};
   for (int pass = 0; pass < 6; ++pass) {
-    if (only_kernel && pass != 0) continue;
+    if (only_kernel && pass != 0 && pass != 3) continue;
     const int mode = pass >= 3, variant = only_kernel ? only_kernel : 1 + pass % 3;
     if (variant == 3 && H > 32) continue; /* the small-H kernel runs H <= 32 */
     const int sweep_pass = mode && variant != 1 && c->chunk_sweep; /* sm_90a deterministic chunks */
@@ -747,27 +748,11 @@ static void small_bwd_free(small_bwd *f) {
   dsa_context_destroy(f->ctx);
 }
 
-/* The kernel declines the deterministic mode before any launch (no fallback for a forced kernel):
- * DSA_ERROR_UNSUPPORTED naming the kernel, outputs untouched. Launches nothing: not gated. */
-Test(gpu_attn_bwd, ws_declines_deterministic) {
+/* The deterministic mode of the warp-specialised kernel over many chunks (its contrib rows are whole
+ * 64-slot tiles per CTA: K = 45, 65, 100, 130 leave partial last tiles), both head dims. */
+Test(gpu_attn_bwd, ws_det_chunks) {
   TC_REQUIRE_GPU();
-  small_bwd f;
-  small_bwd_init(&f, "gpu_attn_bwd/ws_declines_deterministic", 3, 64, 16, 8);
-  f.p.deterministic = 1;
-  size_t need = 0;
-  TC_OK(dsa_sparse_attn_bwd(f.ctx, &f.p, NULL, &need, 0));
-  void *ws;
-  TC_CUDA(cudaMalloc(&ws, need));
-  TC_SET_OPTION(f.ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_SM90_WS);
-  TC_FAILS(dsa_sparse_attn_bwd(f.ctx, &f.p, ws, &need, 0), DSA_ERROR_UNSUPPORTED, "DSA_BWD_KERNEL_SM90_WS");
-  TC_CUDA(cudaDeviceSynchronize());
-  uint16_t probe[64];
-  TC_CUDA(cudaMemcpy(probe, f.dkv, sizeof probe, cudaMemcpyDeviceToHost));
-  for (int i = 0; i < 64; ++i) cr_assert(probe[i] == 0xFFFF, "a declined call wrote dkv");
-  TC_CUDA(cudaMemcpy(probe, f.dq, sizeof probe, cudaMemcpyDeviceToHost));
-  for (int i = 0; i < 64; ++i) cr_assert(probe[i] == 0xFFFF, "a declined call wrote dq");
-  TC_CUDA(cudaFree(ws));
-  small_bwd_free(&f);
+  ws_both_dims(det_chunk_cases);
 }
 
 Test(gpu_attn_bwd, workspace_contract) {

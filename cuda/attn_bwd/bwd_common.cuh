@@ -275,23 +275,30 @@ inline dsa_status bwd_launch_sorted_keys(const dsa_attn_bwd_params *p, int64_t t
 }
 
 /* ---- sm_90a deterministic mode: chunked workspace and fixed-order dKV reduction -----------------
- * Used by both sm_90a launchers (cuda/attn_bwd/bwd_sm90_h64.cu, H <= 128 in head blocks of 64, and
- * cuda/attn_bwd/bwd_sm90_small.cu, H <= 32, always one head block); the portable launcher does not use
- * them. Tokens run in chunks of C; the main kernel of a chunk stores each valid slot's fp32 dKV row
- * to contrib[(token_in_chunk * NHB + head_block) * K + slot][D]; bwd_launch_sorted_keys sorts the
- * chunk's entry ids i = token_in_chunk * K + slot by kv row; the reduce adds them in that order. */
+ * Used by the three sm_90a launchers (cuda/attn_bwd/bwd_sm90_ws.cu and bwd_sm90_h64.cu, H <= 128 in
+ * head blocks of 64, and cuda/attn_bwd/bwd_sm90_small.cu, H <= 32, always one head block); the
+ * portable launcher does not use them. Tokens run in chunks of C; the main kernel of a chunk stores
+ * each valid slot's fp32 dKV row to contrib[(token_in_chunk * NHB + head_block) * kr + slot][D] (kr =
+ * K for the lockstep and small-H kernels, K rounded up to 64 for the warp-specialised one, which
+ * stores whole 64-slot tiles); bwd_launch_sorted_keys sorts the chunk's entry ids i = token_in_chunk
+ * * K + slot by kv row; the reduce adds them in that order. */
 constexpr size_t kBwdDetContribBudget = (size_t)2 << 30; /* contrib bytes per chunk */
 constexpr int kBwdDetHeadBlock = 64;                      /* heads per contrib head block */
 constexpr int kBwdDetRedBatch = 8;                        /* entries whose loads are in flight together */
+constexpr int kBwdDetSlotAlign = 64; /* contrib rows per (token, head block): K rounded up to this */
 
 /* One CTA of D / 4 threads (one float4 of the D dims each: 144 at D = 576, 128 at D = 512) per kv row
  * (block-stride): acc[r] = ((acc[r] + c_0) + c_1) + ... over the row's entries of this chunk in
  * sorted order (ascending token, then slot), each entry's NHB head blocks in order 0, 1. Every row is
- * owned by one CTA and every sum has a fixed order: no atomics, bitwise reproducible. NHB = 1: the
- * contrib row of entry v is v itself (= (v / K) K + v % K), without the division. */
+ * owned by one CTA and every sum has a fixed order: no atomics, bitwise reproducible. Entry v = (token
+ * in chunk) K + slot has its head block hb's contrib row at ((v / K) NHB + hb) kr + v % K (kr >= K: the
+ * main kernel's rows per (token, head block)); NHB = 1 with kr = K: row v itself, without the
+ * division. The sum is per column, so the column order of the rows (real, or the permuted one of the
+ * warp-specialised kernel) passes through to acc unchanged. */
 template <int D, int NHB>
 __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *contrib, const int64_t *off,
-                                                               const int32_t *vals, float *acc, int64_t T_kv, int K) {
+                                                               const int32_t *vals, float *acc, int64_t T_kv, int K,
+                                                               int kr) {
   const int d4 = threadIdx.x;
   for (int64_t r = blockIdx.x; r < T_kv; r += gridDim.x) {
     const int64_t e0 = off[r], e1 = off[r + 1];
@@ -305,15 +312,15 @@ __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *cont
         if (i < ne) {
           const int v = __ldg(vals + e + i);
           int64_t row;
-          if constexpr (NHB == 1) {
+          if (NHB == 1 && kr == K) {
             row = (int64_t)v;
           } else {
             const int tl = v / K, j = v - tl * K;
-            row = (int64_t)tl * NHB * K + j;
+            row = (int64_t)tl * NHB * kr + j;
           }
 #pragma unroll
           for (int hb = 0; hb < NHB; ++hb)
-            c[i * NHB + hb] = __ldcs((const float4 *)(contrib + (row + (int64_t)hb * K) * D) + d4);
+            c[i * NHB + hb] = __ldcs((const float4 *)(contrib + (row + (int64_t)hb * kr) * D) + d4);
         }
       }
 #pragma unroll
@@ -336,11 +343,12 @@ __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *cont
 
 /* Deterministic-mode workspace (offsets from the 256-B aligned base; every region 256-B aligned):
  * delta, lp, part [T, H] f32 and acc [T_kv, D] f32 exactly as in the non-deterministic layout,
- * then contrib [C * ceil(H / 64) * K * D] f32, keys0, keys1 [C * K] u32, vals0, vals1 [C * K] i32,
- * off [T_kv + 1] i64, CUB radix-sort temp for C * K items; C = tokens per chunk (2 GiB of contrib,
- * chunk_tokens > 0, DSA_OPTION_BWD_DET_CHUNK_TOKENS, overrides it; clamped to 1..T and to int32 entry ids). The
- * small-H kernel (H <= 32) has ceil(H / 64) = 1 head block, so both sm_90a launchers and the op's
- * size query (dsa_attn_bwd_sm90_det_workspace_size) compute this one layout. */
+ * then contrib [C * ceil(H / 64) * round64(K) * D] f32, keys0, keys1 [C * K] u32, vals0, vals1 [C * K]
+ * i32, off [T_kv + 1] i64, CUB radix-sort temp for C * K items; C = tokens per chunk (at most 2 GiB
+ * of contrib; chunk_tokens > 0, DSA_OPTION_BWD_DET_CHUNK_TOKENS, overrides it; clamped to 1..T and to
+ * int32 entry ids). The small-H kernel (H <= 32) has ceil(H / 64)
+ * = 1 head block, so the three sm_90a launchers and the op's size query
+ * (dsa_attn_bwd_sm90_det_workspace_size) compute this one layout. */
 /* The caller's workspace pointer aligned up to kBwdAlign (every size query counts that slack). */
 inline unsigned char *bwd_align_workspace(void *workspace) {
   return (unsigned char *)(((uintptr_t)workspace + kBwdAlign - 1) & ~(uintptr_t)(kBwdAlign - 1));
@@ -383,7 +391,8 @@ inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, int64_t chunk_tok
   const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
   const size_t D = (size_t)p->head_dim;
   const int nhb = (p->num_heads + kBwdDetHeadBlock - 1) / kBwdDetHeadBlock;
-  const size_t per_tok = (size_t)nhb * (size_t)p->topk * D * 4;
+  const size_t kr = ((size_t)p->topk + kBwdDetSlotAlign - 1) / kBwdDetSlotAlign * kBwdDetSlotAlign;
+  const size_t per_tok = (size_t)nhb * kr * D * 4;
   int64_t C = chunk_tokens > 0 ? chunk_tokens : (int64_t)(kBwdDetContribBudget / per_tok);
   if (C < 1) C = 1;
   if (C > (int64_t)INT32_MAX / p->topk) C = (int64_t)INT32_MAX / p->topk; /* entry ids are int32 */
@@ -402,16 +411,26 @@ inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, int64_t chunk_tok
   return DSA_SUCCESS;
 }
 
+/* The tokens per launch of a deterministic chunk loop: the layout's C when the chunk size is forced
+ * (chunk_tokens > 0), else C rounded down to whole waves, tokens_per_wave = the device's resident CTAs
+ * of the main kernel / its CTAs per token, so that a launch of full-length tokens does not end on a
+ * part-filled wave (at K = 2048 a wave of full-length tokens takes ~0.2 ms; on 132 SMs 410 tokens
+ * take four waves, 396 take three). At most C, so the workspace holds it. */
+inline int64_t bwd_det_run_chunk(const BwdDetLayout &L, int64_t chunk_tokens, int64_t tokens_per_wave) {
+  if (chunk_tokens > 0 || tokens_per_wave < 1 || L.chunk < tokens_per_wave) return L.chunk;
+  return L.chunk / tokens_per_wave * tokens_per_wave;
+}
+
 /* One chunk's dKV reduction (after its main kernel): sort the chunk's nt * K entries from token t0
  * by kv row (regions of L in the aligned workspace ws), then acc += contrib in sorted order. */
 template <int D, int NHB>
 inline dsa_status bwd_det_sort_reduce(const dsa_attn_bwd_params *p, const BwdDetLayout &L, unsigned char *ws,
-                                      int64_t t0, int64_t nt, const float *contrib, float *acc,
+                                      int64_t t0, int64_t nt, const float *contrib, int kr, float *acc,
                                       cudaStream_t stream) {
   const int32_t *vals = nullptr;
   DSA_TRY(bwd_launch_sorted_keys(p, t0, nt * (int64_t)p->topk, 0, L.sort, ws, &vals, stream));
   bwd_det_reduce_kernel<D, NHB><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), D / 4, 0, stream>>>(
-      contrib, (const int64_t *)(ws + L.sort.off), vals, acc, p->num_kv, p->topk);
+      contrib, (const int64_t *)(ws + L.sort.off), vals, acc, p->num_kv, p->topk, kr);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
 

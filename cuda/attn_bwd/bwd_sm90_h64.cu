@@ -3,9 +3,10 @@
  * (dsa_launch_attn_bwd_sm90, src/internal.h): dsa_sparse_attn_bwd's main pass in both modes: non-deterministic (fp32 atomic dkv) and
  * deterministic (per-slot dKV rows to a chunk buffer, then a fixed-order key-major reduction; see
  * "Deterministic mode" below). The portable kernels (cuda/attn_bwd/bwd_portable.cu) cover every configuration
- * this one declines with DSA_ERROR_UNSUPPORTED. The automatic choice runs its deterministic mode for
- * H > 32; its non-deterministic mode stays only as the checkable stand-in that compute-sanitizer
- * racecheck runs in place of the warp-specialised kernel (tests/test_common.h, docs/reliability.md 3c).
+ * this one declines with DSA_ERROR_UNSUPPORTED. The automatic choice runs it only where the
+ * warp-specialised kernel declines (no sm_90 device does at D = 576 / 512); it stays as the checkable
+ * stand-in that compute-sanitizer racecheck runs in place of the warp-specialised kernel in both
+ * modes (tests/test_common.h, docs/reliability.md 3c).
  *
  * Math and workspace are those of cuda/attn_bwd/bwd_portable.cu (docs/design.md section 6): the prep pass writes
  * Delta = sum_{d<512} out*dout, L' = logaddexp(lse, sink) (+inf for rows that contribute nothing)
@@ -432,9 +433,9 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
       if (p->num_kv == 0) continue; /* every slot invalid: dq only */
       if (num_hblocks == 1)
-        DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, acc, stream)));
+        DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, p->topk, acc, stream)));
       else
-        DSA_TRY((bwd_det_sort_reduce<kD, kMaxHBlocks>(p, DL, ws, t0, nt, args.contrib, acc, stream)));
+        DSA_TRY((bwd_det_sort_reduce<kD, kMaxHBlocks>(p, DL, ws, t0, nt, args.contrib, p->topk, acc, stream)));
     }
   }
 

@@ -612,7 +612,7 @@ dsa_status small_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, vo
       attn_bwd_sm90_small_kernel<NB, N, true, 0><<<(unsigned)nt, kSThreads, smem_bytes, stream>>>(args);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
       if (p->num_kv == 0) continue; /* every slot invalid: dq only */
-      DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, acc, stream)));
+      DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, p->topk, acc, stream)));
     }
   }
   if (p->num_kv > 0) DSA_TRY(lay1 ? bwd_launch_convert_lay1<kD>(p, acc, stream) : bwd_launch_convert(p, acc, stream));

@@ -1,9 +1,11 @@
 /*
  * bwd_sm90_ws.cu - sparse MLA attention backward on sm_90a, warp-specialised, 64 heads per CTA
  * (dsa_launch_attn_bwd_sm90_ws, src/internal.h; the design: docs/bwd-sm90-v3.md part II): the
- * automatic choice of the non-deterministic mode on cc 9.0 at every H (DSA_BWD_KERNEL_SM90_WS, 4,
- * include/dsa_tune.h, forces it): fp32 L2 reductions into the permuted dKV accumulator, 128-B row
- * segments per warp instruction.
+ * automatic choice of both modes on cc 9.0 at every H (DSA_BWD_KERNEL_SM90_WS, 4, include/dsa_tune.h,
+ * forces it). Non-deterministic: fp32 L2 reductions into the permuted dKV accumulator, 128-B row
+ * segments per warp instruction. Deterministic: the same instructions as plain stores of every slot's
+ * fp32 dKV row to a chunk buffer (kDet; below), summed per kv row in a fixed order by the sort and
+ * reduction that the lockstep kernel's deterministic mode uses (cuda/attn_bwd/bwd_common.cuh).
  *
  * Why: the lockstep kernel (cuda/attn_bwd/bwd_sm90_h64.cu) issues each tile's 147 KB of dKV reductions in a
  * burst after all of its MMAs, so the SM's share of the L2 reduction stream idles ~40% of the tile.
@@ -16,10 +18,23 @@
  * cuda/attn_bwd/bwd_common.cuh), so dsa_attn_bwd_workspace_size holds. Pieces shared with that kernel
  * (tile constants, Smem map, MainArgs and its fill, P / dS, the dKV reductions, Q / dO and L' / Delta
  * loads, dQ SS wgmmas, dq store, launch checks) are in cuda/attn_bwd/bwd_sm90_shared.cuh.
- * Declined with DSA_ERROR_UNSUPPORTED before any launch: deterministic = 1, and everything
- * bwd_sm90_check declines (a device other than cc 9.0, D not 576 / 512, H outside 1..128, unaligned
- * rows, too many tokens, smem above the opt-in). No fallback: a forced kernel that declines returns the
- * error (src/attn_bwd.c).
+ * Declined with DSA_ERROR_UNSUPPORTED before any launch: everything bwd_sm90_check declines (a device
+ * other than cc 9.0, D not 576 / 512, H outside 1..128, unaligned rows, too many tokens, smem above
+ * the opt-in). No fallback: a forced kernel that declines returns the error (src/attn_bwd.c).
+ *
+ * Deterministic mode (kDet; ws_launch): tokens run in chunks of C (bwd_det_layout's C, rounded down to
+ * whole waves of sm_count / ceil(H / 64) tokens: bwd_det_run_chunk), the part-filled chunk first. Per
+ * chunk the kernel sees the chunk's tokens as 0..C-1 (ws_chunk_args moves every per-token pointer)
+ * and WG1 stores each tile's 64 x D fp32 rows, as computed for the reductions and in the same
+ * permuted column order, to contrib rows blockIdx.x * round64(K) + 64 n + key row: whole tiles, so
+ * the slots of a partial last tile store zeros to rows the reduction never reads (the keys kernel
+ * marks every invalid slot). Then bwd_det_sort_reduce: the chunk's (token, slot) entries stably
+ * sorted by kv row, acc[r] += the row's entries in that order, column by column (so acc keeps the
+ * permuted order, which bwd_convert_lay1_kernel undoes). Every fp32 sum runs in ascending (token,
+ * slot, head block) order whatever C is: bitwise reproducible run to run and across chunk sizes. dq,
+ * the slot target (at most two adds per slot, which commute) and dsink are those of the
+ * non-deterministic mode, which are reproducible already. The rows' HBM traffic (2304 B per valid
+ * slot written, then read back) bounds the mode: docs/perf.md session 15.
  *
  * Grid: one CTA per (token, block of 64 heads), non-persistent, blockIdx order = token order (H = 128:
  * the two head blocks of a token adjacent); heads past H are zero rows with L' = +inf (P = dS = 0,
@@ -347,8 +362,10 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
 }
 
 /* WG1 ("back"): dQ dims [256, 64 NBT) by SS wgmma, then the NBT 64-dim dKV chunks with two alternating
- * accumulators, each chunk's dKV reductions issued under the next chunk's wgmmas. */
-template <int NBT>
+ * accumulators, each chunk's dKV reductions issued under the next chunk's wgmmas. kDet: the chunk's
+ * rows are stored instead, to the CTA's contrib rows blockIdx.x kr + 64 n + key row (every slot of
+ * every tile, invalid ones as zeros, which the reduction never reads). */
+template <int NBT, bool kDet>
 __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int ntiles) {
   typedef Smem<NBT> L;
   constexpr int kD = 64 * NBT;          /* row stride of acc */
@@ -360,9 +377,17 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
   const uint32_t sp = sm90_smem_addr(smem + L::kP), sds = sm90_smem_addr(smem + L::kDS);
   const int32_t *sidx = (const int32_t *)(smem + L::kIdx);
   const int r0 = 16 * warp + (lane >> 2), odd = (lane >> 2) & 1;
-  float *const rowp = args.acc + 16 * odd + 4 * (lane & 3);
-  const uint64_t pol = sm90_l2_policy(true); /* reductions: evict_last */
-  const bool red_on = p.num_kv > 0;          /* no T_kv rows: nothing to reduce (the spare rows aside) */
+  /* kDet: rows are counted from this CTA's first contrib row plus the even quad's key row (kr = K
+   * rounded up to 64, bwd_det_layout): a tile's rows are 64 n + 0, 1, 8, 9 from it */
+  float *const rowp =
+      kDet ? args.contrib + ((int64_t)blockIdx.x * ((p.topk + 63) & ~63) + (r0 - odd)) * kD + 16 * odd + 4 * (lane & 3)
+           : args.acc + 16 * odd + 4 * (lane & 3);
+  /* reductions: evict_last; the deterministic mode's rows: evict_first */
+  const uint64_t pol = kDet ? sm90_l2_policy_evict_first() : sm90_l2_policy(true);
+  /* no T_kv rows: nothing to reduce (the spare rows aside); contrib rows exist whenever T > 0. A
+   * runtime test in both modes: with a constant the reductions leave their branch region and ptxas
+   * hoists their shuffles further, which spills at D = 576 */
+  const bool red_on = kDet ? p.topk > 0 : p.num_kv > 0;
   /* every descriptor is the shared base + a compile-time offset (sm90_desc_at): one live register */
   const uint32_t b4 = sm90_smem_addr(smem) >> 4;
 
@@ -374,11 +399,19 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
     const int s = n & 1;
     sm90_named_bar_sync_any(kBarPdSFull, kThreads); /* P(n), dS(n), KV(n), idx(n) */
     int32_t ka[2], kb[2];
-    sm90_lay1_key_rows(sidx + s * kBlockN, r0, odd, ka, kb);
+    if constexpr (kDet) { /* the even quad's row r0 - odd, the odd quad's r0 - odd + 1 (rowp's base) */
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) { /* ~f -> f (ws_gather): every row valid */
-      ka[hr] ^= ka[hr] >> 31;
-      kb[hr] ^= kb[hr] >> 31;
+      for (int hr = 0; hr < 2; ++hr) {
+        ka[hr] = kBlockN * n + 8 * hr;
+        kb[hr] = ka[hr] + 1;
+      }
+    } else {
+      sm90_lay1_key_rows(sidx + s * kBlockN, r0, odd, ka, kb);
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) { /* ~f -> f (ws_gather): every row valid */
+        ka[hr] ^= ka[hr] >> 31;
+        kb[hr] ^= kb[hr] >> 31;
+      }
     }
 
     /* ---- dQ[:, 256:) += dS K[:, 256:): SS, A = dS tile K-major (+32 B per k16 of keys), B = KV tile
@@ -416,7 +449,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
         sm90_wgmma_wait<1>(); /* chunk c - 1 */
 #pragma unroll
         for (int i = 0; i < 32; ++i) sm90_fence_operand(prev[i]);
-        if (red_on) sm90_red_block_lay1<kD, true>(rowp, prev, c - 1, odd, ka, kb, pol);
+        if (red_on) sm90_red_block_lay1<kD, true, kDet>(rowp, prev, c - 1, odd, ka, kb, pol);
       }
     }
     float *last = ((NBT - 1) & 1) ? acc1 : acc0;
@@ -424,7 +457,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
 #pragma unroll
     for (int i = 0; i < 32; ++i) sm90_fence_operand(last[i]);
     if (n + 1 < ntiles) ws_bar_arrive(kBarPdSFree, kThreads);
-    if (red_on) sm90_red_block_lay1<kD, true>(rowp, last, NBT - 1, odd, ka, kb, pol);
+    if (red_on) sm90_red_block_lay1<kD, true, kDet>(rowp, last, NBT - 1, odd, ka, kb, pol);
   }
   int64_t tok_e;
   int h0_e;
@@ -433,7 +466,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
 }
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
-template <int NBT>
+template <int NBT, bool kDet>
 __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __grid_constant__ MainArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   typedef Smem<NBT> L;
@@ -465,22 +498,47 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
   if (wg == 0)
     ws_front<NBT>(args, smem, ntiles, tok, h0, klen);
   else
-    ws_back<NBT>(args, smem, ntiles);
+    ws_back<NBT, kDet>(args, smem, ntiles);
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
 #endif
 }
 
-/* The kernel's max-dynamic-smem attribute, once per (head dim, device). */
-template <int NBT>
+/* The kernel's max-dynamic-smem attribute, once per (head dim, mode, device). */
+template <int NBT, bool kDet>
 dsa_status ws_prepare(int dev) {
   static int attr_set[DSA_TRACKED_DEVICES];
-  const void *fn = (const void *)attn_bwd_sm90_ws_kernel<NBT>;
+  const void *fn = (const void *)attn_bwd_sm90_ws_kernel<NBT, kDet>;
   return dsa_kernel_smem_once(fn, kWsBytes<NBT>, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
-/* The non-deterministic sequence of dsa_launch_attn_bwd_sm90: prep, memset of the fp32 accumulator,
- * the main kernel, the convert of the permuted accumulator, dsink. */
+/* The sequence of dsa_launch_attn_bwd_sm90: prep, memset of the fp32 accumulator, the main kernel
+ * (deterministic: per chunk of tokens, then the chunk's sorted fixed-order reduction), the convert of
+ * the permuted accumulator, dsink. */
+/* The deterministic mode's arguments for the chunk of nt tokens from t0: every per-token operand
+ * the main kernel reads or writes starts at token t0 (q, dout, indices, the row lengths, dq, the slot
+ * target, Delta, L'), so the kernel sees tokens 0..nt-1 and carries no chunk offset (a register WG1
+ * does not have at D = 576). */
+inline MainArgs ws_chunk_args(const MainArgs &a, int64_t t0, int64_t nt) {
+  MainArgs c = a;
+  dsa_attn_bwd_params &p = c.p;
+  p.num_tokens = nt;
+  p.q += t0 * p.q_stride_token;
+  p.dout += t0 * p.dout_stride_token;
+  p.out += t0 * p.out_stride_token;
+  p.indices += t0 * p.indices_stride;
+  if (p.topk_length) p.topk_length += t0;
+  p.lse += t0 * p.num_heads;
+  p.dq += t0 * p.dq_stride_token;
+  if (p.slot_target) p.slot_target += t0 * p.slot_target_stride;
+  c.delta += t0 * p.num_heads;
+  c.lp += t0 * p.num_heads;
+  return c;
+}
+
+static_assert(kBlockM == kBwdDetHeadBlock, "contrib head blocks are this kernel's 64-head CTAs");
+static_assert(kBlockN == kBwdDetSlotAlign, "contrib rows per CTA: whole 64-slot tiles");
+
 template <int NBT>
 dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void *workspace, cudaStream_t stream,
                      int num_hblocks) {
@@ -492,22 +550,59 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
   if (kWsBytes<NBT> > ctx->max_smem_optin)
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the warp-specialised sm_90a kernel needs %d bytes of shared memory, "
                     "device has %d", fn, kWsBytes<NBT>, ctx->max_smem_optin);
-  DSA_TRY(ws_prepare<NBT>(ctx->device));
+  const bool det = p->deterministic != 0;
+  BwdDetLayout DL = BwdDetLayout();
+  if (det) {
+    DSA_TRY(bwd_det_layout(p, ctx->options[DSA_OPTION_BWD_DET_CHUNK_TOKENS], &DL));
+    DSA_TRY((ws_prepare<NBT, true>(ctx->device)));
+  } else {
+    DSA_TRY((ws_prepare<NBT, false>(ctx->device)));
+  }
   /* without topk_length the prep finds each row's last valid slot, and the main kernel walks the row
    * up to it: a -1-padded list then costs what its valid prefix costs (the kernel tests every slot's
    * index either way, so the results are those of the whole row) */
   int32_t *const found_len = p->topk_length ? nullptr : R.len;
   DSA_TRY(bwd_launch_prep(p, R.delta, R.lp, R.part, stream, found_len));
-  /* the T_kv rows and the spare rows (ws_gather) */
-  DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(R.acc, 0, (size_t)(p->num_kv + kBwdSpareRows) * kD * 4, stream), fn));
+  /* the T_kv rows, and the spare rows that the non-deterministic mode's invalid slots reduce into
+   * (ws_gather) */
+  const int64_t acc_rows = p->num_kv + (det ? 0 : kBwdSpareRows);
+  if (acc_rows > 0) DSA_TRY(dsa_cuda_status((int)cudaMemsetAsync(R.acc, 0, (size_t)acc_rows * kD * 4, stream), fn));
   if (p->slot_target)
     DSA_TRY(dsa_cuda_status((int)cudaMemset2DAsync(p->slot_target, (size_t)p->slot_target_stride * 4, 0,
                                                    (size_t)p->topk * 4, (size_t)p->num_tokens, stream),
                             fn));
   MainArgs args = bwd_sm90_main_args(p, R, num_hblocks);
   if (found_len) args.p.topk_length = found_len;
-  attn_bwd_sm90_ws_kernel<NBT><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(args);
-  DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  if (!det) {
+    attn_bwd_sm90_ws_kernel<NBT, false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(
+        args);
+    DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+  } else {
+    /* chunks of C tokens in ascending order: the main kernel stores the chunk's per-slot dKV rows
+     * (whole tiles: kr = K rounded up to 64 rows per CTA) to contrib in the permuted column order;
+     * the chunk's valid (token, slot) entries are stably sorted by kv row (the keys kernel's validity
+     * test is the gather's: index in [0, T_kv), slot below topk_length, or below K without it, where
+     * every slot past the prep's found length is invalid too); the reduction adds them into acc row by
+     * row in sorted order, column by column, so acc keeps the permuted order the convert undoes. */
+    const int kr = (p->topk + kBwdDetSlotAlign - 1) / kBwdDetSlotAlign * kBwdDetSlotAlign;
+    /* one CTA per SM (kWsBytes): a wave is sm_count / num_hblocks tokens */
+    const int64_t C = bwd_det_run_chunk(DL, ctx->options[DSA_OPTION_BWD_DET_CHUNK_TOKENS],
+                                        ctx->sm_count / num_hblocks);
+    args.contrib = (float *)(ws + DL.contrib);
+    /* the part-filled chunk (T mod C tokens) runs first: under a causal mask the first tokens are
+     * the shortest, so its part-filled last wave costs least there */
+    const int64_t first = p->num_tokens % C != 0 ? p->num_tokens % C : C;
+    for (int64_t t0 = 0, nt = first; t0 < p->num_tokens; t0 += nt, nt = C) {
+      const MainArgs ca = ws_chunk_args(args, t0, nt);
+      attn_bwd_sm90_ws_kernel<NBT, true><<<(unsigned)(nt * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(ca);
+      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+      if (p->num_kv == 0) continue; /* every slot invalid: dq only */
+      if (num_hblocks == 1)
+        DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, kr, R.acc, stream)));
+      else
+        DSA_TRY((bwd_det_sort_reduce<kD, 2>(p, DL, ws, t0, nt, args.contrib, kr, R.acc, stream)));
+    }
+  }
   if (p->num_kv > 0) DSA_TRY(bwd_launch_convert_lay1<kD>(p, R.acc, stream));
   if (p->dsink) DSA_TRY(bwd_launch_dsink(p, R.part, stream));
   return DSA_SUCCESS;
@@ -518,11 +613,6 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
 extern "C" dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                   void *workspace, cudaStream_t stream) {
   static const char fn[] = "dsa_sparse_attn_bwd";
-  if (p->deterministic)
-    return dsa_fail(DSA_ERROR_UNSUPPORTED,
-                    "%s: the warp-specialised sm_90a kernel (DSA_BWD_KERNEL_SM90_WS) runs the "
-                    "non-deterministic mode only",
-                    fn);
   int num_hblocks = 0;
   DSA_TRY(bwd_sm90_check(ctx, p, fn, &num_hblocks));
   return p->head_dim == 576 ? ws_launch<9>(ctx, p, workspace, stream, num_hblocks)

@@ -365,6 +365,14 @@ __device__ __forceinline__ void sm90_red4_hint(float *dst, float a, float b, flo
                : "memory");
 }
 
+/* One st.global.v4.f32 of four fp32 with the L2 policy `pol` (the deterministic mode's per-slot rows:
+ * evict_first, they stream to HBM and are read back only after the chunk). */
+__device__ __forceinline__ void sm90_st4_hint(float *dst, float a, float b, float c, float d, uint64_t pol) {
+  asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(dst), "f"(a), "f"(b),
+               "f"(c), "f"(d), "l"(pol)
+               : "memory");
+}
+
 /* The reductions of one completed 64-column block b (an m64n64 accumulator, keys on M; row stride kD)
  * into the permuted accumulator: the memory order of bwd_sm90_dkv_red (cuda/attn_bwd/bwd_sm90_shared.cuh: per
  * 32-column pair G the even quad writes group 2G, the odd quad group 2G + 1, each warp instruction 4 rows
@@ -373,10 +381,12 @@ __device__ __forceinline__ void sm90_red4_hint(float *dst, float a, float b, flo
  * lane, the received `hi` on the odd one) and the odd quad's row (the received `lo`, the own `hi`).
  * rowp: this lane's base in the accumulator (+ 16 odd + 4 (lane % 4) columns); ka / kb [hr]: the even /
  * the odd quad's kv row of key row r0 + 8 hr (-1: invalid, predicated off; kAllValid: every row is a
- * valid kv row, no test and no branch per reduction). */
-template <int kD, bool kAllValid = false>
+ * valid kv row, no test and no branch per reduction). kStore: plain stores instead of reductions, in
+ * the same order (rows that only this thread writes; kAllValid). */
+template <int kD, bool kAllValid = false, bool kStore = false>
 __device__ __forceinline__ void sm90_red_block_lay1(float *rowp, const float *acc, int b, int odd, const int32_t ka[2],
                                            const int32_t kb[2], uint64_t pol) {
+  static_assert(!kStore || kAllValid, "stores go to every row");
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float *const pa = rowp + (int64_t)(kAllValid ? ka[hr] : max(ka[hr], 0)) * kD + 64 * b;
@@ -392,8 +402,13 @@ __device__ __forceinline__ void sm90_red_block_lay1(float *rowp, const float *ac
         va[e] = odd ? r : lo;
         vb[e] = odd ? hi : r;
       }
-      sm90_red4_hint<kAllValid>(pa + 32 * G, va[0], va[1], va[2], va[3], ka[hr], pol);
-      sm90_red4_hint<kAllValid>(pb + 32 * G, vb[0], vb[1], vb[2], vb[3], kb[hr], pol);
+      if constexpr (kStore) {
+        sm90_st4_hint(pa + 32 * G, va[0], va[1], va[2], va[3], pol);
+        sm90_st4_hint(pb + 32 * G, vb[0], vb[1], vb[2], vb[3], pol);
+      } else {
+        sm90_red4_hint<kAllValid>(pa + 32 * G, va[0], va[1], va[2], va[3], ka[hr], pol);
+        sm90_red4_hint<kAllValid>(pb + 32 * G, vb[0], vb[1], vb[2], vb[3], kb[hr], pol);
+      }
     }
   }
 }
@@ -537,6 +552,12 @@ __device__ __forceinline__ uint64_t sm90_l2_policy(bool evict_last) {
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
   else
     asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+/* evict_first: data written once and read back much later (it should not displace what is reused) */
+__device__ __forceinline__ uint64_t sm90_l2_policy_evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
   return pol;
 }
 __device__ __forceinline__ void sm90_cp_async16_hint(uint32_t dst, const void *src, uint32_t src_bytes, uint64_t pol) {
