@@ -51,8 +51,8 @@ static int parse_handoff_list(const char *s) {
   return parse_digit_list(s, DSA_FWD_HANDOFF_MBARRIER, fwd_handoff_list, 4, &fwd_handoff_count);
 }
 /* Options from the environment (unset: the library's default), each adding to the rows' variant:
- * DSA_BWD_VARIANT -> DSA_OPTION_BWD_KERNEL (1 portable, 2 sm_90a 64-head, 3 sm_90a small-H, 4 sm_90a
- * warp-specialised 64-head, non-deterministic only; ",bv<N>"),
+ * DSA_BWD_VARIANT -> DSA_OPTION_BWD_KERNEL (1 portable, 2 sm_90a lockstep 64-head, 4 sm_90a
+ * warp-specialised 64-head; 3, the retired small-H kernel, fails; ",bv<N>"),
  * DSA_FWD_KV_L2_HINT -> DSA_OPTION_FWD_KV_L2_HINT (0 none, 1 evict_last, 2 if it fits; ",l2h<N>"),
  * DSA_FWD_SMALL_AUTO_MAX -> DSA_OPTION_FWD_SMALL_AUTO_MAX (0..63; ",sam<N>"),
  * DSA_TOPK_KERNEL -> DSA_OPTION_TOPK_KERNEL (1 radix, 2 filter; ",radix" / ",filter"). The idx rows

@@ -94,7 +94,9 @@ typedef enum dsa_bwd_kernel {
   DSA_BWD_KERNEL_AUTO = 0,      /* docs/design.md section 6 */
   DSA_BWD_KERNEL_PORTABLE = 1,  /* the CUDA-core kernels */
   DSA_BWD_KERNEL_SM90_H64 = 2,  /* the 64-head sm_90a kernel */
-  DSA_BWD_KERNEL_SM90_SMALL = 3, /* the small-H sm_90a kernel (H <= 32) */
+  /* retired: the small-H sm_90a kernel left the library (the warp-specialised kernel runs every H);
+   * forcing it makes dsa_sparse_attn_bwd return DSA_ERROR_UNSUPPORTED, writing nothing */
+  DSA_BWD_KERNEL_SM90_SMALL = 3,
   /* the warp-specialised 64-head sm_90a kernel, both modes; the automatic choice on cc 9.0 */
   DSA_BWD_KERNEL_SM90_WS = 4
 } dsa_bwd_kernel;

@@ -62,7 +62,10 @@ static dsa_status bwd_dispatch(dsa_context *ctx, const dsa_attn_bwd_params *r, v
                                int *target_done) {
   const int64_t kernel = ctx->options[DSA_OPTION_BWD_KERNEL];
   if (kernel == DSA_BWD_KERNEL_SM90_H64) return dsa_launch_attn_bwd_sm90(ctx, r, workspace, stream);
-  if (kernel == DSA_BWD_KERNEL_SM90_SMALL) return dsa_launch_attn_bwd_sm90_small(ctx, r, workspace, stream);
+  if (kernel == DSA_BWD_KERNEL_SM90_SMALL)
+    return dsa_fail(DSA_ERROR_UNSUPPORTED,
+                    "dsa_sparse_attn_bwd: DSA_OPTION_BWD_KERNEL = DSA_BWD_KERNEL_SM90_SMALL (3) names a kernel that "
+                    "left the library (the warp-specialised kernel, DSA_BWD_KERNEL_SM90_WS, runs every H)");
   if (kernel == DSA_BWD_KERNEL_SM90_WS) {
     const dsa_status s = dsa_launch_attn_bwd_sm90_ws(ctx, r, workspace, stream);
     if (s == DSA_SUCCESS) *target_done = 1;

@@ -200,23 +200,17 @@ DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
  * of both modes on cc 9.0. */
 DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                   void *workspace, cudaStream_t stream);
-/* The small-H sm_90a kernel (cuda/attn_bwd/bwd_sm90_small.cu, keys on the wgmma M, heads on N): H
- * 1..32, D 576 / 512, both modes, the same workspace (deterministic: the 64-head kernel's layout with
- * one head block, which dsa_attn_bwd_sm90_det_workspace_size covers); DSA_ERROR_UNSUPPORTED
- * otherwise. */
-DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90_small(const dsa_context *ctx, const dsa_attn_bwd_params *p,
-                                                     void *workspace, cudaStream_t stream);
 /* The sm_90a kernels' deterministic mode: its workspace size for validated params (0 where it never
  * runs: not deterministic, D not 576 / 512) with chunk_tokens tokens per chunk (0: from the 2 GiB
  * contribution budget; DSA_OPTION_BWD_DET_CHUNK_TOKENS); the op's deterministic size is the larger
  * of this and dsa_attn_bwd_workspace_size. */
 DSA_HIDDEN dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, int64_t chunk_tokens,
                                                            size_t *bytes);
-/* The sm_90a kernels' fp32 dKV accumulator in the non-deterministic mode: the 64-head kernel writes
+/* The sm_90a kernels' fp32 dKV accumulator in the non-deterministic mode: the 64-head kernels write
  * the permuted layout below in 128-B row segments per warp instruction (quads q and q ^ 1 swap the
- * 16-column group they do not write), the small-H kernel the same layout by 64-B quads, except at
- * N = 32, D = 576, where it keeps the real column order (no registers left for the permutation);
- * the deterministic mode keeps the real column order. The convert pass un-permutes.
+ * 16-column group they do not write); the warp-specialised kernel's deterministic mode stores its
+ * per-slot rows in the same order (its sums are per column, so acc keeps it), the lockstep kernel's
+ * deterministic mode keeps the real column order. The convert pass un-permutes.
  * The permutation, one formula for host and device (a bijection of [16 g, 16 g + 16) onto
  * itself for every g, so of [0, D) for any D that is a multiple of 16: 576 and 512). Within a group,
  * real column c = 8 h + 2 q + e (h, e in {0, 1}, q in 0..3; bits c3 | c2 c1 | c0) lives in slot

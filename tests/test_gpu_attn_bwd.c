@@ -9,12 +9,11 @@
  * Outputs are poisoned over their whole allocation, gaps of strided layouts included: every element
  * must be written and every gap must stay untouched. The workspace is handed over 1 byte off a
  * 256-byte boundary (the op aligns up inside).
- * Each mode runs three times (DSA_OPTION_BWD_KERNEL, include/dsa_tune.h; messages name the kernel by
- * its value): on the portable kernels (1), on the 64-head sm_90a kernel (2) and on the small-H sm_90a
- * kernel (3, H <= 32 only; a configuration an
- * sm_90a kernel declines with DSA_ERROR_UNSUPPORTED is logged and skipped, and DSA_TEST_REQUIRE_SM90=1
- * turns "declined D = 576 or D = 512" (kernel 3: with H <= 32) into a failure: every case here has
- * the 16-byte aligned rows those kernels need, so on an H200 they must run them all). Every suite runs
+ * Each mode runs twice (DSA_OPTION_BWD_KERNEL, include/dsa_tune.h; messages name the kernel by its
+ * value): on the portable kernels (1) and on the lockstep 64-head sm_90a kernel (2); a configuration
+ * an sm_90a kernel declines with DSA_ERROR_UNSUPPORTED is logged and skipped, and
+ * DSA_TEST_REQUIRE_SM90=1 turns "declined D = 576 or D = 512" into a failure: every case here has
+ * the 16-byte aligned rows those kernels need, so on an H200 they must run them all. Every suite runs
  * at both head dims (D = 576, and D = 512: no rope part, all dims are value dims). The sm_90a deterministic mode
  * works in chunks of tokens; its fp32 sums add every kv row's contributions in ascending (token,
  * slot, head block) order whatever the chunk size, so with chunk_sweep its reruns with 1, 2 and 5
@@ -282,17 +281,15 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   uint16_t *dq_host = malloc(ndq * 2), *dkv_host = malloc(ndkv * 2);
   uint16_t *dq_c = malloc(nz(T * H * D) * 2);
   uint16_t *dkv_c = malloc(nz(Tkv * D) * 2);
-  gpu_result res[6] = {{0}}; /* run 0 of each pass */
+  gpu_result res[4] = {{0}}; /* run 0 of each pass */
   cr_assert(dq_host && dkv_host && dq_c && dkv_c);
 
-  /* passes 0, 1, 2: non-deterministic on kernel 1 (DSA_BWD_KERNEL_PORTABLE), 2 (SM90_H64), 3
-   * (SM90_SMALL, H <= 32 only); passes 3, 4, 5: the same, deterministic. only_kernel: passes 0 and 3
-   * alone, on that kernel */
+  /* passes 0, 1: non-deterministic on kernel 1 (DSA_BWD_KERNEL_PORTABLE), 2 (SM90_H64); passes 2, 3:
+   * the same, deterministic. only_kernel: passes 0 and 2 alone, on that kernel */
   static const int sweep[4] = {0, 1, 2, 5};
-  for (int pass = 0; pass < 6; ++pass) {
-    if (only_kernel && pass != 0 && pass != 3) continue;
-    const int mode = pass >= 3, variant = only_kernel ? only_kernel : 1 + pass % 3;
-    if (variant == 3 && H > 32) continue; /* the small-H kernel runs H <= 32 */
+  for (int pass = 0; pass < 4; ++pass) {
+    if (only_kernel && pass != 0 && pass != 2) continue;
+    const int mode = pass >= 2, variant = only_kernel ? only_kernel : 1 + pass % 2;
     const int sweep_pass = mode && variant != 1 && c->chunk_sweep; /* sm_90a deterministic chunks */
     p.deterministic = mode;
     size_t ws_bytes = 0, ws_again = 0;
@@ -385,15 +382,15 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
     TC_CUDA(cudaFree(ws));
   }
   /* the two modes of each variant agree within tolerance (same per-slot math, other sum order) */
-  for (int v = 0; v < 3; ++v) {
-    if (res[v].dkv == NULL || res[v + 3].dkv == NULL) continue; /* skipped or declined */
+  for (int v = 0; v < 2; ++v) {
+    if (res[v].dkv == NULL || res[v + 2].dkv == NULL) continue; /* skipped or declined */
     gather3(dkv_c, res[v].dkv, Tkv, dkv_st, 1, 0, D);
-    gather3(dkv_ref, res[v + 3].dkv, Tkv, dkv_st, 1, 0, D);
+    gather3(dkv_ref, res[v + 2].dkv, Tkv, dkv_st, 1, 0, D);
     const double e_modes = tc_rel_err_bf16(dkv_c, dkv_ref, (size_t)(Tkv * D));
     cr_assert(e_modes <= 1e-2, "%s: dkv of the two modes (variant %d) differ by %g", name, v + 1,
               e_modes);
   }
-  for (int m = 0; m < 6; ++m) {
+  for (int m = 0; m < 4; ++m) {
     free(res[m].dq);
     free(res[m].dkv);
     free(res[m].target);
@@ -557,8 +554,7 @@ static void det_chunk_cases(int D) {
   bwd_case f = {.T = 4, .H = 100, .D = D, .Tkv = 40, .K = 100, .len = LEN_RANDOM,
                 .sink = SINK_FINITE, .p_invalid = 0.1, .p_dup = 0.2, .p_empty = 0.1, .chunk_sweep = 1};
   run_case(&f, &rng, "chunks H=100 K=100");
-  /* small-H kernel shapes: N = 32 (D = 576: the rope block's dQ^T in smem) and N = 16 (13 heads:
-   * 3 zero columns), strided, sinks of every kind */
+  /* few heads: 32 and 13 (one head block, most rows zero), strided, sinks of every kind */
   bwd_case g = {.T = 7, .H = 32, .D = D, .Tkv = 60, .K = 130, .len = LEN_RANDOM,
                 .sink = SINK_MIX, .p_invalid = 0.1, .p_dup = 0.2, .p_empty = 0.1, .strided = 1, .chunk_sweep = 1};
   run_case(&g, &rng, "chunks H=32 K=130 strided");
@@ -753,6 +749,31 @@ static void small_bwd_free(small_bwd *f) {
 Test(gpu_attn_bwd, ws_det_chunks) {
   TC_REQUIRE_GPU();
   ws_both_dims(det_chunk_cases);
+}
+
+/* The retired DSA_BWD_KERNEL_SM90_SMALL (its kernel left the library): DSA_ERROR_UNSUPPORTED naming
+ * it, in both modes, before any launch; outputs untouched. Launches nothing: not gated. */
+Test(gpu_attn_bwd, retired_small_kernel_declines) {
+  TC_REQUIRE_GPU();
+  small_bwd f;
+  small_bwd_init(&f, "gpu_attn_bwd/retired_small_kernel_declines", 3, 16, 16, 8);
+  TC_SET_OPTION(f.ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_SM90_SMALL);
+  for (int mode = 0; mode < 2; ++mode) {
+    f.p.deterministic = mode;
+    size_t need = 0;
+    TC_OK(dsa_sparse_attn_bwd(f.ctx, &f.p, NULL, &need, 0));
+    void *ws;
+    TC_CUDA(cudaMalloc(&ws, need));
+    TC_FAILS(dsa_sparse_attn_bwd(f.ctx, &f.p, ws, &need, 0), DSA_ERROR_UNSUPPORTED, "DSA_BWD_KERNEL_SM90_SMALL");
+    TC_CUDA(cudaDeviceSynchronize());
+    uint16_t probe[64];
+    TC_CUDA(cudaMemcpy(probe, f.dkv, sizeof probe, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; ++i) cr_assert(probe[i] == 0xFFFF, "a declined call wrote dkv");
+    TC_CUDA(cudaMemcpy(probe, f.dq, sizeof probe, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; ++i) cr_assert(probe[i] == 0xFFFF, "a declined call wrote dq");
+    TC_CUDA(cudaFree(ws));
+  }
+  small_bwd_free(&f);
 }
 
 Test(gpu_attn_bwd, workspace_contract) {

@@ -328,6 +328,10 @@ static dsa_attn_bwd_params lg_bwd_params(const lg_bwd *b, int det) {
   return p;
 }
 
+/* The backward kernels the large cases run (DSA_OPTION_BWD_KERNEL): portable, the lockstep 64-head
+ * one and the warp-specialised one (the automatic choice). */
+static const int lg_bwd_kernels[3] = {DSA_BWD_KERNEL_PORTABLE, DSA_BWD_KERNEL_SM90_H64, DSA_BWD_KERNEL_SM90_WS};
+
 /* Runs the device backward (variant, mode) with dq / dkv / dsink poisoned first; returns 0 when
  * the variant declines. */
 static int lg_bwd_gpu(lg_env *e, const lg_bwd *b, int variant, int det, const char *what) {
@@ -442,8 +446,9 @@ Test(gpu_large, attn_bwd_kv_beyond_2pow31) {
   float *hds = (float *)malloc((size_t)H * 4);
   cr_assert(hdq && hdkv && hds);
   const int64_t bnd = TWO31 / LG_D; /* first row whose elements lie past 2^31 */
-  for (int v = 1; v <= 2; ++v)
+  for (int vi = 0; vi < 3; ++vi)
     for (int det = 1; det >= 0; --det) {
+      const int v = lg_bwd_kernels[vi];
       char what[96];
       snprintf(what, sizeof what, "bwd Tkv=%lld H=%d variant %d %s", (long long)Tkv, H, v,
                det ? "deterministic" : "atomic");
@@ -543,8 +548,9 @@ Test(gpu_large, attn_bwd_q_beyond_2pow31) {
   g.dq = dq_out;
   g.dkv = (uint16_t *)lg_up(NULL, (size_t)(Tkv * LG_D) * 2);
   g.dsink = (float *)lg_up(NULL, (size_t)H * 4);
-  for (int v = 1; v <= 2; ++v)
+  for (int vi = 0; vi < 3; ++vi)
     for (int det = 1; det >= 0; --det) {
+      const int v = lg_bwd_kernels[vi];
       char what[96];
       snprintf(what, sizeof what, "bwd T=%lld H=%d variant %d %s", (long long)T, H, v,
                det ? "deterministic" : "atomic");

@@ -1,7 +1,7 @@
 /*
  * bwd_common.cuh - the small passes of dsa_sparse_attn_bwd, shared by the portable launcher
  * (cuda/attn_bwd/bwd_portable.cu) and the sm_90a ones (cuda/attn_bwd/bwd_sm90_h64.cu,
- * cuda/attn_bwd/bwd_sm90_small.cu). One
+ * cuda/attn_bwd/bwd_sm90_ws.cu). One
  * source definition: the files include this header, and each compiles its own copy of the kernels it
  * uses (anonymous namespace, no relocatable device code, so no symbol crosses a translation unit).
  * The launchers therefore run the very same arithmetic for Delta, L', the dsink partials, the fp32 ->
@@ -22,8 +22,8 @@
  *             order.
  *  - offsets: off[r] = first position of the sorted keys with key >= r, r = 0..T_kv
  *             (dsa_sorted_key_offsets_kernel, cuda/common/radix_sort.cuh, shared with the indexer backward).
- *  - det reduce (the sm_90a kernels' deterministic mode: cuda/attn_bwd/bwd_sm90_h64.cu and
- *             cuda/attn_bwd/bwd_sm90_small.cu): acc[r] += the row's per-slot dKV rows of one chunk in
+ *  - det reduce (the sm_90a kernels' deterministic mode: cuda/attn_bwd/bwd_sm90_ws.cu and
+ *             cuda/attn_bwd/bwd_sm90_h64.cu): acc[r] += the row's per-slot dKV rows of one chunk in
  *             sorted (token, slot, head block) order; with it bwd_det_layout, the one chunked
  *             workspace layout of both sm_90a launchers (and of the op's size query).
  * Host helpers: 256-B region alignment, grid sizing, the radix sort's key width and temp size.
@@ -275,12 +275,11 @@ inline dsa_status bwd_launch_sorted_keys(const dsa_attn_bwd_params *p, int64_t t
 }
 
 /* ---- sm_90a deterministic mode: chunked workspace and fixed-order dKV reduction -----------------
- * Used by the three sm_90a launchers (cuda/attn_bwd/bwd_sm90_ws.cu and bwd_sm90_h64.cu, H <= 128 in
- * head blocks of 64, and cuda/attn_bwd/bwd_sm90_small.cu, H <= 32, always one head block); the
- * portable launcher does not use them. Tokens run in chunks of C; the main kernel of a chunk stores
- * each valid slot's fp32 dKV row to contrib[(token_in_chunk * NHB + head_block) * kr + slot][D] (kr =
- * K for the lockstep and small-H kernels, K rounded up to 64 for the warp-specialised one, which
- * stores whole 64-slot tiles); bwd_launch_sorted_keys sorts the chunk's entry ids i = token_in_chunk
+ * Used by the two sm_90a launchers (cuda/attn_bwd/bwd_sm90_ws.cu and bwd_sm90_h64.cu, H <= 128 in
+ * head blocks of 64); the portable launcher does not use them. Tokens run in chunks of C; the main
+ * kernel of a chunk stores each valid slot's fp32 dKV row to contrib[(token_in_chunk * NHB +
+ * head_block) * kr + slot][D] (kr = K for the lockstep kernel, K rounded up to 64 for the
+ * warp-specialised one, which stores whole 64-slot tiles); bwd_launch_sorted_keys sorts the chunk's entry ids i = token_in_chunk
  * * K + slot by kv row; the reduce adds them in that order. */
 constexpr size_t kBwdDetContribBudget = (size_t)2 << 30; /* contrib bytes per chunk */
 constexpr int kBwdDetHeadBlock = 64;                      /* heads per contrib head block */
@@ -346,9 +345,8 @@ __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *cont
  * then contrib [C * ceil(H / 64) * round64(K) * D] f32, keys0, keys1 [C * K] u32, vals0, vals1 [C * K]
  * i32, off [T_kv + 1] i64, CUB radix-sort temp for C * K items; C = tokens per chunk (at most 2 GiB
  * of contrib; chunk_tokens > 0, DSA_OPTION_BWD_DET_CHUNK_TOKENS, overrides it; clamped to 1..T and to
- * int32 entry ids). The small-H kernel (H <= 32) has ceil(H / 64)
- * = 1 head block, so the three sm_90a launchers and the op's size query
- * (dsa_attn_bwd_sm90_det_workspace_size) compute this one layout. */
+ * int32 entry ids). Both sm_90a launchers and the op's size query (dsa_attn_bwd_sm90_det_workspace_size)
+ * compute this one layout. */
 /* The caller's workspace pointer aligned up to kBwdAlign (every size query counts that slack). */
 inline unsigned char *bwd_align_workspace(void *workspace) {
   return (unsigned char *)(((uintptr_t)workspace + kBwdAlign - 1) & ~(uintptr_t)(kBwdAlign - 1));

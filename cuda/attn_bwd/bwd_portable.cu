@@ -11,7 +11,7 @@
  * Rows without a valid slot, or with lse = +inf, get dq = 0 and contribute nothing.
  *
  * Kernels (all portable: plain fp32 CUDA cores, any arch >= sm_70; the sm_90a tensor-core kernels are
- * cuda/attn_bwd/bwd_sm90_h64.cu and bwd_sm90_small.cu). prep, convert, keys, offsets and dsink are
+ * cuda/attn_bwd/bwd_sm90_ws.cu and bwd_sm90_h64.cu). prep, convert, keys, offsets and dsink are
  * defined once, in cuda/attn_bwd/bwd_common.cuh, and shared with them; main and the key-major dkv
  * kernel are here.
  *  - prep:      one CTA per token (block-stride loop): Delta, L' and the per-(t,h) dsink partial into

@@ -372,8 +372,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_kernel(const __grid
 }
 
 /* ---- deterministic mode: the fixed-order dKV reduction (bwd_det_reduce_kernel), its workspace
- * layout (bwd_det_layout) and the key lists are in cuda/attn_bwd/bwd_common.cuh, shared with the small-H
- * kernel ------------------------------------------------------------------------------------------ */
+ * layout (bwd_det_layout) and the key lists are in cuda/attn_bwd/bwd_common.cuh, shared with the
+ * warp-specialised kernel --------------------------------------------------------------------------- */
 constexpr int kMaxHBlocks = DSA_MAX_HEADS / kBlockM; /* 2 */
 static_assert(kBlockM == kBwdDetHeadBlock, "contrib head blocks are this kernel's 64-head CTAs");
 

@@ -178,8 +178,8 @@ __device__ __forceinline__ uint32_t sm90_pack_bf16x2(float lo, float hi) {
 
 /* ---- wgmma (notes 2), operand lists written out by a small script ------------------------------- */
 /* D(64xN, f32) (+)= A(64x16) * B(Nx16)^T, both from shared memory; B K-major; A K-major (TA = 0) or
- * M-major (TA = 1). scale_d = 0 overwrites D. N = 8, 16, 24, 32: the small-H kernels' column blocks
- * (cuda/attn_fwd/fwd_sm90_small.cu, cuda/attn_bwd/bwd_sm90_small.cu); N = 40..64: the forward small-H kernel's
+ * M-major (TA = 1). scale_d = 0 overwrites D. N = 8, 16, 24, 32: the small-H forward's column
+ * blocks (cuda/attn_fwd/fwd_sm90_small.cu); N = 40..64: the forward small-H kernel's
  * whole-N S^T and P V when two consumer WGs split the value dims. */
 template <int N, int TA>
 __device__ __forceinline__ void sm90_wgmma_ss_nN(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
