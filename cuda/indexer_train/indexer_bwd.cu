@@ -274,7 +274,11 @@ __global__ void __launch_bounds__(kDetThreads) dk_det_kernel(const __grid_consta
  * stopped in r's sorted entries (cursor[r]; off[r] for the first chunk), adds the rows of the entries
  * whose token is below t1 in that order onto its fp32 sum (acc[r], 0 for the first chunk), and keeps
  * the sum (acc) and the position (cursor), or writes bf16 d_index_k after the last chunk. Every key's
- * terms are added one at a time in ascending (t, j): bitwise reproducible. */
+ * terms are added one at a time in ascending (t, j): bitwise reproducible. The entries are read
+ * kDkRedBatch at a time (their rows' loads in flight together, then added in order): a key's entries
+ * of one chunk are a prefix of what is left (ascending v = t K + j, so v < t1 K), and one load per
+ * round trip left the pass latency-bound. */
+constexpr int kDkRedBatch = 8;
 __global__ void dk_rows_reduce_kernel(const __grid_constant__ dsa_indexer_bwd_params p, const int64_t *off,
                                       const int32_t *vals, int64_t *cursor, const float *rows, float *acc, int64_t t0,
                                       int64_t t1, int first, int last) {
@@ -288,14 +292,28 @@ __global__ void dk_rows_reduce_kernel(const __grid_constant__ dsa_indexer_bwd_pa
     float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
     if (!first && (any || last)) a = ((const float4 *)(acc + r * kD))[lane];
     if (any) {
-      for (; e < e1; ++e) {
-        const int64_t v = vals[e];
-        if (v / K >= t1) break;
-        const float4 u = ((const float4 *)(rows + (v - t0 * K) * kD))[lane];
-        a.x += u.x;
-        a.y += u.y;
-        a.z += u.z;
-        a.w += u.w;
+      const int64_t vend = t1 * K; /* entries of tokens below t1 */
+      for (;;) {
+        int64_t v[kDkRedBatch];
+        float4 u[kDkRedBatch];
+#pragma unroll
+        for (int i = 0; i < kDkRedBatch; ++i) v[i] = e + i < e1 ? (int64_t)vals[e + i] : vend;
+#pragma unroll
+        for (int i = 0; i < kDkRedBatch; ++i)
+          if (v[i] < vend) u[i] = ((const float4 *)(rows + (v[i] - t0 * K) * kD))[lane];
+        int n = 0;
+#pragma unroll
+        for (int i = 0; i < kDkRedBatch; ++i) {
+          if (v[i] < vend) {
+            a.x += u[i].x;
+            a.y += u[i].y;
+            a.z += u[i].z;
+            a.w += u[i].w;
+            ++n;
+          }
+        }
+        e += n;
+        if (n < kDkRedBatch) break;
       }
     }
     if (last) {
