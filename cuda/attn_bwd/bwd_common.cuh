@@ -276,28 +276,37 @@ inline dsa_status bwd_launch_sorted_keys(const dsa_attn_bwd_params *p, int64_t t
 
 /* ---- sm_90a deterministic mode: chunked workspace and fixed-order dKV reduction -----------------
  * Used by the two sm_90a launchers (cuda/attn_bwd/bwd_sm90_ws.cu and bwd_sm90_h64.cu, H <= 128 in
- * head blocks of 64); the portable launcher does not use them. Tokens run in chunks of C; the main
- * kernel of a chunk stores each valid slot's fp32 dKV row to contrib[(token_in_chunk * NHB +
- * head_block) * kr + slot][D] (kr = K for the lockstep kernel, K rounded up to 64 for the
- * warp-specialised one, which stores whole 64-slot tiles); bwd_launch_sorted_keys sorts the chunk's entry ids i = token_in_chunk
- * * K + slot by kv row; the reduce adds them in that order. */
+ * head blocks of 64); the portable launcher does not use them. Tokens run in chunks of C;
+ * bwd_launch_sorted_keys sorts the chunk's entry ids i = token_in_chunk * K + slot by kv row. The
+ * lockstep kernel stores each valid slot's fp32 dKV row to contrib[(token_in_chunk * NHB +
+ * head_block) * K + slot][D] and the reduction gathers them in sorted order after the sort
+ * (bwd_det_sort_reduce); the warp-specialised kernel runs after the sort and stores entry i's rows at
+ * contrib[pos[i] * NHB + head_block], pos[i] = i's rank (bwd_det_sort_pos), so the reduction reads
+ * each kv row's rows as one run (bwd_det_reduce_sorted). */
 constexpr size_t kBwdDetContribBudget = (size_t)2 << 30; /* contrib bytes per chunk */
 constexpr int kBwdDetHeadBlock = 64;                      /* heads per contrib head block */
 constexpr int kBwdDetRedBatch = 8;                        /* entries whose loads are in flight together */
-constexpr int kBwdDetSlotAlign = 64; /* contrib rows per (token, head block): K rounded up to this */
+constexpr int kBwdDetDumpRows = 64; /* contrib rows after the entries' (the sorted layout's partial-tile slots) */
+
+/* The sorted layout's row positions: pos[vals[s]] = s for the n sorted entries (entry i's rank);
+ * vals NULL (no kv rows: every entry invalid, nothing sorted): pos[s] = s. */
+__global__ void bwd_det_pos_kernel(const int32_t *vals, int64_t n, int32_t *pos) {
+  for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < n; s += (int64_t)gridDim.x * blockDim.x)
+    pos[vals != nullptr ? vals[s] : s] = (int32_t)s;
+}
 
 /* One CTA of D / 4 threads (one float4 of the D dims each: 144 at D = 576, 128 at D = 512) per kv row
  * (block-stride): acc[r] = ((acc[r] + c_0) + c_1) + ... over the row's entries of this chunk in
  * sorted order (ascending token, then slot), each entry's NHB head blocks in order 0, 1. Every row is
- * owned by one CTA and every sum has a fixed order: no atomics, bitwise reproducible. Entry v = (token
- * in chunk) K + slot has its head block hb's contrib row at ((v / K) NHB + hb) kr + v % K (kr >= K: the
- * main kernel's rows per (token, head block)); NHB = 1 with kr = K: row v itself, without the
- * division. The sum is per column, so the column order of the rows (real, or the permuted one of the
- * warp-specialised kernel) passes through to acc unchanged. */
-template <int D, int NHB>
+ * owned by one CTA and every sum has a fixed order: no atomics, bitwise reproducible. Where the rows
+ * are: kSorted (the warp-specialised kernel stores them in sorted order), the entry at sorted position
+ * s has head block hb's row at s NHB + hb, so a kv row's rows are one contiguous run; else entry v =
+ * (token in chunk) K + slot has it at ((v / K) NHB + hb) K + v % K (NHB = 1: row v itself, without
+ * the division). The sum is per column, so the column order of the rows (real, or the permuted one
+ * of the warp-specialised kernel) passes through to acc unchanged. */
+template <int D, int NHB, bool kSorted>
 __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *contrib, const int64_t *off,
-                                                               const int32_t *vals, float *acc, int64_t T_kv, int K,
-                                                               int kr) {
+                                                               const int32_t *vals, float *acc, int64_t T_kv, int K) {
   const int d4 = threadIdx.x;
   for (int64_t r = blockIdx.x; r < T_kv; r += gridDim.x) {
     const int64_t e0 = off[r], e1 = off[r + 1];
@@ -309,17 +318,23 @@ __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *cont
 #pragma unroll
       for (int i = 0; i < kBwdDetRedBatch; ++i) {
         if (i < ne) {
-          const int v = __ldg(vals + e + i);
-          int64_t row;
-          if (NHB == 1 && kr == K) {
-            row = (int64_t)v;
+          int64_t row, hstride;
+          if constexpr (kSorted) {
+            row = (e + i) * NHB;
+            hstride = 1;
           } else {
-            const int tl = v / K, j = v - tl * K;
-            row = (int64_t)tl * NHB * kr + j;
+            const int v = __ldg(vals + e + i);
+            if constexpr (NHB == 1) {
+              row = (int64_t)v;
+            } else {
+              const int tl = v / K, j = v - tl * K;
+              row = (int64_t)tl * NHB * K + j;
+            }
+            hstride = K;
           }
 #pragma unroll
           for (int hb = 0; hb < NHB; ++hb)
-            c[i * NHB + hb] = __ldcs((const float4 *)(contrib + (row + (int64_t)hb * kr) * D) + d4);
+            c[i * NHB + hb] = __ldcs((const float4 *)(contrib + (row + hb * hstride) * D) + d4);
         }
       }
 #pragma unroll
@@ -342,8 +357,8 @@ __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *cont
 
 /* Deterministic-mode workspace (offsets from the 256-B aligned base; every region 256-B aligned):
  * delta, lp, part [T, H] f32 and acc [T_kv, D] f32 exactly as in the non-deterministic layout,
- * then contrib [C * ceil(H / 64) * round64(K) * D] f32, keys0, keys1 [C * K] u32, vals0, vals1 [C * K]
- * i32, off [T_kv + 1] i64, CUB radix-sort temp for C * K items; C = tokens per chunk (at most 2 GiB
+ * then contrib [C * ceil(H / 64) * K + 64 (dump rows), D] f32, keys0, keys1 [C * K] u32, vals0,
+ * vals1 [C * K] i32, off [T_kv + 1] i64, CUB radix-sort temp for C * K items, pos [C * K] i32; C = tokens per chunk (at most 2 GiB
  * of contrib; chunk_tokens > 0, DSA_OPTION_BWD_DET_CHUNK_TOKENS, overrides it; clamped to 1..T and to
  * int32 entry ids). Both sm_90a launchers and the op's size query (dsa_attn_bwd_sm90_det_workspace_size)
  * compute this one layout. */
@@ -379,7 +394,7 @@ inline dsa_status bwd_zero_tokens(const dsa_attn_bwd_params *p, const float *par
 }
 
 struct BwdDetLayout {
-  size_t delta, lp, part, acc, contrib;
+  size_t delta, lp, part, acc, contrib, pos;
   BwdSortLayout sort; /* keys0 .. temp */
   size_t total;
   int64_t chunk; /* C */
@@ -389,8 +404,7 @@ inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, int64_t chunk_tok
   const size_t th = (size_t)p->num_tokens * (size_t)p->num_heads;
   const size_t D = (size_t)p->head_dim;
   const int nhb = (p->num_heads + kBwdDetHeadBlock - 1) / kBwdDetHeadBlock;
-  const size_t kr = ((size_t)p->topk + kBwdDetSlotAlign - 1) / kBwdDetSlotAlign * kBwdDetSlotAlign;
-  const size_t per_tok = (size_t)nhb * kr * D * 4;
+  const size_t per_tok = (size_t)nhb * (size_t)p->topk * D * 4;
   int64_t C = chunk_tokens > 0 ? chunk_tokens : (int64_t)(kBwdDetContribBudget / per_tok);
   if (C < 1) C = 1;
   if (C > (int64_t)INT32_MAX / p->topk) C = (int64_t)INT32_MAX / p->topk; /* entry ids are int32 */
@@ -403,8 +417,9 @@ inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, int64_t chunk_tok
   L->part = o; o += bwd_align_up(th * 4);
   o += bwd_align_up((size_t)p->num_tokens * 4); /* len (bwd_base_regions) */
   L->acc = o; o += bwd_align_up((size_t)p->num_kv * D * 4);
-  L->contrib = o; o += bwd_align_up((size_t)C * per_tok);
+  L->contrib = o; o += bwd_align_up((size_t)C * per_tok + (size_t)kBwdDetDumpRows * D * 4);
   DSA_TRY(bwd_sort_layout(C * (int64_t)p->topk, p->num_kv, &o, &L->sort));
+  L->pos = o; o += bwd_align_up((size_t)C * (size_t)p->topk * 4);
   L->total = o + kBwdAlign; /* slack: the caller's pointer is aligned up inside */
   return DSA_SUCCESS;
 }
@@ -420,15 +435,38 @@ inline int64_t bwd_det_run_chunk(const BwdDetLayout &L, int64_t chunk_tokens, in
 }
 
 /* One chunk's dKV reduction (after its main kernel): sort the chunk's nt * K entries from token t0
- * by kv row (regions of L in the aligned workspace ws), then acc += contrib in sorted order. */
+ * by kv row (regions of L in the aligned workspace ws), then acc += contrib in sorted order (rows by
+ * entry id: the lockstep kernel's layout). */
 template <int D, int NHB>
 inline dsa_status bwd_det_sort_reduce(const dsa_attn_bwd_params *p, const BwdDetLayout &L, unsigned char *ws,
-                                      int64_t t0, int64_t nt, const float *contrib, int kr, float *acc,
+                                      int64_t t0, int64_t nt, const float *contrib, float *acc,
                                       cudaStream_t stream) {
   const int32_t *vals = nullptr;
   DSA_TRY(bwd_launch_sorted_keys(p, t0, nt * (int64_t)p->topk, 0, L.sort, ws, &vals, stream));
-  bwd_det_reduce_kernel<D, NHB><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), D / 4, 0, stream>>>(
-      contrib, (const int64_t *)(ws + L.sort.off), vals, acc, p->num_kv, p->topk, kr);
+  bwd_det_reduce_kernel<D, NHB, false><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), D / 4, 0, stream>>>(
+      contrib, (const int64_t *)(ws + L.sort.off), vals, acc, p->num_kv, p->topk);
+  return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
+}
+
+/* The sorted layout, before a chunk's main kernel: sort the chunk's entries by kv row and write each
+ * entry's rank to L.pos (the main kernel stores entry i's rows at pos[i] NHB + hb). */
+inline dsa_status bwd_det_sort_pos(const dsa_attn_bwd_params *p, const BwdDetLayout &L, unsigned char *ws,
+                                   int64_t t0, int64_t nt, cudaStream_t stream) {
+  const int64_t n = nt * (int64_t)p->topk;
+  const int32_t *vals = nullptr;
+  if (p->num_kv > 0) DSA_TRY(bwd_launch_sorted_keys(p, t0, n, 0, L.sort, ws, &vals, stream));
+  bwd_det_pos_kernel<<<bwd_grid_for(n, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0, stream>>>(
+      vals, n, (int32_t *)(ws + L.pos));
+  return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
+}
+
+/* The sorted layout's reduction, after a chunk's main kernel: acc += each kv row's contiguous run of
+ * rows (off from bwd_det_sort_pos's sort). */
+template <int D, int NHB>
+inline dsa_status bwd_det_reduce_sorted(const dsa_attn_bwd_params *p, const BwdDetLayout &L, unsigned char *ws,
+                                        const float *contrib, float *acc, cudaStream_t stream) {
+  bwd_det_reduce_kernel<D, NHB, true><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), D / 4, 0, stream>>>(
+      contrib, (const int64_t *)(ws + L.sort.off), nullptr, acc, p->num_kv, p->topk);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
 

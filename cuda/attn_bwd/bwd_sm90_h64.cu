@@ -433,9 +433,9 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
       if (p->num_kv == 0) continue; /* every slot invalid: dq only */
       if (num_hblocks == 1)
-        DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, p->topk, acc, stream)));
+        DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, acc, stream)));
       else
-        DSA_TRY((bwd_det_sort_reduce<kD, kMaxHBlocks>(p, DL, ws, t0, nt, args.contrib, p->topk, acc, stream)));
+        DSA_TRY((bwd_det_sort_reduce<kD, kMaxHBlocks>(p, DL, ws, t0, nt, args.contrib, acc, stream)));
     }
   }
 

@@ -65,7 +65,10 @@ struct MainArgs {
   dsa_attn_bwd_params p;
   const float *delta, *lp; /* [T, H] from the prep pass */
   float *acc;              /* [T_kv, D] fp32 (non-deterministic mode: the atomics' target) */
-  float *contrib;          /* deterministic mode: [chunk CTAs][K][D] fp32 per-slot dKV rows */
+  float *contrib;          /* deterministic mode: [chunk CTAs][K][D] fp32 per-slot dKV rows (the
+                              * warp-specialised kernel: rows in sorted order, det_pos) */
+  const int32_t *det_pos;  /* warp-specialised deterministic mode: entry (token in chunk) K + slot's
+                              * rank in the chunk's sort by kv row (bwd_det_sort_pos) */
   int64_t tok0;            /* deterministic mode: first token of this chunk (0 otherwise) */
   float scale, scale_log2;
   int num_hblocks;
@@ -258,6 +261,7 @@ inline MainArgs bwd_sm90_main_args(const dsa_attn_bwd_params *p, const BwdBaseRe
   args.lp = R.lp;
   args.acc = R.acc;
   args.contrib = nullptr;
+  args.det_pos = nullptr;
   args.tok0 = 0;
   args.scale = p->softmax_scale;
   args.scale_log2 = p->softmax_scale * kLog2e;

@@ -24,13 +24,15 @@
  *
  * Deterministic mode (kDet; ws_launch): tokens run in chunks of C (bwd_det_layout's C, rounded down to
  * whole waves of sm_count / ceil(H / 64) tokens: bwd_det_run_chunk), the part-filled chunk first. Per
- * chunk the kernel sees the chunk's tokens as 0..C-1 (ws_chunk_args moves every per-token pointer)
+ * chunk: bwd_det_sort_pos sorts the chunk's (token, slot) entries stably by kv row (the keys kernel
+ * marks every invalid slot with the sentinel T_kv, sorted last) and writes each entry's rank to
+ * det_pos; the kernel sees the chunk's tokens as 0..C-1 (ws_chunk_args moves every per-token pointer)
  * and WG1 stores each tile's 64 x D fp32 rows, as computed for the reductions and in the same
- * permuted column order, to contrib rows blockIdx.x * round64(K) + 64 n + key row: whole tiles, so
- * the slots of a partial last tile store zeros to rows the reduction never reads (the keys kernel
- * marks every invalid slot). Then bwd_det_sort_reduce: the chunk's (token, slot) entries stably
- * sorted by kv row, acc[r] += the row's entries in that order, column by column (so acc keeps the
- * permuted order, which bwd_convert_lay1_kernel undoes). Every fp32 sum runs in ascending (token,
+ * permuted column order, to contrib rows det_pos[entry] ceil(H / 64) + head block (a partial last
+ * tile's slots past K: one of 64 dump rows after the entries'), so every kv row's contributions lie
+ * in one contiguous run in sorted order; bwd_det_reduce_sorted then adds each run into acc[r] in
+ * order, column by column (acc keeps the permuted order, which bwd_convert_lay1_kernel undoes): the
+ * reads stream instead of gathering 2304-B rows. Every fp32 sum runs in ascending (token,
  * slot, head block) order whatever C is: bitwise reproducible run to run and across chunk sizes. dq,
  * the slot target (at most two adds per slot, which commute) and dsink are those of the
  * non-deterministic mode, which are reproducible already. The rows' HBM traffic (2304 B per valid
@@ -363,8 +365,8 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
 
 /* WG1 ("back"): dQ dims [256, 64 NBT) by SS wgmma, then the NBT 64-dim dKV chunks with two alternating
  * accumulators, each chunk's dKV reductions issued under the next chunk's wgmmas. kDet: the chunk's
- * rows are stored instead, to the CTA's contrib rows blockIdx.x kr + 64 n + key row (every slot of
- * every tile, invalid ones as zeros, which the reduction never reads). */
+ * rows are stored instead, at their entries' sorted ranks (det_pos; every slot of every tile: the
+ * invalid ones' rows, sorted last, and the dump rows are never read). */
 template <int NBT, bool kDet>
 __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int ntiles) {
   typedef Smem<NBT> L;
@@ -377,11 +379,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
   const uint32_t sp = sm90_smem_addr(smem + L::kP), sds = sm90_smem_addr(smem + L::kDS);
   const int32_t *sidx = (const int32_t *)(smem + L::kIdx);
   const int r0 = 16 * warp + (lane >> 2), odd = (lane >> 2) & 1;
-  /* kDet: rows are counted from this CTA's first contrib row plus the even quad's key row (kr = K
-   * rounded up to 64, bwd_det_layout): a tile's rows are 64 n + 0, 1, 8, 9 from it */
-  float *const rowp =
-      kDet ? args.contrib + ((int64_t)blockIdx.x * ((p.topk + 63) & ~63) + (r0 - odd)) * kD + 16 * odd + 4 * (lane & 3)
-           : args.acc + 16 * odd + 4 * (lane & 3);
+  float *const rowp = (kDet ? args.contrib : args.acc) + 16 * odd + 4 * (lane & 3);
   /* reductions: evict_last; the deterministic mode's rows: evict_first */
   const uint64_t pol = kDet ? sm90_l2_policy_evict_first() : sm90_l2_policy(true);
   /* no T_kv rows: nothing to reduce (the spare rows aside); contrib rows exist whenever T > 0. A
@@ -398,12 +396,19 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
   for (int n = 0; n < ntiles; ++n) {
     const int s = n & 1;
     sm90_named_bar_sync_any(kBarPdSFull, kThreads); /* P(n), dS(n), KV(n), idx(n) */
-    int32_t ka[2], kb[2];
-    if constexpr (kDet) { /* the even quad's row r0 - odd, the odd quad's r0 - odd + 1 (rowp's base) */
+    int32_t ka[2], kb[2], dr[2];
+    if constexpr (kDet) {
+      /* key rows r0, r0 + 8 are slots 64 n + r0 (+ 8) of token blockIdx.x / nhb: their rows are
+       * det_pos[slot] nhb + hb (bwd_det_sort_pos); a slot past K stores to a dump row after the
+       * chunk's T K nhb entry rows. Loaded here, arranged after the dQ wgmmas (their latency under
+       * them). */
+      const int nhb = args.num_hblocks, tl = (int)blockIdx.x / nhb, hb = (int)blockIdx.x - tl * nhb;
+      const int32_t *pp = args.det_pos + (int64_t)tl * p.topk;
+      const int32_t dump = (int32_t)p.num_tokens * p.topk * nhb;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        ka[hr] = kBlockN * n + 8 * hr;
-        kb[hr] = ka[hr] + 1;
+        const int j = kBlockN * n + r0 + 8 * hr;
+        dr[hr] = j < p.topk ? __ldg(pp + j) * nhb + hb : dump + r0 + 8 * hr;
       }
     } else {
       sm90_lay1_key_rows(sidx + s * kBlockN, r0, odd, ka, kb);
@@ -432,6 +437,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
 #pragma unroll
     for (int i = 0; i < kDQ; ++i) sm90_fence_operand(dq[i]);
     if (n + 1 < ntiles) ws_bar_arrive(kBarKVFree, kThreads);
+    if constexpr (kDet) sm90_lay1_pair_rows(dr[0], dr[1], odd, ka, kb);
 
     /* ---- dKV chunks (ws_dkv_chunk). Chunk c runs in accumulator c % 2: issue chunk c, wait until at
      * most 1 group is pending (chunk c - 1 done), reduce chunk c - 1 while chunk c runs. */
@@ -537,7 +543,7 @@ inline MainArgs ws_chunk_args(const MainArgs &a, int64_t t0, int64_t nt) {
 }
 
 static_assert(kBlockM == kBwdDetHeadBlock, "contrib head blocks are this kernel's 64-head CTAs");
-static_assert(kBlockN == kBwdDetSlotAlign, "contrib rows per CTA: whole 64-slot tiles");
+static_assert(kBlockN == kBwdDetDumpRows, "a partial last tile's slots store to the dump rows");
 
 template <int NBT>
 dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void *workspace, cudaStream_t stream,
@@ -578,29 +584,31 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
         args);
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   } else {
-    /* chunks of C tokens in ascending order: the main kernel stores the chunk's per-slot dKV rows
-     * (whole tiles: kr = K rounded up to 64 rows per CTA) to contrib in the permuted column order;
-     * the chunk's valid (token, slot) entries are stably sorted by kv row (the keys kernel's validity
-     * test is the gather's: index in [0, T_kv), slot below topk_length, or below K without it, where
-     * every slot past the prep's found length is invalid too); the reduction adds them into acc row by
-     * row in sorted order, column by column, so acc keeps the permuted order the convert undoes. */
-    const int kr = (p->topk + kBwdDetSlotAlign - 1) / kBwdDetSlotAlign * kBwdDetSlotAlign;
+    /* chunks of C tokens in ascending order: the chunk's (token, slot) entries are stably sorted by kv
+     * row first (the keys kernel's validity test is the gather's: index in [0, T_kv), slot below
+     * topk_length, or below K without it, where every slot past the prep's found length is invalid
+     * too) and each entry's rank goes to det_pos; the main kernel stores the chunk's per-slot dKV rows
+     * at their ranks (every kv row's rows one contiguous run), in the permuted column order; the
+     * reduction adds each run into acc row by row in order, column by column, so acc keeps the
+     * permuted order the convert undoes. */
     /* one CTA per SM (kWsBytes): a wave is sm_count / num_hblocks tokens */
     const int64_t C = bwd_det_run_chunk(DL, ctx->options[DSA_OPTION_BWD_DET_CHUNK_TOKENS],
                                         ctx->sm_count / num_hblocks);
     args.contrib = (float *)(ws + DL.contrib);
+    args.det_pos = (const int32_t *)(ws + DL.pos);
     /* the part-filled chunk (T mod C tokens) runs first: under a causal mask the first tokens are
      * the shortest, so its part-filled last wave costs least there */
     const int64_t first = p->num_tokens % C != 0 ? p->num_tokens % C : C;
     for (int64_t t0 = 0, nt = first; t0 < p->num_tokens; t0 += nt, nt = C) {
+      DSA_TRY(bwd_det_sort_pos(p, DL, ws, t0, nt, stream));
       const MainArgs ca = ws_chunk_args(args, t0, nt);
       attn_bwd_sm90_ws_kernel<NBT, true><<<(unsigned)(nt * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(ca);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
       if (p->num_kv == 0) continue; /* every slot invalid: dq only */
       if (num_hblocks == 1)
-        DSA_TRY((bwd_det_sort_reduce<kD, 1>(p, DL, ws, t0, nt, args.contrib, kr, R.acc, stream)));
+        DSA_TRY((bwd_det_reduce_sorted<kD, 1>(p, DL, ws, args.contrib, R.acc, stream)));
       else
-        DSA_TRY((bwd_det_sort_reduce<kD, 2>(p, DL, ws, t0, nt, args.contrib, kr, R.acc, stream)));
+        DSA_TRY((bwd_det_reduce_sorted<kD, 2>(p, DL, ws, args.contrib, R.acc, stream)));
     }
   }
   if (p->num_kv > 0) DSA_TRY(bwd_launch_convert_lay1<kD>(p, R.acc, stream));

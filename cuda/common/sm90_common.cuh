@@ -413,15 +413,18 @@ __device__ __forceinline__ void sm90_red_block_lay1(float *rowp, const float *ac
   }
 }
 
-/* The accumulator rows of this thread's two key rows (r0, r0 + 8) of a tile's index list, arranged for
+/* The accumulator rows kr0, kr1 of this thread's two key rows (r0, r0 + 8), arranged for
  * sm90_red_block_lay1: ka = the even quad's rows, kb = the odd quad's (lane ^ 4 pairs the quads). */
-__device__ __forceinline__ void sm90_lay1_key_rows(const int32_t *idx, int r0, int odd, int32_t ka[2], int32_t kb[2]) {
-  const int32_t kr0 = idx[r0], kr1 = idx[r0 + 8];
+__device__ __forceinline__ void sm90_lay1_pair_rows(int32_t kr0, int32_t kr1, int odd, int32_t ka[2], int32_t kb[2]) {
   const int32_t kp0 = __shfl_xor_sync(0xffffffffu, kr0, 4), kp1 = __shfl_xor_sync(0xffffffffu, kr1, 4);
   ka[0] = odd ? kp0 : kr0;
   ka[1] = odd ? kp1 : kr1;
   kb[0] = odd ? kr0 : kp0;
   kb[1] = odd ? kr1 : kp1;
+}
+/* The same for the rows idx[r0], idx[r0 + 8] of a tile's index list. */
+__device__ __forceinline__ void sm90_lay1_key_rows(const int32_t *idx, int r0, int odd, int32_t ka[2], int32_t kb[2]) {
+  sm90_lay1_pair_rows(idx[r0], idx[r0 + 8], odd, ka, kb);
 }
 
 /* ---- the KV gather of one 64-row tile (notes 5), shared by the forward kernels ------------------- *
