@@ -41,8 +41,9 @@ typedef enum dsa_option {
   DSA_OPTION_FWD_SMALL_AUTO_MAX = 4,
   /* dsa_sparse_attn_bwd's kernel: a dsa_bwd_kernel value. Default DSA_BWD_KERNEL_AUTO. */
   DSA_OPTION_BWD_KERNEL = 5,
-  /* Tokens per chunk of the sm_90a backward's deterministic mode: 0 = from its 2 GiB budget (the
-   * default), else 1..2^31-1 (clamped to the token count). The workspace size query reads it from
+  /* Tokens per chunk of the sm_90a backward's deterministic mode: 0 = from its 2 GiB budget, rounded
+   * down to whole waves of the device's SMs (the default), else 1..2^31-1 (clamped to the token
+   * count). The workspace size query reads it from
    * the ctx it is given (query with the value you will run with). For tests: many small chunks. */
   DSA_OPTION_BWD_DET_CHUNK_TOKENS = 6,
   /* The top-k kernel of dsa_topk and dsa_indexer_topk: a dsa_topk_kernel value. Default
