@@ -4,8 +4,8 @@
  * automatic choice of both modes on cc 9.0 at every H (DSA_BWD_KERNEL_SM90_WS, 4, include/dsa_tune.h,
  * forces it). Non-deterministic: fp32 L2 reductions into the permuted dKV accumulator, 128-B row
  * segments per warp instruction. Deterministic: the same instructions as plain stores of every slot's
- * fp32 dKV row to a chunk buffer (kDet; below), summed per kv row in a fixed order by the sort and
- * reduction that the lockstep kernel's deterministic mode uses (cuda/attn_bwd/bwd_common.cuh).
+ * fp32 dKV row to a chunk buffer (kDet; below), at the slot's rank in the chunk's sort by kv row,
+ * then summed per kv row in that fixed order (cuda/attn_bwd/bwd_common.cuh).
  *
  * Why: the lockstep kernel (cuda/attn_bwd/bwd_sm90_h64.cu) issues each tile's 147 KB of dKV reductions in a
  * burst after all of its MMAs, so the SM's share of the L2 reduction stream idles ~40% of the tile.
