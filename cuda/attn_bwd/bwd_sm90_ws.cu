@@ -35,8 +35,8 @@
  * reads stream instead of gathering 2304-B rows. Every fp32 sum runs in ascending (token,
  * slot, head block) order whatever C is: bitwise reproducible run to run and across chunk sizes. dq,
  * the slot target (at most two adds per slot, which commute) and dsink are those of the
- * non-deterministic mode, which are reproducible already. The rows' HBM traffic (2304 B per valid
- * slot written, then read back) bounds the mode: docs/perf.md session 15.
+ * non-deterministic mode, which are reproducible already. The rows' DRAM traffic (2304 B per valid
+ * slot and head block written, then read back) bounds the mode.
  *
  * Grid: one CTA per (token, block of 64 heads), non-persistent, blockIdx order = token order (H = 128:
  * the two head blocks of a token adjacent); heads past H are zero rows with L' = +inf (P = dS = 0,
