@@ -4,9 +4,10 @@
  * cuda/attn_bwd/bwd_sm90_ws.cu). One
  * source definition: the files include this header, and each compiles its own copy of the kernels it
  * uses (anonymous namespace, no relocatable device code, so no symbol crosses a translation unit).
- * The launchers therefore run the very same arithmetic for Delta, L', the dsink partials, the fp32 ->
- * bf16 conversion, dsink and the deterministic modes' key lists (and the two sm_90a ones the same
- * deterministic dKV reduction and workspace layout).
+ * The launchers therefore run the very same arithmetic for L', the dsink partials (bwd_row_stats;
+ * the warp-specialised kernel sums its own Delta in its prologue), the fp32 -> bf16 conversion, dsink
+ * and the deterministic modes' key lists (and the two sm_90a ones the same deterministic dKV reduction
+ * and workspace layout).
  *
  *  - prep:    one CTA per token (block-stride loop), one warp per head: Delta = sum_{d<512} out*dout,
  *             L' = logaddexp(lse, sink) (+inf for rows that contribute nothing: no valid slot, or
@@ -73,9 +74,25 @@ __device__ __forceinline__ int bwd_slot_row(const dsa_attn_bwd_params &p, int64_
   return (v >= 0 && (int64_t)v < p.num_kv) ? v : -1;
 }
 
+/* L' and the dsink partial of a row from its lse L, its head's sink sk (-inf without sinks), Delta s
+ * and whether the row has a valid slot (any): L' = logaddexp(L, sk) (L without a sink), +inf when the
+ * row contributes nothing (no valid slot, or L = +inf); part = exp(sk - L') Delta, 0 where excluded.
+ * The prep kernel and the warp-specialised kernel's prologue both call it. */
+__device__ __forceinline__ void bwd_row_stats(float L, float sk, bool any, float s, float *lp, float *part) {
+  float Lp = INFINITY;
+  if (any && L != INFINITY) {
+    if (sk == -INFINITY) Lp = L;
+    else Lp = fmaxf(L, sk) + log1pf(expf(-fabsf(L - sk)));
+  }
+  *lp = Lp;
+  *part = (any && isfinite(sk) && Lp != INFINITY) ? expf(sk - Lp) * s : 0.f;
+}
+
 /* ---- prep: Delta, L', dsink partials ---------------------------------------------------------- */
 /* len_out (non-NULL only without topk_length): each row's last valid slot + 1 (0 for none), a
- * length under which the row's valid slots all lie, for a main kernel to skip the -1 tail. */
+ * length under which the row's valid slots all lie, for a main kernel to skip the -1 tail. With
+ * -DDSA_BWD_PROLOGUE_STATS=1 (experiment) a NULL delta asks for the lengths only (the warp-specialised
+ * kernel then computes Delta, L' and the partials itself). */
 __global__ void __launch_bounds__(kBwdSmallThreads) bwd_prep_kernel(const __grid_constant__ dsa_attn_bwd_params p,
                                                                     float *delta, float *lp, float *part,
                                                                     int32_t *len_out) {
@@ -100,6 +117,9 @@ __global__ void __launch_bounds__(kBwdSmallThreads) bwd_prep_kernel(const __grid
       for (int j = tid; j < len && !any; j += kBwdSmallThreads) any = bwd_slot_row(p, t, j, len) >= 0;
       any = __syncthreads_or(any);
     }
+#if DSA_BWD_PROLOGUE_STATS
+    if (delta == nullptr) continue; /* lengths only */
+#endif
     for (int h = warp; h < p.num_heads; h += kBwdSmallThreads / 32) {
       const uint16_t *o = p.out + t * p.out_stride_token + (int64_t)h * p.out_stride_head;
       const uint16_t *g = p.dout + t * p.dout_stride_token + (int64_t)h * p.dout_stride_head;
@@ -109,15 +129,8 @@ __global__ void __launch_bounds__(kBwdSmallThreads) bwd_prep_kernel(const __grid
       for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
       if (lane == 0) {
         const int64_t th = t * p.num_heads + h;
-        const float L = p.lse[th];
-        const float sk = p.sink ? p.sink[h] : -INFINITY;
-        float Lp = INFINITY;
-        if (any && L != INFINITY) {
-          if (sk == -INFINITY) Lp = L;
-          else Lp = fmaxf(L, sk) + log1pf(expf(-fabsf(L - sk)));
-        }
-        float pt = 0.f;
-        if (any && isfinite(sk) && Lp != INFINITY) pt = expf(sk - Lp) * s;
+        float Lp, pt;
+        bwd_row_stats(p.lse[th], p.sink ? p.sink[h] : -INFINITY, any, s, &Lp, &pt);
         delta[th] = s;
         lp[th] = Lp;
         part[th] = pt;
@@ -139,15 +152,48 @@ __global__ void bwd_convert_kernel(const __grid_constant__ dsa_attn_bwd_params p
 /* ---- the same from the sm_90a kernels' permuted accumulator (layout 1, src/internal.h
  * dsa_bwd_dkv_slot): dkv[r][c] = bf16(src[r][slot(c)]). The permutation stays inside aligned
  * 16-column groups, so a warp's reads still cover the same 128 B as layout 0's. D (576 / 512) is a
- * template constant; a template so that only the launchers that run layout 1 instantiate it. */
+ * template constant; a template so that only the launchers that run layout 1 instantiate it.
+ * Experiment -DDSA_BWD_CONVERT_V16=1 (docs/perf.md session 16): one thread per 16-column group, four
+ * 16-B loads, the permutation in registers (compile-time indices), two 16-B stores (the op's checks
+ * require 16-B aligned dkv rows) instead of one 4-B load and one 2-B store per element. */
+#ifndef DSA_BWD_CONVERT_V16
+#define DSA_BWD_CONVERT_V16 0
+#endif
+constexpr int kBwdConvertPerThread = DSA_BWD_CONVERT_V16 ? 16 : 1; /* columns per work item */
 template <int D>
 __global__ void bwd_convert_lay1_kernel(const __grid_constant__ dsa_attn_bwd_params p, const float *src) {
+#if !DSA_BWD_CONVERT_V16
   const int64_t n = p.num_kv * D;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / D;
     const int d = (int)(i - r * D);
     p.dkv[r * p.dkv_stride + d] = f2bf(src[r * D + dsa_bwd_dkv_slot(d)]);
   }
+#else
+  constexpr int kG = D / 16; /* groups per row */
+  const int64_t n = p.num_kv * kG;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / kG;
+    const int g = (int)(i - r * kG);
+    const float4 *s4 = (const float4 *)(src + r * D + 16 * g);
+    float a[16];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 v = __ldcs(s4 + k);
+      a[4 * k] = v.x;
+      a[4 * k + 1] = v.y;
+      a[4 * k + 2] = v.z;
+      a[4 * k + 3] = v.w;
+    }
+    uint32_t w[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      w[k] = (uint32_t)f2bf(a[dsa_bwd_dkv_slot(2 * k)]) | (uint32_t)f2bf(a[dsa_bwd_dkv_slot(2 * k + 1)]) << 16;
+    uint4 *d4 = (uint4 *)(p.dkv + r * p.dkv_stride + 16 * g);
+    d4[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    d4[1] = make_uint4(w[4], w[5], w[6], w[7]);
+  }
+#endif
 }
 
 /* ---- dsink: one CTA per head, fixed-order reduction of the per-token partials ------------------ */
@@ -240,7 +286,7 @@ inline dsa_status bwd_launch_convert(const dsa_attn_bwd_params *p, const float *
 /* layout 1 (src non-NULL, p->head_dim == D): un-permutes while converting */
 template <int D>
 inline dsa_status bwd_launch_convert_lay1(const dsa_attn_bwd_params *p, const float *src, cudaStream_t stream) {
-  bwd_convert_lay1_kernel<D><<<bwd_grid_for(p->num_kv * D, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0,
+  bwd_convert_lay1_kernel<D><<<bwd_grid_for(p->num_kv * (D / kBwdConvertPerThread), kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0,
                                stream>>>(*p, src);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }

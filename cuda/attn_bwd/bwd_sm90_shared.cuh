@@ -72,6 +72,8 @@ struct MainArgs {
   int64_t tok0;            /* deterministic mode: first token of this chunk (0 otherwise) */
   float scale, scale_log2;
   int num_hblocks;
+  float *part;             /* warp-specialised kernel with DSA_BWD_PROLOGUE_STATS: the dsink partials
+                              * [T, H] it writes (NULL without dsink); it computes Delta and L' itself */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
@@ -263,6 +265,7 @@ inline MainArgs bwd_sm90_main_args(const dsa_attn_bwd_params *p, const BwdBaseRe
   args.contrib = nullptr;
   args.det_pos = nullptr;
   args.tok0 = 0;
+  args.part = nullptr;
   args.scale = p->softmax_scale;
   args.scale_log2 = p->softmax_scale * kLog2e;
   args.num_hblocks = num_hblocks;

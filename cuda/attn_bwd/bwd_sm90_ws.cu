@@ -18,6 +18,11 @@
  * cuda/attn_bwd/bwd_common.cuh), so dsa_attn_bwd_workspace_size holds. Pieces shared with that kernel
  * (tile constants, Smem map, MainArgs and its fill, P / dS, the dKV reductions, Q / dO and L' / Delta
  * loads, dQ SS wgmmas, dq store, launch checks) are in cuda/attn_bwd/bwd_sm90_shared.cuh.
+ * Experiment -DDSA_BWD_PROLOGUE_STATS=1 (docs/perf.md session 16; default machine code unchanged): no
+ * prep pass; each CTA sums its rows' Delta from out and the dO it loads and computes L' and the dsink
+ * partials (bwd_row_stats) in its prologue (ws_stats_issue / ws_stats_finish), which spares a pass
+ * over out and dout before the main kernel; the prep then runs only without topk_length, for the row
+ * lengths.
  * Declined with DSA_ERROR_UNSUPPORTED before any launch: everything bwd_sm90_check declines (a device
  * other than cc 9.0, D not 576 / 512, H outside 1..128, unaligned rows, too many tokens, smem above
  * the opt-in). No fallback: a forced kernel that declines returns the error (src/attn_bwd.c).
@@ -161,14 +166,33 @@ __device__ __forceinline__ void ws_bar_arrive(int id, int count) {
   asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+#if DSA_BWD_TOKEN_DESC
+/* Experiment -DDSA_BWD_TOKEN_DESC=1 (docs/perf.md session 16): CTA b = i nhb + hb runs head block hb
+ * of token T - 1 - i (the default: token i), the last tokens first, whose rows are the longest under a
+ * causal mask, so that the short rows fill the last wave (H = 128: a token's two head blocks still
+ * adjacent). */
+__device__ __forceinline__ void ws_token_of(uint32_t b, int num_hblocks, int64_t num_tokens, int64_t *tok, int *hb) {
+  const uint32_t i = b / (uint32_t)num_hblocks;
+  *hb = (int)(b - i * (uint32_t)num_hblocks);
+  *tok = num_tokens - 1 - (int64_t)i;
+}
+#endif
+
 /* The CTA's (token, first head) for the dq store after the tile loop, re-derived from %ctaid there
  * (asm volatile: not merged with the kernel's first read): keeping them live across the loop costs WG1
  * a spilled register at D = 576. */
-__device__ __forceinline__ void ws_cta_token_head(int num_hblocks, int64_t *tok, int *h0) {
+__device__ __forceinline__ void ws_cta_token_head(int num_hblocks, int64_t num_tokens, int64_t *tok, int *h0) {
   uint32_t b;
   asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
+#if DSA_BWD_TOKEN_DESC
+  int hb;
+  ws_token_of(b, num_hblocks, num_tokens, tok, &hb);
+  *h0 = hb * kBlockM;
+#else
+  (void)num_tokens;
   *tok = (int64_t)(b / (uint32_t)num_hblocks);
   *h0 = (int)(b % (uint32_t)num_hblocks) * kBlockM;
+#endif
 }
 
 /* The slot target's share of one tile (p.slot_target non-NULL): WG0's P summed over the CTA's 64 head
@@ -194,6 +218,78 @@ __device__ __forceinline__ void ws_target_tile(const dsa_attn_bwd_params &p, con
     atomicAdd(p.slot_target + tok * p.slot_target_stride + kBlockN * n + t, a);
   }
 }
+
+#if DSA_BWD_PROLOGUE_STATS
+/* The prologue's row statistics (no prep pass): Delta = out . dO over the 512 value dims of each of
+ * the CTA's 64 head rows, L' and the dsink partial (bwd_row_stats), for a row with a valid slot in
+ * [0, klen). Thread (r = tid / 4, q = tid % 4) takes the 16-B chunks q + 4 i (i < 16) of head row
+ * h0 + r. ws_stats_issue runs before the barrier that lands Q / dO: it loads this thread's out chunks
+ * (16-B streaming loads: the op's checks require 16-B aligned out rows; zeros past H), the row's lse and
+ * sink (q = 0) and tests its share of the index row's slots; ws_stats_finish runs after it, with
+ * `any` the barrier's OR of the tests: dO chunks from the SW128 tile, the sum over the thread's 128
+ * dims, then over the row's 4 threads; thread q = 0 writes L' log2e (+inf past H) and Delta to smem
+ * and the partial to args.part. */
+struct WsStats {
+  uint4 o[16];
+  float lse, sink;
+  int any;
+};
+
+__device__ __forceinline__ void ws_stats_issue(const MainArgs &args, int64_t tok, int h0, int klen, WsStats &st) {
+  const dsa_attn_bwd_params &p = args.p;
+  const int tid = threadIdx.x, q = tid & 3, h = h0 + (tid >> 2);
+  const bool live = h < p.num_heads;
+  const uint16_t *src = p.out + tok * p.out_stride_token + (int64_t)(live ? h : 0) * p.out_stride_head + 8 * q;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) st.o[i] = live ? __ldcs((const uint4 *)(src + 32 * i)) : make_uint4(0u, 0u, 0u, 0u);
+  st.lse = live && q == 0 ? __ldg(p.lse + tok * p.num_heads + h) : 0.f;
+  st.sink = live && q == 0 && p.sink ? __ldg(p.sink + h) : -INFINITY;
+  const int32_t *irow = p.indices + tok * p.indices_stride;
+  int any = 0;
+#pragma unroll 4
+  for (int j = tid; j < klen; j += kThreads) {
+    const int v = __ldg(irow + j);
+    any |= v >= 0 && (int64_t)v < p.num_kv;
+  }
+  st.any = any;
+}
+
+__device__ __forceinline__ float ws_dot8(uint4 a, uint4 b) {
+  const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
+  float s = 0.f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    s = fmaf(__uint_as_float(x[e] << 16), __uint_as_float(y[e] << 16), s);
+    s = fmaf(__uint_as_float(x[e] & 0xffff0000u), __uint_as_float(y[e] & 0xffff0000u), s);
+  }
+  return s;
+}
+
+template <int NBT>
+__device__ __forceinline__ void ws_stats_finish(const MainArgs &args, uint8_t *smem, int64_t tok, int h0, bool any,
+                                                const WsStats &st) {
+  typedef Smem<NBT> L;
+  const dsa_attn_bwd_params &p = args.p;
+  const int tid = threadIdx.x, q = tid & 3, r = tid >> 2, h = h0 + r;
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int c = q + 4 * i;
+    const uint4 d = *(const uint4 *)(smem + L::kDO + (c >> 3) * kBlkBytes + sm90_sw128_chunk_off(r, c & 7));
+    s += ws_dot8(st.o[i], d);
+  }
+  s += __shfl_xor_sync(0xffffffffu, s, 1);
+  s += __shfl_xor_sync(0xffffffffu, s, 2);
+  if (q == 0) {
+    const bool live = h < p.num_heads;
+    float Lp, pt;
+    bwd_row_stats(st.lse, st.sink, any, s, &Lp, &pt);
+    ((float *)(smem + L::kLp))[r] = live ? Lp * kLog2e : INFINITY; /* +inf * log2e = +inf */
+    ((float *)(smem + L::kDelta))[r] = live ? s : 0.f;
+    if (args.part != nullptr && live) args.part[tok * p.num_heads + h] = pt;
+  }
+}
+#endif /* DSA_BWD_PROLOGUE_STATS */
 
 /* WG0's gather of one 64-key tile into the SW128 KV tile at skv (rows g, g + 16, g + 32, g + 48 of
  * thread (g = t / 8, j = t % 8), 4 NBT cp.async per thread, zero fill for invalid slots: idxs -1 past
@@ -398,11 +494,18 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
     sm90_named_bar_sync_any(kBarPdSFull, kThreads); /* P(n), dS(n), KV(n), idx(n) */
     int32_t ka[2], kb[2], dr[2];
     if constexpr (kDet) {
-      /* key rows r0, r0 + 8 are slots 64 n + r0 (+ 8) of token blockIdx.x / nhb: their rows are
+      /* key rows r0, r0 + 8 are slots 64 n + r0 (+ 8) of the CTA's token: their rows are
        * det_pos[slot] nhb + hb (bwd_det_sort_pos); a slot past K stores to a dump row after the
        * chunk's T K nhb entry rows. Loaded here, arranged after the dQ wgmmas (their latency under
        * them). */
+#if DSA_BWD_TOKEN_DESC
+      const int nhb = args.num_hblocks;
+      int64_t tl;
+      int hb;
+      ws_token_of(blockIdx.x, nhb, p.num_tokens, &tl, &hb);
+#else
       const int nhb = args.num_hblocks, tl = (int)blockIdx.x / nhb, hb = (int)blockIdx.x - tl * nhb;
+#endif
       const int32_t *pp = args.det_pos + (int64_t)tl * p.topk;
       const int32_t dump = (int32_t)p.num_tokens * p.topk * nhb;
 #pragma unroll
@@ -467,7 +570,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
   }
   int64_t tok_e;
   int h0_e;
-  ws_cta_token_head(args.num_hblocks, &tok_e, &h0_e);
+  ws_cta_token_head(args.num_hblocks, p.num_tokens, &tok_e, &h0_e);
   bwd_sm90_store_dq<kDQ, 4>(p, dq, tok_e, h0_e, warp, lane);
 }
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
@@ -480,15 +583,24 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
   uint8_t *smem = sm90_smem_align1024(smem_raw);
   const dsa_attn_bwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7;
+#if DSA_BWD_TOKEN_DESC
+  int64_t tok;
+  int hb;
+  ws_token_of(blockIdx.x, args.num_hblocks, p.num_tokens, &tok, &hb);
+  const int h0 = hb * kBlockM;
+#else
   const int64_t tok = blockIdx.x / args.num_hblocks;
   const int h0 = (int)(blockIdx.x % args.num_hblocks) * kBlockM;
+#endif
   int klen = p.topk; /* slots [0, klen) may be valid */
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
   const int ntiles = (klen + kBlockN - 1) / kBlockN;
 
   if (ntiles > 0) {
     /* Q and dO rows by all 256 threads (thread (g, j): rows g, g + 32, chunk j; heads past H: zero
-     * rows), tile 0's KV by WG0 (ws_gather), L' log2e and Delta by threads 0..63 */
+     * rows), tile 0's KV by WG0 (ws_gather), L' log2e and Delta by threads 0..63 (the prep's); with
+     * DSA_BWD_PROLOGUE_STATS the row statistics' loads (ws_stats_issue) under them, then Delta, L'
+     * log2e and the dsink partials from the landed dO (ws_stats_finish) */
     const int g = tid >> 3, j = tid & 7;
     bwd_sm90_load_q_do<NBT>(p, sm90_smem_addr(smem + L::kQ), sm90_smem_addr(smem + L::kDO), tok, h0, g, j);
     if (wg == 0) {
@@ -496,11 +608,25 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
       sm90_gather_read_indices(p.indices + tok * p.indices_stride, 0, tid >> 3, klen, idxs);
       ws_gather<NBT>(p, sm90_smem_addr(smem + L::kKV), (int32_t *)(smem + L::kIdx), idxs, tid >> 3, tid & 7);
     }
+#if DSA_BWD_PROLOGUE_STATS
+    WsStats st;
+    ws_stats_issue(args, tok, h0, klen, st);
+    sm90_cp_async_wait_all();
+    sm90_fence_proxy_async();
+    const bool any = __syncthreads_or(st.any) != 0;
+    ws_stats_finish<NBT>(args, smem, tok, h0, any, st);
+#else
     bwd_sm90_load_lp_delta<NBT>(args, smem, tid, tok, h0);
     sm90_cp_async_wait_all();
     sm90_fence_proxy_async();
+#endif
     __syncthreads();
   }
+#if DSA_BWD_PROLOGUE_STATS
+  else if (args.part != nullptr && tid < kBlockM && h0 + tid < p.num_heads) {
+    args.part[tok * p.num_heads + h0 + tid] = 0.f; /* no slot: the row adds nothing to dsink */
+  }
+#endif
   if (wg == 0)
     ws_front<NBT>(args, smem, ntiles, tok, h0, klen);
   else
@@ -518,12 +644,9 @@ dsa_status ws_prepare(int dev) {
   return dsa_kernel_smem_once(fn, kWsBytes<NBT>, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
-/* The sequence of dsa_launch_attn_bwd_sm90: prep, memset of the fp32 accumulator, the main kernel
- * (deterministic: per chunk of tokens, then the chunk's sorted fixed-order reduction), the convert of
- * the permuted accumulator, dsink. */
 /* The deterministic mode's arguments for the chunk of nt tokens from t0: every per-token operand
- * the main kernel reads or writes starts at token t0 (q, dout, indices, the row lengths, dq, the slot
- * target, Delta, L'), so the kernel sees tokens 0..nt-1 and carries no chunk offset (a register WG1
+ * the main kernel reads or writes starts at token t0 (q, dout, out, lse, indices, the row lengths, dq,
+ * the slot target, the dsink partials), so the kernel sees tokens 0..nt-1 and carries no chunk offset (a register WG1
  * does not have at D = 576). */
 inline MainArgs ws_chunk_args(const MainArgs &a, int64_t t0, int64_t nt) {
   MainArgs c = a;
@@ -539,12 +662,16 @@ inline MainArgs ws_chunk_args(const MainArgs &a, int64_t t0, int64_t nt) {
   if (p.slot_target) p.slot_target += t0 * p.slot_target_stride;
   c.delta += t0 * p.num_heads;
   c.lp += t0 * p.num_heads;
+  if (c.part) c.part += t0 * p.num_heads;
   return c;
 }
 
 static_assert(kBlockM == kBwdDetHeadBlock, "contrib head blocks are this kernel's 64-head CTAs");
 static_assert(kBlockN == kBwdDetDumpRows, "a partial last tile's slots store to the dump rows");
 
+/* The sequence: the prep (lengths only, without topk_length), memset of the fp32 accumulator, the
+ * main kernel (deterministic: per chunk of tokens, after the chunk's sort and before its fixed-order
+ * reduction), the convert of the permuted accumulator, dsink. */
 template <int NBT>
 dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void *workspace, cudaStream_t stream,
                      int num_hblocks) {
@@ -568,7 +695,11 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
    * up to it: a -1-padded list then costs what its valid prefix costs (the kernel tests every slot's
    * index either way, so the results are those of the whole row) */
   int32_t *const found_len = p->topk_length ? nullptr : R.len;
+#if DSA_BWD_PROLOGUE_STATS
+  if (found_len) DSA_TRY(bwd_launch_prep(p, nullptr, nullptr, nullptr, stream, found_len)); /* lengths only */
+#else
   DSA_TRY(bwd_launch_prep(p, R.delta, R.lp, R.part, stream, found_len));
+#endif
   /* the T_kv rows, and the spare rows that the non-deterministic mode's invalid slots reduce into
    * (ws_gather) */
   const int64_t acc_rows = p->num_kv + (det ? 0 : kBwdSpareRows);
@@ -579,6 +710,9 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
                             fn));
   MainArgs args = bwd_sm90_main_args(p, R, num_hblocks);
   if (found_len) args.p.topk_length = found_len;
+#if DSA_BWD_PROLOGUE_STATS
+  args.part = p->dsink ? R.part : nullptr;
+#endif
   if (!det) {
     attn_bwd_sm90_ws_kernel<NBT, false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(
         args);
