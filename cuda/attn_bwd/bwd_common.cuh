@@ -416,6 +416,23 @@ inline unsigned char *bwd_align_workspace(void *workspace) {
 /* The regions every backward workspace starts with, at the same offsets in cuda/attn_bwd/bwd_portable.cu's
  * make_layout and in bwd_det_layout: delta, lp, part ([T x H] fp32 each), len ([T] int32: the prep's
  * row lengths when topk_length is NULL), then the fp32 dKV accumulator; ws is the aligned workspace. */
+#if DSA_BWD_SPLIT_TAIL
+/* Experiment -DDSA_BWD_SPLIT_TAIL=1 (docs/perf.md session 16): the warp-specialised kernel's
+ * non-deterministic mode runs its last tokens (in CTA order) as two CTAs each, one per half of the
+ * row's tiles, so that the last wave holds half-length CTAs; each half stores its fp32 dQ to a
+ * partial [2][S][H][D] that bwd_sm90_ws.cu's combine sums (half 0 + half 1) into dq. S tokens: about
+ * one wave of CTAs (kBwdSplitCtas, independent of the device so that the size query needs none). */
+constexpr int64_t kBwdSplitCtas = 128;
+inline int64_t bwd_split_tokens(const dsa_attn_bwd_params *p) {
+  const int64_t nhb = (p->num_heads + kBwdDetHeadBlock - 1) / kBwdDetHeadBlock;
+  const int64_t s = kBwdSplitCtas / nhb;
+  return p->deterministic ? 0 : (p->num_tokens < s ? p->num_tokens : s);
+}
+inline size_t bwd_split_bytes(const dsa_attn_bwd_params *p) {
+  return bwd_align_up((size_t)2 * (size_t)bwd_split_tokens(p) * (size_t)p->num_heads * (size_t)p->head_dim * 4);
+}
+#endif
+
 struct BwdBaseRegions {
   float *delta, *lp, *part, *acc;
   int32_t *len;

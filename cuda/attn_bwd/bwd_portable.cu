@@ -334,6 +334,9 @@ dsa_status make_layout(const dsa_attn_bwd_params *p, Layout *L) {
      * kernel reduces, bwd_zero_tokens) */
     const int64_t rows = p->num_kv + (p->num_tokens > 0 ? kBwdSpareRows : 0);
     L->acc = o; o += bwd_align_up((size_t)rows * (size_t)p->head_dim * 4);
+#if DSA_BWD_SPLIT_TAIL
+    o += bwd_split_bytes(p); /* the ws kernel's split dQ partials, right after acc */
+#endif
   } else {
     if (p->num_tokens > INT32_MAX)
       return dsa_fail(DSA_ERROR_UNSUPPORTED,

@@ -22,7 +22,10 @@
  * prep pass; each CTA sums its rows' Delta from out and the dO it loads and computes L' and the dsink
  * partials (bwd_row_stats) in its prologue (ws_stats_issue / ws_stats_finish), which spares a pass
  * over out and dout before the main kernel; the prep then runs only without topk_length, for the row
- * lengths.
+ * lengths. Experiment -DDSA_BWD_SPLIT_TAIL=1 (non-deterministic mode): the last S tokens of the CTA
+ * order (bwd_split_tokens: about one wave of CTAs) run as two CTAs each, one per half of the row's
+ * tiles, so that the last wave's CTAs are half as long; each half stores its fp32 dQ partial
+ * (ws_dq_out) and ws_dq_combine_kernel writes their sum to dq.
  * Declined with DSA_ERROR_UNSUPPORTED before any launch: everything bwd_sm90_check declines (a device
  * other than cc 9.0, D not 576 / 512, H outside 1..128, unaligned rows, too many tokens, smem above
  * the opt-in). No fallback: a forced kernel that declines returns the error (src/attn_bwd.c).
@@ -178,6 +181,7 @@ __device__ __forceinline__ void ws_token_of(uint32_t b, int num_hblocks, int64_t
 }
 #endif
 
+#if !DSA_BWD_SPLIT_TAIL
 /* The CTA's (token, first head) for the dq store after the tile loop, re-derived from %ctaid there
  * (asm volatile: not merged with the kernel's first read): keeping them live across the loop costs WG1
  * a spilled register at D = 576. */
@@ -194,6 +198,76 @@ __device__ __forceinline__ void ws_cta_token_head(int num_hblocks, int64_t num_t
   *h0 = (int)(b % (uint32_t)num_hblocks) * kBlockM;
 #endif
 }
+#endif /* !DSA_BWD_SPLIT_TAIL */
+
+#if DSA_BWD_SPLIT_TAIL
+/* Experiment -DDSA_BWD_SPLIT_TAIL=1 (bwd_split_tokens, cuda/attn_bwd/bwd_common.cuh): the S split
+ * tokens are the last S of the CTA order; split index i -> its token. */
+__device__ __forceinline__ int64_t ws_split_token(int64_t i, int64_t S, int64_t T) {
+#if DSA_BWD_TOKEN_DESC
+  (void)T;
+  return S - 1 - i;
+#else
+  return T - S + i;
+#endif
+}
+
+/* CTA b -> (token, first head, half, split index): CTAs from split_cta0 are half h = 0 (tiles [0,
+ * ceil(n / 2))) or 1 (the rest) of split token i, in the order (h, i, head block); the others as
+ * ws_token_of / the default order, half -1. */
+__device__ __forceinline__ void ws_cta_decode(const MainArgs &args, uint32_t b, int64_t *tok, int *h0, int *half,
+                                              int *si) {
+  const int nhb = args.num_hblocks;
+  if ((int64_t)b >= args.split_cta0) {
+    const uint32_t r = b - (uint32_t)args.split_cta0, per = (uint32_t)args.split_tokens * (uint32_t)nhb;
+    const uint32_t hf = r / per, q = r - hf * per, i = q / (uint32_t)nhb;
+    *half = (int)hf;
+    *si = (int)i;
+    *h0 = (int)(q - i * (uint32_t)nhb) * kBlockM;
+    *tok = ws_split_token(i, args.split_tokens, args.p.num_tokens);
+    return;
+  }
+  *half = -1;
+  *si = 0;
+#if DSA_BWD_TOKEN_DESC
+  int hb;
+  ws_token_of(b, nhb, args.p.num_tokens, tok, &hb);
+  *h0 = hb * kBlockM;
+#else
+  *tok = (int64_t)(b / (uint32_t)nhb);
+  *h0 = (int)(b % (uint32_t)nhb) * kBlockM;
+#endif
+}
+
+/* A warpgroup's dQ accumulator out after the tile loop (the CTA re-derived from %ctaid, as
+ * ws_cta_token_head): bf16 dq rows (bwd_sm90_store_dq), or for a split token's half its fp32
+ * partial rows dq_part[half][i][h][D], dims [64 B0, 64 B0 + 2 kDQ), heads below H. */
+template <int kDQ, int B0, int kD>
+__device__ __forceinline__ void ws_dq_out(const MainArgs &args, const float *dq, int warp, int lane) {
+  uint32_t b;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
+  int64_t tok;
+  int h0, half, si;
+  ws_cta_decode(args, b, &tok, &h0, &half, &si);
+  if (half < 0) {
+    bwd_sm90_store_dq<kDQ, B0>(args.p, dq, tok, h0, warp, lane);
+    return;
+  }
+  const int H = args.p.num_heads, r0 = 16 * warp + (lane >> 2);
+  float *base = args.dq_part + ((int64_t)half * args.split_tokens + si) * H * kD + 64 * B0 + 2 * (lane & 3);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int h = h0 + r0 + 8 * hr;
+    if (h >= H) continue;
+    float *orow = base + (int64_t)h * kD;
+#pragma unroll
+    for (int cc = 0; cc < kDQ / 4; ++cc) {
+      const int i = 4 * cc + 2 * hr;
+      *(float2 *)(orow + 8 * cc) = make_float2(dq[i], dq[i + 1]);
+    }
+  }
+}
+#endif /* DSA_BWD_SPLIT_TAIL */
 
 /* The slot target's share of one tile (p.slot_target non-NULL): WG0's P summed over the CTA's 64 head
  * rows per key column, added to target[tok][64 n + c] for the valid slots (the launcher zeroes the
@@ -267,7 +341,7 @@ __device__ __forceinline__ float ws_dot8(uint4 a, uint4 b) {
 
 template <int NBT>
 __device__ __forceinline__ void ws_stats_finish(const MainArgs &args, uint8_t *smem, int64_t tok, int h0, bool any,
-                                                const WsStats &st) {
+                                                bool write_part, const WsStats &st) {
   typedef Smem<NBT> L;
   const dsa_attn_bwd_params &p = args.p;
   const int tid = threadIdx.x, q = tid & 3, r = tid >> 2, h = h0 + r;
@@ -286,7 +360,7 @@ __device__ __forceinline__ void ws_stats_finish(const MainArgs &args, uint8_t *s
     bwd_row_stats(st.lse, st.sink, any, s, &Lp, &pt);
     ((float *)(smem + L::kLp))[r] = live ? Lp * kLog2e : INFINITY; /* +inf * log2e = +inf */
     ((float *)(smem + L::kDelta))[r] = live ? s : 0.f;
-    if (args.part != nullptr && live) args.part[tok * p.num_heads + h] = pt;
+    if (args.part != nullptr && live && write_part) args.part[tok * p.num_heads + h] = pt;
   }
 }
 #endif /* DSA_BWD_PROLOGUE_STATS */
@@ -330,7 +404,11 @@ __device__ __forceinline__ void ws_dkv_chunk(float *acc, uint32_t b4, int c) {
 /* WG0 ("front"): gather, S, dP, P / dS, dQ dims [0, 256) by RS wgmma, P / dS to smem. */
 template <int NBT>
 __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, int ntiles, int64_t tok, int h0,
-                                         int klen) {
+                                         int klen
+#if DSA_BWD_SPLIT_TAIL
+                                         , int k0 /* first slot of this CTA's tiles (a multiple of 64) */
+#endif
+) {
   typedef Smem<NBT> L;
   const dsa_attn_bwd_params &p = args.p;
   const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
@@ -342,6 +420,9 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
   float *spart = (float *)(smem + kWsTgt<NBT>);
   const float *slp = (const float *)(smem + L::kLp), *sdelta = (const float *)(smem + L::kDelta);
   const int32_t *irow = p.indices + tok * p.indices_stride;
+#if DSA_BWD_SPLIT_TAIL
+  irow += k0;
+#endif
   const float scale = args.scale, scale_log2 = args.scale_log2;
   const int r0 = 16 * warp + (lane >> 2);
   const float lp2[2] = {slp[r0], slp[r0 + 8]};
@@ -404,7 +485,11 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
      * k16 slice kk (docs/hopper.md section 2). */
     float pv[32], dsv[32];
     bwd_sm90_p_ds<8>(sacc, dpacc, sidx + s * kBlockN, 0, lane, lp2, dl, scale, scale_log2, pv, dsv);
+#if DSA_BWD_SPLIT_TAIL
+    if (p.slot_target) ws_target_tile(p, pv, spart, sidx + s * kBlockN, tok, n + (k0 >> 6), t, warp, lane);
+#else
     if (p.slot_target) ws_target_tile(p, pv, spart, sidx + s * kBlockN, tok, n, t, warp, lane);
+#endif
     uint32_t pp[16], dsp[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -456,7 +541,11 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
       ws_gather<NBT>(p, skv, sidx + (s ^ 1) * kBlockN, nidx, g, j);
     }
   }
+#if DSA_BWD_SPLIT_TAIL
+  ws_dq_out<128, 0, 64 * NBT>(args, dq, warp, lane);
+#else
   bwd_sm90_store_dq<128, 0>(p, dq, tok, h0, warp, lane);
+#endif
 }
 
 /* WG1 ("back"): dQ dims [256, 64 NBT) by SS wgmma, then the NBT 64-dim dKV chunks with two alternating
@@ -568,10 +657,14 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
     if (n + 1 < ntiles) ws_bar_arrive(kBarPdSFree, kThreads);
     if (red_on) sm90_red_block_lay1<kD, true, kDet>(rowp, last, NBT - 1, odd, ka, kb, pol);
   }
+#if DSA_BWD_SPLIT_TAIL
+  ws_dq_out<kDQ, 4, kD>(args, dq, warp, lane);
+#else
   int64_t tok_e;
   int h0_e;
   ws_cta_token_head(args.num_hblocks, p.num_tokens, &tok_e, &h0_e);
   bwd_sm90_store_dq<kDQ, 4>(p, dq, tok_e, h0_e, warp, lane);
+#endif
 }
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
@@ -583,7 +676,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
   uint8_t *smem = sm90_smem_align1024(smem_raw);
   const dsa_attn_bwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7;
-#if DSA_BWD_TOKEN_DESC
+#if DSA_BWD_SPLIT_TAIL
+  int64_t tok;
+  int h0, half, si;
+  ws_cta_decode(args, blockIdx.x, &tok, &h0, &half, &si);
+#elif DSA_BWD_TOKEN_DESC
   int64_t tok;
   int hb;
   ws_token_of(blockIdx.x, args.num_hblocks, p.num_tokens, &tok, &hb);
@@ -594,6 +691,22 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
 #endif
   int klen = p.topk; /* slots [0, klen) may be valid */
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
+#if DSA_BWD_SPLIT_TAIL
+  /* a split token's half: tiles [0, ceil(n / 2)) or the rest, as slots [k0, k0 + klen) */
+  const int klen_row = klen;
+  int k0 = 0;
+  if (half >= 0) {
+    const int m = kBlockN * ((klen + 2 * kBlockN - 1) / (2 * kBlockN));
+    if (half == 0) {
+      klen = min(klen, m);
+    } else {
+      k0 = m;
+      klen = max(klen - m, 0);
+    }
+  }
+  (void)si;
+  (void)klen_row;
+#endif
   const int ntiles = (klen + kBlockN - 1) / kBlockN;
 
   if (ntiles > 0) {
@@ -605,16 +718,26 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
     bwd_sm90_load_q_do<NBT>(p, sm90_smem_addr(smem + L::kQ), sm90_smem_addr(smem + L::kDO), tok, h0, g, j);
     if (wg == 0) {
       int32_t idxs[4];
+#if DSA_BWD_SPLIT_TAIL
+      sm90_gather_read_indices(p.indices + tok * p.indices_stride + k0, 0, tid >> 3, klen, idxs);
+#else
       sm90_gather_read_indices(p.indices + tok * p.indices_stride, 0, tid >> 3, klen, idxs);
+#endif
       ws_gather<NBT>(p, sm90_smem_addr(smem + L::kKV), (int32_t *)(smem + L::kIdx), idxs, tid >> 3, tid & 7);
     }
 #if DSA_BWD_PROLOGUE_STATS
     WsStats st;
+#if DSA_BWD_SPLIT_TAIL
+    ws_stats_issue(args, tok, h0, klen_row, st); /* the whole row's slots decide L' */
+    const bool write_part = half <= 0;            /* one half of a split token adds to dsink */
+#else
     ws_stats_issue(args, tok, h0, klen, st);
+    const bool write_part = true;
+#endif
     sm90_cp_async_wait_all();
     sm90_fence_proxy_async();
     const bool any = __syncthreads_or(st.any) != 0;
-    ws_stats_finish<NBT>(args, smem, tok, h0, any, st);
+    ws_stats_finish<NBT>(args, smem, tok, h0, any, write_part, st);
 #else
     bwd_sm90_load_lp_delta<NBT>(args, smem, tid, tok, h0);
     sm90_cp_async_wait_all();
@@ -623,18 +746,54 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
     __syncthreads();
   }
 #if DSA_BWD_PROLOGUE_STATS
+#if DSA_BWD_SPLIT_TAIL
+  else if (args.part != nullptr && half <= 0 && tid < kBlockM && h0 + tid < p.num_heads) {
+#else
   else if (args.part != nullptr && tid < kBlockM && h0 + tid < p.num_heads) {
+#endif
     args.part[tok * p.num_heads + h0 + tid] = 0.f; /* no slot: the row adds nothing to dsink */
   }
 #endif
   if (wg == 0)
+#if DSA_BWD_SPLIT_TAIL
+    ws_front<NBT>(args, smem, ntiles, tok, h0, klen, k0);
+#else
     ws_front<NBT>(args, smem, ntiles, tok, h0, klen);
+#endif
   else
     ws_back<NBT, kDet>(args, smem, ntiles);
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
 #endif
 }
+
+#if DSA_BWD_SPLIT_TAIL
+/* dq rows of the S split tokens = bf16(half 0's partial + half 1's) (fixed order: reproducible), 8
+ * dims per work item: two 16-B loads of each partial, one 16-B store (the op's checks require 16-B
+ * aligned dq rows). */
+template <int kD>
+__global__ void ws_dq_combine_kernel(const __grid_constant__ dsa_attn_bwd_params p, const float *part, int S) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kG = kD / 8;
+  const int64_t H = p.num_heads, n = (int64_t)S * H * kG;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t row = i / kG; /* split index * H + head */
+    const int g = (int)(i - row * kG);
+    const int64_t si = row / H;
+    const int h = (int)(row - si * H);
+    const float4 *a = (const float4 *)(part + row * kD + 8 * g);
+    const float4 *b = (const float4 *)(part + ((int64_t)S * H + row) * kD + 8 * g);
+    const float4 a0 = a[0], a1 = a[1], b0 = b[0], b1 = b[1];
+    const int64_t tok = ws_split_token(si, S, p.num_tokens);
+    *(uint4 *)(p.dq + tok * p.dq_stride_token + (int64_t)h * p.dq_stride_head + 8 * g) =
+        make_uint4(sm90_pack_bf16x2(a0.x + b0.x, a0.y + b0.y), sm90_pack_bf16x2(a0.z + b0.z, a0.w + b0.w),
+                   sm90_pack_bf16x2(a1.x + b1.x, a1.y + b1.y), sm90_pack_bf16x2(a1.z + b1.z, a1.w + b1.w));
+  }
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+#endif /* DSA_BWD_SPLIT_TAIL */
 
 /* The kernel's max-dynamic-smem attribute, once per (head dim, mode, device). */
 template <int NBT, bool kDet>
@@ -684,6 +843,10 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the warp-specialised sm_90a kernel needs %d bytes of shared memory, "
                     "device has %d", fn, kWsBytes<NBT>, ctx->max_smem_optin);
   const bool det = p->deterministic != 0;
+#if DSA_BWD_SPLIT_TAIL
+  const int64_t split_s = bwd_split_tokens(p); /* 0 in the deterministic mode */
+  DSA_TRY(dsa_sm90_check_grid(p->num_tokens + split_s, num_hblocks, fn));
+#endif
   BwdDetLayout DL = BwdDetLayout();
   if (det) {
     DSA_TRY(bwd_det_layout(p, ctx->options[DSA_OPTION_BWD_DET_CHUNK_TOKENS], &DL));
@@ -710,13 +873,33 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
                             fn));
   MainArgs args = bwd_sm90_main_args(p, R, num_hblocks);
   if (found_len) args.p.topk_length = found_len;
+#if DSA_BWD_SPLIT_TAIL
+  /* the last S tokens as two half CTAs each (det0 only: bwd_split_tokens is 0 in the deterministic
+   * mode); their dQ partials right after acc (make_layout, cuda/attn_bwd/bwd_portable.cu) */
+  if (!det) {
+    args.split_tokens = (int)split_s;
+    args.split_cta0 = (p->num_tokens - split_s) * num_hblocks;
+    args.dq_part = R.acc + bwd_align_up((size_t)acc_rows * kD * 4) / 4;
+  }
+#endif
 #if DSA_BWD_PROLOGUE_STATS
   args.part = p->dsink ? R.part : nullptr;
 #endif
   if (!det) {
-    attn_bwd_sm90_ws_kernel<NBT, false><<<(unsigned)(p->num_tokens * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(
-        args);
+#if DSA_BWD_SPLIT_TAIL
+    const unsigned grid = (unsigned)((p->num_tokens + split_s) * num_hblocks);
+#else
+    const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
+#endif
+    attn_bwd_sm90_ws_kernel<NBT, false><<<grid, kThreads, kWsBytes<NBT>, stream>>>(args);
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+#if DSA_BWD_SPLIT_TAIL
+    if (split_s > 0) {
+      ws_dq_combine_kernel<kD><<<bwd_grid_for(split_s * p->num_heads * (kD / 8), kBwdSmallThreads, kBwdGridCap),
+                                 kBwdSmallThreads, 0, stream>>>(*p, args.dq_part, (int)split_s);
+      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
+    }
+#endif
   } else {
     /* chunks of C tokens in ascending order: the chunk's (token, slot) entries are stably sorted by kv
      * row first (the keys kernel's validity test is the gather's: index in [0, T_kv), slot below
