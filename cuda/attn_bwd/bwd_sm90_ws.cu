@@ -565,8 +565,14 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
   const int32_t *sidx = (const int32_t *)(smem + L::kIdx);
   const int r0 = 16 * warp + (lane >> 2), odd = (lane >> 2) & 1;
   float *const rowp = (kDet ? args.contrib : args.acc) + 16 * odd + 4 * (lane & 3);
-  /* reductions: evict_last; the deterministic mode's rows: evict_first */
+  /* reductions: evict_last; the deterministic mode's rows: evict_first. Experiment
+   * -DDSA_BWD_RED_EVICT_NORMAL=1 (docs/perf.md session 16): reductions evict_normal, as cuDNN's
+   * (no hint), which misses L2 on 37% fewer reduction sectors at bwd-glm-32k (75 MB accumulator) */
+#if DSA_BWD_RED_EVICT_NORMAL
+  const uint64_t pol = kDet ? sm90_l2_policy_evict_first() : sm90_l2_policy(false);
+#else
   const uint64_t pol = kDet ? sm90_l2_policy_evict_first() : sm90_l2_policy(true);
+#endif
   /* no T_kv rows: nothing to reduce (the spare rows aside); contrib rows exist whenever T > 0. A
    * runtime test in both modes: with a constant the reductions leave their branch region and ptxas
    * hoists their shuffles further, which spills at D = 576 */
