@@ -199,11 +199,31 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
     int c; /* candidates (block-uniform) */
     if (Li <= CAP) {
       /* take-all: every column, in column order */
+#if DSA_TOPK_LOAD_ALL
+      /* Experiment -DDSA_TOPK_LOAD_ALL=1 (docs/perf.md session 16): the row's CAP / NT loads per
+       * thread all in flight before the first store (one memory round trip instead of one per four) */
+      static_assert(CAP % NT == 0, "whole loads per thread");
+      float v[CAP / NT];
+#pragma unroll
+      for (int u = 0; u < CAP / NT; ++u) {
+        const int i = tid + u * NT;
+        v[u] = i < Li ? __ldg(src + i) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < CAP / NT; ++u) {
+        const int i = tid + u * NT;
+        if (i < Li) {
+          ck[i] = __float_as_uint(v[u]);
+          if constexpr (!C::SHORT) cc[i] = (uint32_t)i;
+        }
+      }
+#else
 #pragma unroll 4
       for (int i = tid; i < Li; i += NT) {
         ck[i] = __float_as_uint(__ldg(src + i));
         if constexpr (!C::SHORT) cc[i] = (uint32_t)i;
       }
+#endif
       c = Li;
       __syncthreads();
     } else if constexpr (C::SHORT) { /* a longer row than the launch said: exact, from global memory */
