@@ -153,7 +153,7 @@ __global__ void bwd_convert_kernel(const __grid_constant__ dsa_attn_bwd_params p
  * dsa_bwd_dkv_slot): dkv[r][c] = bf16(src[r][slot(c)]). The permutation stays inside aligned
  * 16-column groups, so a warp's reads still cover the same 128 B as layout 0's. D (576 / 512) is a
  * template constant; a template so that only the launchers that run layout 1 instantiate it.
- * Experiment -DDSA_BWD_CONVERT_V16=1 (docs/perf.md session 16): one thread per 16-column group, four
+ * Experiment -DDSA_BWD_CONVERT_V16=1 (A/B switch, Makefile EXPERIMENTS): one thread per 16-column group, four
  * 16-B loads, the permutation in registers (compile-time indices), two 16-B stores (the op's checks
  * require 16-B aligned dkv rows) instead of one 4-B load and one 2-B store per element. */
 #ifndef DSA_BWD_CONVERT_V16
@@ -417,7 +417,7 @@ inline unsigned char *bwd_align_workspace(void *workspace) {
  * make_layout and in bwd_det_layout: delta, lp, part ([T x H] fp32 each), len ([T] int32: the prep's
  * row lengths when topk_length is NULL), then the fp32 dKV accumulator; ws is the aligned workspace. */
 #if DSA_BWD_SPLIT_TAIL
-/* Experiment -DDSA_BWD_SPLIT_TAIL=1 (docs/perf.md session 16): the warp-specialised kernel's
+/* Experiment -DDSA_BWD_SPLIT_TAIL=1 (A/B switch, Makefile EXPERIMENTS): the warp-specialised kernel's
  * non-deterministic mode runs its last tokens (in CTA order) as two CTAs each, one per half of the
  * row's tiles, so that the last wave holds half-length CTAs; each half stores its fp32 dQ to a
  * partial [2][S][H][D] that bwd_sm90_ws.cu's combine sums (half 0 + half 1) into dq. S tokens: about

@@ -18,7 +18,7 @@
  * cuda/attn_bwd/bwd_common.cuh), so dsa_attn_bwd_workspace_size holds. Pieces shared with that kernel
  * (tile constants, Smem map, MainArgs and its fill, P / dS, the dKV reductions, Q / dO and L' / Delta
  * loads, dQ SS wgmmas, dq store, launch checks) are in cuda/attn_bwd/bwd_sm90_shared.cuh.
- * Experiment -DDSA_BWD_PROLOGUE_STATS=1 (docs/perf.md session 16; default machine code unchanged): no
+ * Experiment -DDSA_BWD_PROLOGUE_STATS=1 (A/B switch, Makefile EXPERIMENTS): no
  * prep pass; each CTA sums its rows' Delta from out and the dO it loads and computes L' and the dsink
  * partials (bwd_row_stats) in its prologue (ws_stats_issue / ws_stats_finish), which spares a pass
  * over out and dout before the main kernel; the prep then runs only without topk_length, for the row
@@ -170,7 +170,7 @@ __device__ __forceinline__ void ws_bar_arrive(int id, int count) {
 }
 
 #if DSA_BWD_TOKEN_DESC
-/* Experiment -DDSA_BWD_TOKEN_DESC=1 (docs/perf.md session 16): CTA b = i nhb + hb runs head block hb
+/* Experiment -DDSA_BWD_TOKEN_DESC=1 (A/B switch, Makefile EXPERIMENTS): CTA b = i nhb + hb runs head block hb
  * of token T - 1 - i (the default: token i), the last tokens first, whose rows are the longest under a
  * causal mask, so that the short rows fill the last wave (H = 128: a token's two head blocks still
  * adjacent). */
@@ -241,7 +241,9 @@ __device__ __forceinline__ void ws_cta_decode(const MainArgs &args, uint32_t b, 
 
 /* A warpgroup's dQ accumulator out after the tile loop (the CTA re-derived from %ctaid, as
  * ws_cta_token_head): bf16 dq rows (bwd_sm90_store_dq), or for a split token's half its fp32
- * partial rows dq_part[half][i][h][D], dims [64 B0, 64 B0 + 2 kDQ), heads below H. */
+ * partial rows dq_part[half][i][h][D], dims [64 B0, 64 B0 + 2 kDQ), heads below H, with
+ * bwd_sm90_store_dq's fragment walk (a shared walk taking a store lambda costs the default kernels
+ * ~1000 instructions: the captured accumulator is no longer register-resident). */
 template <int kDQ, int B0, int kD>
 __device__ __forceinline__ void ws_dq_out(const MainArgs &args, const float *dq, int warp, int lane) {
   uint32_t b;
@@ -566,7 +568,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
   const int r0 = 16 * warp + (lane >> 2), odd = (lane >> 2) & 1;
   float *const rowp = (kDet ? args.contrib : args.acc) + 16 * odd + 4 * (lane & 3);
   /* reductions: evict_last; the deterministic mode's rows: evict_first. Experiment
-   * -DDSA_BWD_RED_EVICT_NORMAL=1 (docs/perf.md session 16): reductions evict_normal, as cuDNN's
+   * -DDSA_BWD_RED_EVICT_NORMAL=1 (A/B switch, Makefile EXPERIMENTS): reductions evict_normal, as cuDNN's
    * (no hint), which misses L2 on 37% fewer reduction sectors at bwd-glm-32k (75 MB accumulator) */
 #if DSA_BWD_RED_EVICT_NORMAL
   const uint64_t pol = kDet ? sm90_l2_policy_evict_first() : sm90_l2_policy(false);

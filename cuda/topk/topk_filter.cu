@@ -200,7 +200,7 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
     if (Li <= CAP) {
       /* take-all: every column, in column order */
 #if DSA_TOPK_LOAD_ALL
-      /* Experiment -DDSA_TOPK_LOAD_ALL=1 (docs/perf.md session 16): the row's CAP / NT loads per
+      /* Experiment -DDSA_TOPK_LOAD_ALL=1 (A/B switch, Makefile EXPERIMENTS): the row's CAP / NT loads per
        * thread all in flight before the first store (one memory round trip instead of one per four) */
       static_assert(CAP % NT == 0, "whole loads per thread");
       float v[CAP / NT];
