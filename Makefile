@@ -192,8 +192,9 @@ $(BUILD)/bench/%: bench/%.c $(BENCH_COMMON) bench/bench_common.h $(LIB_A)
 
 # ---- dev/: standalone research programs (CUDA runtime only, never part of libdsa) ---------------
 # dev/atomic_probe.cu: fp32 reduction throughput by access pattern (docs/bwd-sm90-next.md, P0);
-# dev/barrier_probe.cu: racecheck on a named-barrier arrive / sync hand-off (docs/reliability.md 3c).
-DEV_BIN := $(BUILD)/dev/atomic_probe $(BUILD)/dev/barrier_probe
+# dev/barrier_probe.cu: racecheck on a named-barrier arrive / sync hand-off (docs/reliability.md 3c);
+# dev/cluster_push_probe.cu: the 2-CTA cluster's shared gather by DSMEM push (docs/fwd-sm90-vs-flashmla.md, A6).
+DEV_BIN := $(BUILD)/dev/atomic_probe $(BUILD)/dev/barrier_probe $(BUILD)/dev/cluster_push_probe
 .PHONY: dev
 dev: $(DEV_BIN)
 $(BUILD)/dev/%: dev/%.cu
