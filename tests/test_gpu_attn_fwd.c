@@ -473,8 +473,8 @@ Test(gpu_attn_fwd, topk_above_2048) {
 Test(gpu_attn_fwd, topk_length_and_sink_modes) {
   TC_REQUIRE_GPU();
   tc_rng rng = tc_seed("gpu_attn_fwd/topk_length_and_sink_modes");
-  static const int heads[] = {3, 64};
-  for (int hi = 0; hi < 2; ++hi)
+  static const int heads[] = {3, 64, 128}; /* 128: two head blocks (a cluster under DSA_FWD_CLUSTER_SHARE) */
+  for (int hi = 0; hi < 3; ++hi)
     for (int l = 0; l < LEN_MODES; ++l)
       for (int s = 0; s < SINK_MODES; ++s) {
         attn_case c = base_case(9, heads[hi], 100);
@@ -500,6 +500,10 @@ Test(gpu_attn_fwd, empty_and_invalid_rows) {
   c.p_invalid = 1.0; /* every slot invalid: -1, INT_MIN, T_kv, beyond, INT_MAX */
   c.len = LEN_FULL;
   run_case(&c, &rng, "all invalid");
+  c = base_case(7, 128, 130);
+  c.p_invalid = 1.0;
+  c.len = LEN_FULL;
+  run_case(&c, &rng, "all invalid, H=128");
   c = base_case(21, 128, 257);
   c.p_invalid = 0.9;
   c.p_dup = 0.05;
