@@ -20,17 +20,21 @@
  *     pushes the nine pieces to the same place in the peer with
  *     cp.async.bulk.shared::cluster.shared::cta, completing on the peer's `full` barrier (128 local
  *     cp.async arrivals + one arrive.expect_tx of 36864 B). A stage is free when both CTAs' consumers
- *     released it (local arrive + remote arrive.release.cluster on the peer's `empty`).
+ *     released it (local arrive + remote arrive on the peer's `empty`).
+ *     mode "share0": the same without the pusher warp: producer warp 0 pushes, as the kernel's
+ *     -DDSA_FWD_CLUSTER_SHARE build does: before each empty wait and while it waits, every issued
+ *     tile whose rows landed, in order; the rest at the end.
  * Both CTAs of a cluster read the same row indices (one token's tile); clusters read different ones.
  *
  * Printed per (mode, T_kv, delay): the best launch's ms, clocks per tile (per CTA, from its first
  * empty wait to its last full completion, mean over CTAs), tile bytes delivered into each SM per
  * clock (73728 per tile), bytes pulled from L2 per SM per clock, and in share mode the push rate and
- * the push latency: clocks from a CTA's own rows landing to its stage being full (the peer's half
- * arrived), mean and 90th percentile over tiles 2.. of every CTA.
+ * the push latency: clocks from a CTA's own rows landing (share0: from its push's issue) to its stage
+ * being full (the peer's half arrived), mean and 90th percentile over tiles 2.. of every CTA.
  * Gate (docs/fwd-sm90-vs-flashmla.md A6): go if at delay 0 share sustains >= 30 B/clk of push per
  * SM and the latency stays <= 1500 clk; then share must beat own in tiles per clock at the forward's
- * consumer time (delay ~3000 clk per tile) on T_kv = 32768 and 131072.
+ * consumer time (delay ~3000 clk per tile) on T_kv = 32768 and 131072. share0 against share says
+ * what the kernel's inline pusher costs against a dedicated warp.
  * Check (one untimed launch per mode): the consumers compare every 16-B chunk of every tile with
  * its source row; the mismatch count must be 0 (exit status 1 otherwise).
  */
@@ -96,16 +100,26 @@ __device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n\t.reg .pred p;\n"
       "W%=:\n\t"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n\t"
       "@!p bra W%=;\n\t}" ::"r"(bar),
       "r"(parity)
       : "memory");
 }
+__device__ __forceinline__ bool bar_test(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile("{\n\t.reg .pred p;\n\tmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+               : "=r"(done)
+               : "r"(bar), "r"(parity)
+               : "memory");
+  return done != 0;
+}
 __device__ __forceinline__ void bar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+/* the default .release.cta semantics, as the kernel's and CUTLASS's ClusterBarrier (.cluster scope
+ * costs a MEMBAR.GPU per arrival) */
 __device__ __forceinline__ void bar_arrive_remote(uint32_t cluster_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
 }
 __device__ __forceinline__ void bar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
@@ -123,6 +137,35 @@ __device__ __forceinline__ void push_to_peer(uint32_t dst_cluster, uint32_t src,
           dst_cluster),
       "r"(src), "r"(bytes), "r"(bar_cluster)
       : "memory");
+}
+
+/* this CTA's 32 rows of stage s's tile (one 4 KB piece per block) into the same place in the peer */
+__device__ __forceinline__ void push_stage(uint32_t base, uint32_t bars, int s, uint32_t rank, uint32_t peer) {
+  const uint32_t tile = base + s * kTileBytes, peer_full = map_to(bars + 8 * s, peer);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  for (int b = 0; b < kBlk; ++b) {
+    const uint32_t src = tile + b * kBlkBytes + rank * (kBlkBytes / 2);
+    push_to_peer(map_to(src, peer), src, kBlkBytes / 2, peer_full);
+  }
+}
+
+/* mode 2, producer warp 0 (warp-uniform, lane 0 issues): pushes every issued tile whose rows landed,
+ * in order; block: waits for each landing. t_landed gets the push's issue time (the landing itself
+ * is not observed by anyone in this mode). */
+__device__ __forceinline__ void push_landed(const Args &a, uint32_t base, uint32_t bars, uint32_t rank, uint32_t peer,
+                                            int &npush, int issued, bool block, int lane, int cta) {
+  while (npush < issued) {
+    const int s = npush & 1;
+    const uint32_t ph = (npush >> 1) & 1;
+    if (block) bar_wait(bars + 32 + 8 * s, ph);
+    else if (!__shfl_sync(0xffffffffu, (int)bar_test(bars + 32 + 8 * s, ph), 0)) return;
+    if (lane == 0) {
+      a.t_landed[(size_t)cta * a.tiles + npush] = clock64();
+      push_stage(base, bars, s, rank, peer);
+    }
+    __syncwarp();
+    ++npush;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args a) {
@@ -147,11 +190,19 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args a) {
     /* producer: thread (g, j) copies chunk j of every block of rows r0 + g + 16 i */
     const int g = tid >> 3, j = tid & 7;
     const int nrows = a.share ? 2 : 4, r0 = a.share ? 32 * (int)rank : 0;
+    const bool inline_push = a.share == 2 && tid < 32;
+    int npush = 0;
     if (tid == 0) a.t_start[cta] = clock64();
     for (int k = 0; k < a.tiles; ++k) {
       const int s = k & 1;
       const uint32_t ph = (k >> 1) & 1, full = bars + 8 * s, tile = base + s * kTileBytes;
-      bar_wait(bars + 16 + 8 * s, ph ^ 1u);
+      if (inline_push) { /* the kernel's scheme: push what landed, then keep pushing while waiting */
+        push_landed(a, base, bars, rank, peer, npush, k, false, tid & 31, cta);
+        while (!__all_sync(0xffffffffu, bar_test(bars + 16 + 8 * s, ph ^ 1u)))
+          push_landed(a, base, bars, rank, peer, npush, k, false, tid & 31, cta);
+      } else {
+        bar_wait(bars + 16 + 8 * s, ph ^ 1u);
+      }
       if (a.share && tid == 0) bar_expect_tx(full, kHalfBytes);
       for (int i = 0; i < nrows; ++i) {
         const int r = r0 + g + 16 * i;
@@ -163,6 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args a) {
       cp_async_arrive(full);
       if (a.share) cp_async_arrive(bars + 32 + 8 * s);
     }
+    if (inline_push) push_landed(a, base, bars, rank, peer, npush, a.tiles, true, tid & 31, cta);
   } else if (tid < 256) {
     /* consumer: wait, optionally check and spin, release locally and in the peer */
     const int c = tid - 128;
@@ -195,21 +247,15 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args a) {
       }
     }
     if (c == 0) a.t_end[cta] = clock64();
-  } else if (a.share) {
-    /* pusher warp (lane 0 issues): this CTA's 32 rows of each block, once landed, into the same
-       place in the peer */
+  } else if (a.share == 1) {
+    /* mode 1, the pusher warp (lane 0 issues): each tile's own rows as soon as they landed */
     for (int k = 0; k < a.tiles; ++k) {
       const int s = k & 1;
-      const uint32_t ph = (k >> 1) & 1, tile = base + s * kTileBytes;
+      const uint32_t ph = (k >> 1) & 1;
       bar_wait(bars + 32 + 8 * s, ph);
       if (tid == 256) {
         a.t_landed[(size_t)cta * a.tiles + k] = clock64();
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        const uint32_t peer_full = map_to(bars + 8 * s, peer);
-        for (int b = 0; b < kBlk; ++b) {
-          const uint32_t src = tile + b * kBlkBytes + rank * (kBlkBytes / 2);
-          push_to_peer(map_to(src, peer), src, kBlkBytes / 2, peer_full);
-        }
+        push_stage(base, bars, s, rank, peer);
       }
       __syncwarp();
     }
@@ -217,6 +263,8 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args a) {
   __syncwarp();
   cluster_sync();
 }
+
+static const char *kModes[3] = {"own", "share", "share0"};
 
 static int cmp_ll(const void *x, const void *y) {
   const long long a = *(const long long *)x, b = *(const long long *)y;
@@ -310,7 +358,7 @@ int main(int argc, char **argv) {
       hidx[i] = (int)((x >> 8) % (uint32_t)tkv);
     }
     CK(cudaMemcpy(idx, hidx, nidx * sizeof(int), cudaMemcpyHostToDevice));
-    for (int share = 0; share < 2; ++share) {
+    for (int share = 0; share < 3; ++share) {
       Args a = {kv, idx, tiles, share, 0, 1, t_start, t_end, t_landed, t_full, bad};
       if (ti == 0) {
         CK(cudaMemset(bad, 0, sizeof(unsigned long long)));
@@ -318,7 +366,7 @@ int main(int argc, char **argv) {
         CK(cudaDeviceSynchronize());
         unsigned long long hb = 0;
         CK(cudaMemcpy(&hb, bad, sizeof(hb), cudaMemcpyDeviceToHost));
-        printf("check %s: %llu mismatched 16-B chunks of %llu\n", share ? "share" : "own", hb,
+        printf("check %s: %llu mismatched 16-B chunks of %llu\n", kModes[share], hb,
                (unsigned long long)ctas * tiles * kRows * (kRowBytes / 16));
         failed |= hb != 0;
       }
@@ -353,7 +401,7 @@ int main(int argc, char **argv) {
           double mean = 0.0;
           for (size_t i = 0; i < n; ++i) mean += (double)lat[i];
           mean /= (double)(n ? n : 1);
-          printf("%-6s %7d %6d %9.3f %10.0f %14.1f %12.1f %11.1f %9.0f %9lld\n", "share", tkv, a.delay, best,
+          printf("%-6s %7d %6d %9.3f %10.0f %14.1f %12.1f %11.1f %9.0f %9lld\n", kModes[share], tkv, a.delay, best,
                  clk, tile_rate, l2_rate, kHalfBytes / clk, mean, n ? lat[n * 9 / 10] : 0LL);
         } else {
           printf("%-6s %7d %6d %9.3f %10.0f %14.1f %12.1f %11s %9s %9s\n", "own", tkv, a.delay, best, clk,
