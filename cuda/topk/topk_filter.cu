@@ -444,6 +444,130 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
   }
 }
 
+#if DSA_TOPK_SHORT_BISECT
+/* Experiment -DDSA_TOPK_SHORT_BISECT=1 (A/B switch, Makefile EXPERIMENTS): the short-row launches (every
+ * row at most 4096 columns) by a bisection on the keys held in registers, in place of TkfShort.
+ * One row per 256-thread CTA, thread t holding columns t + 256 u (u < 16: each warp load is 128
+ * contiguous bytes), up to six CTAs per SM. The K-th largest key T* is found bit by bit from the
+ * highest bit where the row's min and max keys differ (the bits above are common): per bit, the block
+ * counts the keys that match the prefix decided so far with the bit set (one warp reduction, one
+ * barrier on a double-buffered count); it stops as soon as the keys matching the prefix are exactly
+ * the ones still needed (all taken: no ties), else after bit 0 with T* and the number of its ties to
+ * take. Random scores need ~11 steps (a Python emulation on 1500 rows: ties, NaN, +-0, +-inf,
+ * constant rows, matched the contract's selection). The emit: per u, ballots of the keys taken
+ * outright (>= a lower bound) and of T*'s ties; one block scan of the (u, warp) counts in column order
+ * gives each warp its output base; ties go to the smallest columns; ascending output as the filter
+ * kernel's. No shared-memory copy of the row, ~1.3 KB of shared memory. */
+namespace {
+constexpr int kTkbThreads = 256, kTkbKeys = 16, kTkbMinBlocks = 6;
+static_assert(kTkbThreads * kTkbKeys == TkfShort::CAP, "the short rows' bound");
+}  // namespace
+
+static __global__ void __launch_bounds__(kTkbThreads, kTkbMinBlocks) tkb_kernel(dsa_topk_launch a) {
+  constexpr int NT = kTkbThreads, NW = NT / 32, KPT = kTkbKeys;
+  __shared__ int s_cnt[2][NW];
+  __shared__ uint32_t s_min[NW], s_max[NW];
+  __shared__ int s_base[KPT * NW]; /* per (u, warp): (taken-outright count << 16 | tie count), then its exclusive prefix */
+  __shared__ int s_scan[NW];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int k = a.k;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    int64_t L, add;
+    int32_t *out;
+    const float *src;
+    if (!tk_row_begin<NT>(a, row, tid, &L, &add, &out, &src)) continue; /* L <= k: written; block-uniform */
+    const int Li = (int)L; /* k < Li <= 4096 */
+    /* key[u] of column tid + NT u; 0 past the row (NaN's key too: validity is tested where it matters;
+     * the bisection's candidates have a bit set, which 0 never matches) */
+    uint32_t key[KPT];
+#pragma unroll
+    for (int u = 0; u < KPT; ++u) {
+      const int c = tid + NT * u;
+      key[u] = c < Li ? tk_key(__ldg(src + c)) : 0u;
+    }
+    /* the row's min and max key: the bits above their highest differing bit are common */
+    uint32_t kmn = 0xffffffffu, kmx = 0u;
+#pragma unroll
+    for (int u = 0; u < KPT; ++u)
+      if (tid + NT * u < Li) {
+        kmn = min(kmn, key[u]);
+        kmx = max(kmx, key[u]);
+      }
+    kmn = __reduce_min_sync(0xffffffffu, kmn);
+    kmx = __reduce_max_sync(0xffffffffu, kmx);
+    if (lane == 0) {
+      s_min[warp] = kmn;
+      s_max[warp] = kmx;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      kmn = min(kmn, s_min[w]);
+      kmx = max(kmx, s_max[w]);
+    }
+    const uint32_t x = kmn ^ kmx;
+    int b = x ? 31 - __clz((int)x) : -1;
+    uint32_t prefix = b == 31 ? 0u : (b >= 0 ? (kmx >> (b + 1)) << (b + 1) : kmx);
+    int rem = k, nmatch = Li, p = 0; /* block-uniform */
+    for (; b >= 0 && nmatch != rem; --b) {
+      const uint32_t cand = prefix | (1u << b), hm = 0xffffffffu << b;
+      int c = 0;
+#pragma unroll
+      for (int u = 0; u < KPT; ++u) c += (int)((key[u] & hm) == cand);
+      c = __reduce_add_sync(0xffffffffu, c);
+      if (lane == 0) s_cnt[p][warp] = c;
+      __syncthreads();
+      int c1 = 0;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) c1 += s_cnt[p][w];
+      p ^= 1;
+      if (c1 >= rem) {
+        prefix = cand;
+        nmatch = c1;
+      } else {
+        rem -= c1;
+        nmatch -= c1;
+      }
+    }
+    /* taken outright: keys >= lo; ties: need_eq of the keys == prefix (T*), the smallest columns */
+    const bool exact = nmatch == rem; /* the keys matching the prefix are exactly the rest: no ties */
+    const uint32_t lo = exact ? prefix : prefix + 1u; /* T* <= +inf's key < 0xffffffff: no wrap */
+    const int need_eq = exact ? 0 : rem;
+#pragma unroll
+    for (int u = 0; u < KPT; ++u) {
+      const bool v = tid + NT * u < Li, g = v && key[u] >= lo, e = v && !g && key[u] == prefix;
+      const unsigned mg = __ballot_sync(0xffffffffu, g), me = __ballot_sync(0xffffffffu, e);
+      if (lane == 0) s_base[u * NW + warp] = (__popc(mg) << 16) | __popc(me);
+    }
+    __syncthreads();
+    {
+      const int v = tid < KPT * NW ? s_base[tid] : 0; /* (u, warp) in column order; sums < 65536 each */
+      const int ex = tk_block_excl_scan<NT>(v, s_scan);
+      if (tid < KPT * NW) s_base[tid] = ex;
+    }
+    __syncthreads();
+    const unsigned lt = (1u << lane) - 1u;
+#pragma unroll
+    for (int u = 0; u < KPT; ++u) {
+      const bool v = tid + NT * u < Li, g = v && key[u] >= lo, e = v && !g && key[u] == prefix;
+      const unsigned mg = __ballot_sync(0xffffffffu, g), me = __ballot_sync(0xffffffffu, e);
+      const int base = s_base[u * NW + warp];
+      const int gb = (base >> 16) + __popc(mg & lt), eb = (base & 0xffff) + __popc(me & lt);
+      if (g || (e && eb < need_eq)) out[gb + (eb < need_eq ? eb : need_eq)] = (int32_t)(tid + NT * u + add);
+    }
+    /* the next row's first shared writes (s_min) come after these reads in every thread's order and
+     * before its min / max barrier, which no thread passes before all finished this row */
+  }
+}
+
+static dsa_status tkb_launch(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream) {
+  const int64_t slots = (int64_t)kTkbMinBlocks * ctx->sm_count;
+  const int64_t grid = a->rows < slots ? a->rows : slots;
+  tkb_kernel<<<(unsigned)grid, kTkbThreads, 0, stream>>>(*a);
+  return dsa_cuda_status(cudaGetLastError(), "dsa_topk (kernel launch)");
+}
+#endif
+
 template <class C>
 static dsa_status tkf_launch(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream) {
   static int attr_set[DSA_TRACKED_DEVICES]; /* MINB CTAs per SM: the largest carveout too */
@@ -458,6 +582,10 @@ static dsa_status tkf_launch(const dsa_context *ctx, const dsa_topk_launch *a, c
 /* Launches the filter kernel (any row length; needs TKF_SMEM of opt-in shared memory per CTA): the
  * short-row build when no row can exceed its 4096 columns and some row is read (scores given). */
 extern "C" dsa_status dsa_topk_launch_filter(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream) {
+#if DSA_TOPK_SHORT_BISECT
+  if (a->scores != NULL && a->columns <= TkfShort::CAP) return tkb_launch(ctx, a, stream);
+#else
   if (a->scores != NULL && a->columns <= TkfShort::CAP) return tkf_launch<TkfShort>(ctx, a, stream);
+#endif
   return tkf_launch<TkfLong>(ctx, a, stream);
 }
