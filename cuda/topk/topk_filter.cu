@@ -453,8 +453,8 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
  * counts the keys that match the prefix decided so far with the bit set (one warp reduction, one
  * barrier on a double-buffered count); it stops as soon as the keys matching the prefix are exactly
  * the ones still needed (all taken: no ties), else after bit 0 with T* and the number of its ties to
- * take. Random scores need ~11 steps (a Python emulation on 1500 rows: ties, NaN, +-0, +-inf,
- * constant rows, matched the contract's selection). The emit: per u, ballots of the keys taken
+ * take. Random scores need ~11 steps (dev/topk_bisect_model.py, an emulation of this kernel, matches
+ * the contract's selection on ties, NaN, +-0, +-inf and constant rows). The emit: per u, ballots of the keys taken
  * outright (>= a lower bound) and of T*'s ties; one block scan of the (u, warp) counts in column order
  * gives each warp its output base; ties go to the smallest columns; ascending output as the filter
  * kernel's. No shared-memory copy of the row, ~1.3 KB of shared memory. */
