@@ -200,30 +200,41 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
     if (Li <= CAP) {
       /* take-all: every column, in column order */
 #if DSA_TOPK_LOAD_ALL
-      /* Experiment -DDSA_TOPK_LOAD_ALL=1 (A/B switch, Makefile EXPERIMENTS): the row's CAP / NT loads per
-       * thread all in flight before the first store (one memory round trip instead of one per four) */
-      static_assert(CAP % NT == 0, "whole loads per thread");
-      float v[CAP / NT];
+      if constexpr (C::SHORT) {
+        /* Experiment -DDSA_TOPK_LOAD_ALL=1 (A/B switch, Makefile EXPERIMENTS), the short build only
+         * (the long one spills 28 B with it): the row's CAP / NT loads per thread all in flight
+         * before the first store (one memory round trip instead of one per four). The thread's
+         * columns tid + NT u in the row are a prefix u < nv; a switch falls through nv loads at
+         * immediate offsets from one base: no predicate per load (ptxas keeps at most five in flight
+         * with one each: the predicate registers) and no 64-bit address per load (16 of them spill
+         * 32 B) */
+        static_assert(CAP / NT == 16, "the switch below lists 16 loads");
+        const int nv = Li > tid ? (Li - tid + NT - 1) / NT : 0;
+        const float *base = src + tid;
+        float v[16];
+#define TKF_LD(u)                                                                                       \
+  case (u) + 1:                                                                                         \
+    v[u] = __ldg(base + (u) * NT);                                                                      \
+    [[fallthrough]];
+        switch (nv) {
+          TKF_LD(15) TKF_LD(14) TKF_LD(13) TKF_LD(12) TKF_LD(11) TKF_LD(10) TKF_LD(9) TKF_LD(8)
+          TKF_LD(7) TKF_LD(6) TKF_LD(5) TKF_LD(4) TKF_LD(3) TKF_LD(2) TKF_LD(1) TKF_LD(0)
+          default:
+            break;
+        }
+#undef TKF_LD
 #pragma unroll
-      for (int u = 0; u < CAP / NT; ++u) {
-        const int i = tid + u * NT;
-        v[u] = i < Li ? __ldg(src + i) : 0.f;
-      }
-#pragma unroll
-      for (int u = 0; u < CAP / NT; ++u) {
-        const int i = tid + u * NT;
-        if (i < Li) {
-          ck[i] = __float_as_uint(v[u]);
+        for (int u = 0; u < 16; ++u)
+          if (u < nv) ck[tid + u * NT] = __float_as_uint(v[u]);
+      } else
+#endif
+      {
+#pragma unroll 4
+        for (int i = tid; i < Li; i += NT) {
+          ck[i] = __float_as_uint(__ldg(src + i));
           if constexpr (!C::SHORT) cc[i] = (uint32_t)i;
         }
       }
-#else
-#pragma unroll 4
-      for (int i = tid; i < Li; i += NT) {
-        ck[i] = __float_as_uint(__ldg(src + i));
-        if constexpr (!C::SHORT) cc[i] = (uint32_t)i;
-      }
-#endif
       c = Li;
       __syncthreads();
     } else if constexpr (C::SHORT) { /* a longer row than the launch said: exact, from global memory */
@@ -448,7 +459,7 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
 /* Experiment -DDSA_TOPK_SHORT_BISECT=1 (A/B switch, Makefile EXPERIMENTS): the short-row launches (every
  * row at most 4096 columns) by a bisection on the keys held in registers, in place of TkfShort.
  * One row per 256-thread CTA, thread t holding columns t + 256 u (u < 16: each warp load is 128
- * contiguous bytes), up to six CTAs per SM. The K-th largest key T* is found bit by bit from the
+ * contiguous bytes), up to five CTAs per SM. The K-th largest key T* is found bit by bit from the
  * highest bit where the row's min and max keys differ (the bits above are common): per bit, the block
  * counts the keys that match the prefix decided so far with the bit set (one warp reduction, one
  * barrier on a double-buffered count); it stops as soon as the keys matching the prefix are exactly
@@ -459,7 +470,7 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
  * gives each warp its output base; ties go to the smallest columns; ascending output as the filter
  * kernel's. No shared-memory copy of the row, ~1.3 KB of shared memory. */
 namespace {
-constexpr int kTkbThreads = 256, kTkbKeys = 16, kTkbMinBlocks = 6;
+constexpr int kTkbThreads = 256, kTkbKeys = 16, kTkbMinBlocks = 5;
 static_assert(kTkbThreads * kTkbKeys == TkfShort::CAP, "the short rows' bound");
 }  // namespace
 
@@ -480,10 +491,17 @@ static __global__ void __launch_bounds__(kTkbThreads, kTkbMinBlocks) tkb_kernel(
     /* key[u] of column tid + NT u; 0 past the row (NaN's key too: validity is tested where it matters;
      * the bisection's candidates have a bit set, which 0 never matches) */
     uint32_t key[KPT];
+    {
+      /* all 16 loads in flight before the first use, none predicated: past the row a load reads the
+       * row's first score instead (its address picked by a select whose predicate dies at once; a
+       * branch or a predicate per load lets ptxas keep only a few loads in flight: 7 predicate
+       * registers) */
+      float v[KPT];
+      const float *base = src + tid;
 #pragma unroll
-    for (int u = 0; u < KPT; ++u) {
-      const int c = tid + NT * u;
-      key[u] = c < Li ? tk_key(__ldg(src + c)) : 0u;
+      for (int u = 0; u < KPT; ++u) v[u] = __ldg(tid + NT * u < Li ? base + NT * u : src);
+#pragma unroll
+      for (int u = 0; u < KPT; ++u) key[u] = tid + NT * u < Li ? tk_key(v[u]) : 0u;
     }
     /* the row's min and max key: the bits above their highest differing bit are common */
     uint32_t kmn = 0xffffffffu, kmx = 0u;
