@@ -161,6 +161,7 @@ static __device__ __forceinline__ void tkf_fallback(const float *__restrict__ sr
    * the next fallback's barriers */
 }
 
+
 template <class C>
 static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_launch a) {
   constexpr int NT = C::NT, NW = NT / 32, U = TKF_U, CAP = C::CAP, WIN = C::WIN;
@@ -474,6 +475,69 @@ constexpr int kTkbThreads = 256, kTkbKeys = 16, kTkbMinBlocks = 5;
 static_assert(kTkbThreads * kTkbKeys == TkfShort::CAP, "the short rows' bound");
 }  // namespace
 
+/* The K-th largest of the n keys held KPT per thread (key[u] of
+ * item tid + NT u, valid below n; an invalid item's key is 0, which no candidate below matches) by
+ * bisection: bit by bit from the highest bit where the min and max valid keys differ (the bits above
+ * are common), the block counts the keys that match the prefix decided so far with the bit set (one
+ * warp reduction, one barrier on a double-buffered count); it stops as soon as the keys matching
+ * the prefix are exactly the ones still needed. Returns the selection: every valid key >= *lo, and
+ * the first *need_eq (by item order, the caller's) of the keys == *teq (T*) below it; k < n. The
+ * shared arrays' previous readers must be behind a barrier (the caller's row loop has several). */
+template <int NT, int KPT>
+static __device__ __forceinline__ void tkb_bisect(const uint32_t (&key)[KPT], int n, int k, int (*s_cnt)[NT / 32],
+                                                  uint32_t *s_min, uint32_t *s_max, uint32_t *lo, uint32_t *teq,
+                                                  int *need_eq) {
+  constexpr int NW = NT / 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  uint32_t kmn = 0xffffffffu, kmx = 0u;
+#pragma unroll
+  for (int u = 0; u < KPT; ++u)
+    if (tid + NT * u < n) {
+      kmn = min(kmn, key[u]);
+      kmx = max(kmx, key[u]);
+    }
+  kmn = __reduce_min_sync(0xffffffffu, kmn);
+  kmx = __reduce_max_sync(0xffffffffu, kmx);
+  if (lane == 0) {
+    s_min[warp] = kmn;
+    s_max[warp] = kmx;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    kmn = min(kmn, s_min[w]);
+    kmx = max(kmx, s_max[w]);
+  }
+  const uint32_t x = kmn ^ kmx;
+  int b = x ? 31 - __clz((int)x) : -1;
+  uint32_t prefix = b == 31 ? 0u : (b >= 0 ? (kmx >> (b + 1)) << (b + 1) : kmx);
+  int rem = k, nmatch = n, p = 0; /* block-uniform */
+  for (; b >= 0 && nmatch != rem; --b) {
+    const uint32_t cand = prefix | (1u << b), hm = 0xffffffffu << b;
+    int c = 0;
+#pragma unroll
+    for (int u = 0; u < KPT; ++u) c += (int)((key[u] & hm) == cand);
+    c = __reduce_add_sync(0xffffffffu, c);
+    if (lane == 0) s_cnt[p][warp] = c;
+    __syncthreads();
+    int c1 = 0;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) c1 += s_cnt[p][w];
+    p ^= 1;
+    if (c1 >= rem) {
+      prefix = cand;
+      nmatch = c1;
+    } else {
+      rem -= c1;
+      nmatch -= c1;
+    }
+  }
+  const bool exact = nmatch == rem; /* the keys matching the prefix are exactly the rest: no ties */
+  *lo = exact ? prefix : prefix + 1u; /* T* <= +inf's key < 0xffffffff: no wrap */
+  *teq = prefix;
+  *need_eq = exact ? 0 : rem;
+}
+
 static __global__ void __launch_bounds__(kTkbThreads, kTkbMinBlocks) tkb_kernel(dsa_topk_launch a) {
   constexpr int NT = kTkbThreads, NW = NT / 32, KPT = kTkbKeys;
   __shared__ int s_cnt[2][NW];
@@ -503,57 +567,13 @@ static __global__ void __launch_bounds__(kTkbThreads, kTkbMinBlocks) tkb_kernel(
 #pragma unroll
       for (int u = 0; u < KPT; ++u) key[u] = tid + NT * u < Li ? tk_key(v[u]) : 0u;
     }
-    /* the row's min and max key: the bits above their highest differing bit are common */
-    uint32_t kmn = 0xffffffffu, kmx = 0u;
-#pragma unroll
-    for (int u = 0; u < KPT; ++u)
-      if (tid + NT * u < Li) {
-        kmn = min(kmn, key[u]);
-        kmx = max(kmx, key[u]);
-      }
-    kmn = __reduce_min_sync(0xffffffffu, kmn);
-    kmx = __reduce_max_sync(0xffffffffu, kmx);
-    if (lane == 0) {
-      s_min[warp] = kmn;
-      s_max[warp] = kmx;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      kmn = min(kmn, s_min[w]);
-      kmx = max(kmx, s_max[w]);
-    }
-    const uint32_t x = kmn ^ kmx;
-    int b = x ? 31 - __clz((int)x) : -1;
-    uint32_t prefix = b == 31 ? 0u : (b >= 0 ? (kmx >> (b + 1)) << (b + 1) : kmx);
-    int rem = k, nmatch = Li, p = 0; /* block-uniform */
-    for (; b >= 0 && nmatch != rem; --b) {
-      const uint32_t cand = prefix | (1u << b), hm = 0xffffffffu << b;
-      int c = 0;
-#pragma unroll
-      for (int u = 0; u < KPT; ++u) c += (int)((key[u] & hm) == cand);
-      c = __reduce_add_sync(0xffffffffu, c);
-      if (lane == 0) s_cnt[p][warp] = c;
-      __syncthreads();
-      int c1 = 0;
-#pragma unroll
-      for (int w = 0; w < NW; ++w) c1 += s_cnt[p][w];
-      p ^= 1;
-      if (c1 >= rem) {
-        prefix = cand;
-        nmatch = c1;
-      } else {
-        rem -= c1;
-        nmatch -= c1;
-      }
-    }
-    /* taken outright: keys >= lo; ties: need_eq of the keys == prefix (T*), the smallest columns */
-    const bool exact = nmatch == rem; /* the keys matching the prefix are exactly the rest: no ties */
-    const uint32_t lo = exact ? prefix : prefix + 1u; /* T* <= +inf's key < 0xffffffff: no wrap */
-    const int need_eq = exact ? 0 : rem;
+    /* taken outright: keys >= lo; ties: need_eq of the keys == teq (T*), the smallest columns */
+    uint32_t lo, teq;
+    int need_eq;
+    tkb_bisect<NT, KPT>(key, Li, k, s_cnt, s_min, s_max, &lo, &teq, &need_eq);
 #pragma unroll
     for (int u = 0; u < KPT; ++u) {
-      const bool v = tid + NT * u < Li, g = v && key[u] >= lo, e = v && !g && key[u] == prefix;
+      const bool v = tid + NT * u < Li, g = v && key[u] >= lo, e = v && !g && key[u] == teq;
       const unsigned mg = __ballot_sync(0xffffffffu, g), me = __ballot_sync(0xffffffffu, e);
       if (lane == 0) s_base[u * NW + warp] = (__popc(mg) << 16) | __popc(me);
     }
@@ -567,7 +587,7 @@ static __global__ void __launch_bounds__(kTkbThreads, kTkbMinBlocks) tkb_kernel(
     const unsigned lt = (1u << lane) - 1u;
 #pragma unroll
     for (int u = 0; u < KPT; ++u) {
-      const bool v = tid + NT * u < Li, g = v && key[u] >= lo, e = v && !g && key[u] == prefix;
+      const bool v = tid + NT * u < Li, g = v && key[u] >= lo, e = v && !g && key[u] == teq;
       const unsigned mg = __ballot_sync(0xffffffffu, g), me = __ballot_sync(0xffffffffu, e);
       const int base = s_base[u * NW + warp];
       const int gb = (base >> 16) + __popc(mg & lt), eb = (base & 0xffff) + __popc(me & lt);
