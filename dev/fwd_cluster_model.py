@@ -22,50 +22,11 @@ sP0) hits a region while a consumer reads it or while a push reads it as its sou
 arrival and completion lands in the phase it is meant for (no barrier is lapped); every wait is
 for the phase it means; the run ends with every group done (no deadlock).
 """
-import argparse
-import random
 import sys
 
+from protocol_model import Bar, ModelError, main, run
+
 ORDER = [(0, 0), (1, 1), (0, 1), (1, 0)]  # refill order: 0 L, 1 R, 0 R, 1 L (q = n % 4)
-
-
-class ModelError(Exception):
-    pass
-
-
-class Bar:
-    def __init__(self, name, count):
-        self.name, self.count, self.pending, self.tx, self.k = name, count, count, 0, 0
-
-    def arrive(self, n, phase, tx=0):
-        if phase != self.k:
-            raise ModelError(f"{self.name}: arrival meant for phase {phase} in phase {self.k}")
-        self.pending -= n
-        self.tx += tx
-        if self.pending < 0:
-            raise ModelError(f"{self.name}: more arrivals than its count in phase {self.k}")
-        self._complete()
-
-    def complete_tx(self, b, phase):
-        if phase != self.k:
-            raise ModelError(f"{self.name}: bytes meant for phase {phase} in phase {self.k}")
-        self.tx -= b
-        self._complete()
-
-    def _complete(self):
-        if self.pending == 0 and self.tx == 0:
-            self.k += 1
-            self.pending = self.count
-
-    def done(self, phase):
-        """wait(parity phase & 1) meaning phase `phase`: true once it completed"""
-        if self.k > phase + 1:
-            raise ModelError(f"{self.name}: waiter for phase {phase} lapped (phase {self.k})")
-        return self.k == phase + 1
-
-    def free(self, use):
-        """a producer's empty wait before its use-th fill of the half (parity (use & 1) ^ 1)"""
-        return use == 0 or self.done(use - 1)
 
 
 class _Sink:
@@ -290,60 +251,11 @@ class Model:
             self.remote_empty(c).empty[(0, 1)].arrive(4, i)
 
     def run(self):
-        live = []
-        for p in self.procs:
-            try:
-                live.append([p, next(p)])
-            except StopIteration:
-                pass
-        while live or self.events:
-            enabled = [x for x in live if x[1][0] == "step" or x[1][1]()]
-            choices = len(enabled) + len(self.events)
-            if choices == 0:
-                raise ModelError("deadlock: " + ", ".join(str(x[0].gi_frame.f_lineno) for x in live))
-            pick = self.rng.randrange(choices)
-            if pick < len(enabled):
-                x = enabled[pick]
-                try:
-                    x[1] = next(x[0])
-                except StopIteration:
-                    live.remove(x)
-            else:
-                _, fn = self.events.pop(pick - len(enabled))
-                fn()
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=4000)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--self-test", action="store_true")
-    a = ap.parse_args()
-    rng = random.Random(a.seed)
-    for run in range(a.runs):
-        nb = 9 if run % 2 else 8
-        npairs = run % 5
-        try:
-            Model(npairs, nb, rng).run()
-        except ModelError as e:
-            print(f"run {run} (npairs {npairs}, D {64 * nb}): {e}")
-            return 1
-    print(f"fwd_cluster_model: {a.runs} random interleavings (npairs 0..4, D 512 / 576): no violation, no deadlock")
-    if a.self_test:
-        for mutant in ("no_ack_wait", "local_empty", "push_early", "no_drain"):
-            caught = None
-            for run in range(a.runs):
-                try:
-                    Model(1 + run % 4, 9, rng, mutant).run()
-                except ModelError as e:
-                    caught = f"run {run}: {e}"
-                    break
-            if caught is None:
-                print(f"self-test: the broken protocol {mutant} passed {a.runs} runs")
-                return 1
-            print(f"self-test: {mutant} caught ({caught})")
-    return 0
+        run(self.procs, self.events, self.rng)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main("fwd_cluster_model (npairs 0..4, D 512 / 576)", 4000,
+                  lambda r, rng: (f"npairs {r % 5}, D {64 * (9 if r % 2 else 8)}", Model(r % 5, 9 if r % 2 else 8, rng)),
+                  ("no_ack_wait", "local_empty", "push_early", "no_drain"),
+                  lambda r, rng, m: (m, Model(1 + r % 4, 9, rng, m))))

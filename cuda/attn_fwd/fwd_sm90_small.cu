@@ -75,6 +75,17 @@
 #include "internal.h"
 #include "common/sm90_common.cuh"
 
+/* -DDSA_FWD_SMALL_RING=1 (an experiment, Makefile EXPERIMENTS): at N <= 16 (one KV stage per CTA)
+ * the stage is a ring of its 64-column blocks, each with its own empty mbarrier. The consumer
+ * releases the RoPE block once S^T retired and value block m once the P V of block m retired (one
+ * commit group per block); the producer refills each block of the next tile as it is freed, in the
+ * order the next S^T reads them (RoPE block first), and the consumer waits for them in three groups
+ * (small_ring_group). Without it the one stage is refilled only after the whole P V, and only the
+ * SM's other CTA overlaps the gather. */
+#ifndef DSA_FWD_SMALL_RING
+#define DSA_FWD_SMALL_RING 0
+#endif
+
 namespace {
 
 /* ---- tile and launch configuration ----------------------------------------------------------- */
@@ -120,6 +131,7 @@ struct SmallCfg {
   static constexpr int kCtas = kTwo ? 2 : 1;             /* CTAs per SM: __launch_bounds__ min blocks */
   static constexpr int kConsumers = kTwoWG ? 2 : 1;      /* consumer WGs; the producer is WG kConsumers */
   static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr bool kRing = DSA_FWD_SMALL_RING != 0 && kTwo; /* the block ring (top of file) */
 };
 
 /* The value-dim split's choices per N (SPLIT below; measurements in docs/perf.md):
@@ -145,22 +157,29 @@ template <int NB, int N, bool SPLIT = false>
 struct SmallSmem {
   static constexpr bool kTwoWG = SmallCfg<N>::kTwoWG;
   static constexpr int kStages = SmallCfg<N>::kStages;
+  static constexpr bool kRing = SmallCfg<N>::kRing;
+  static constexpr int kMasks = kRing ? 2 : kStages;         /* validity masks: per stage, or per tile
+                                                                parity in the ring */
+  static constexpr int kFullBars = kRing ? 3 : kStages;      /* full mbarriers: per stage, or per
+                                                                group of blocks in the ring */
+  static constexpr int kEmptyBars = kRing ? NB : kStages;    /* empty: per stage, or per block */
   static constexpr int kTileBytes = NB * kBlkBytes;          /* KV stage: [64 keys x D] bf16 */
   static constexpr int kQBlk = N * 128;                      /* one 64-column block of Q: N rows */
   static constexpr int kKV = 0;                              /* stage s at kKV + s * kTileBytes */
   static constexpr int kQ = kKV + kStages * kTileBytes;      /* Q [N x D], block b at kQ + b * kQBlk */
   static constexpr int kP = kQ + NB * kQBlk;                 /* P [N heads x 64 keys] bf16 SW128 */
   static constexpr int kPBufs = SPLIT ? SplitCfg<N>::kPBufs : 1; /* SPLIT: P and alpha of tiles n, n + 1 */
-  static constexpr int kValid = kP + kPBufs * N * 128;       /* [kStages][64] bytes, 1 = valid slot */
-  static constexpr int kRed = kValid + kStages * kBlockK;    /* f32 red_max[4][N], red_sum[4][N]; the
+  static constexpr int kValid = kP + kPBufs * N * 128;       /* [kMasks][64] bytes, 1 = valid slot */
+  static constexpr int kRed = kValid + kMasks * kBlockK;    /* f32 red_max[4][N], red_sum[4][N]; the
                                                                 split: one [4][N] for both (227 KB) */
   static constexpr int kAlpha = kRed + (kTwoWG ? 1 : 2) * 4 * N * 4; /* SPLIT: f32 alpha[kPBufs][N], fac[N] */
-  static constexpr int kBars = kAlpha + (SPLIT ? (kPBufs + 1) * N * 4 : 0); /* q_full, full[kStages],
-                                                  empty[kStages], SPLIT: p_full[kPBufs], fac_full */
-  static constexpr int kEnd = kBars + 8 * (1 + 2 * kStages + (SPLIT ? kPBufs + 1 : 0));
+  static constexpr int kBars = kAlpha + (SPLIT ? (kPBufs + 1) * N * 4 : 0); /* q_full, full[kFullBars],
+                                                  empty[kEmptyBars], SPLIT: p_full[kPBufs], fac_full */
+  static constexpr int kEnd = kBars + 8 * (1 + kFullBars + kEmptyBars + (SPLIT ? kPBufs + 1 : 0));
   static constexpr int kBytes = kEnd + 1024;                 /* + slack to align the base */
   static_assert(N % 8 == 0 && N >= 8 && N <= kMaxN, "wgmma N: multiple of 8, at most 64 here");
   static_assert(!SPLIT || (kTwoWG && kStages == 2), "the value-dim split runs N = 40..64 on two stages");
+  static_assert(!kRing || (kStages == 1 && !SPLIT && NB >= 6), "the block ring runs the one stage of N <= 16");
   static_assert(kBars % 8 == 0, "mbarriers are 8-B aligned");
   /* one WG: stage 0 is free once the consumer passed its epilogue barrier; the split: every stage is
    * free once both WGs consumed every tile (the producer issues nothing more) */
@@ -356,6 +375,130 @@ __device__ __forceinline__ void small_issue_pv(float (*o)[NW / 2], uint32_t skv,
   sm90_wgmma_commit();
 }
 
+/* The block ring (DSA_FWD_SMALL_RING): the order in which the producer refills a tile's 64-column
+ * blocks and S^T reads them. At D = 576 the RoPE block (8) is freed first, once S^T retired, so it
+ * leads; then the value blocks in the order their P V groups retire. */
+template <int NB>
+__device__ __forceinline__ constexpr int small_ring_block(int ord) {
+  return NB > kDVBlocks ? (ord == 0 ? kDVBlocks : ord - 1) : ord;
+}
+/* The three landing groups of the ring's order: {0} (with the tile's mask), {1 .. NB - 5}, {NB - 4 ..
+ * NB - 1}; full[g] completes when every producer thread's copies up to the group's last block landed
+ * (a .noinc arrival counts all of the thread's earlier cp.async). One wait, proxy fence and wgmma
+ * fence per group instead of per block. */
+template <int NB>
+__device__ __forceinline__ constexpr int small_ring_group(int ord) {
+  return ord == 0 ? 0 : ord <= NB - 5 ? 1 : 2;
+}
+template <int NB>
+__device__ __forceinline__ constexpr bool small_ring_group_first(int ord) {
+  return ord == 0 || ord == 1 || ord == NB - 4;
+}
+template <int NB>
+__device__ __forceinline__ constexpr bool small_ring_group_last(int ord) {
+  return ord == 0 || ord == NB - 5 || ord == NB - 1;
+}
+
+/* The ring's S^T: small_issue_s with the blocks in small_ring_block order, each landing group's
+ * k-steps issued once its full[g] completed the phase of parity `par` (this tile's fill). Issued and
+ * committed. */
+template <int NB, int NW>
+__device__ __forceinline__ void small_issue_s_ring(float *sacc, uint32_t skv, uint32_t sq, int qblk, uint64_t *full,
+                                                   uint32_t par) {
+#pragma unroll
+  for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(sacc[i]);
+#pragma unroll
+  for (int o = 0; o < NB; ++o) {
+    const int b = small_ring_block<NB>(o);
+    if (small_ring_group_first<NB>(o)) {
+      sm90_mbar_wait(&full[small_ring_group<NB>(o)], par);
+      sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
+      sm90_wgmma_fence();       /* after each wait loop: ptxas would otherwise insert one in a divergent
+                                   path and serialise the chain (C7519 / C7520) */
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint64_t da = sm90_desc_at(skv >> 4, b * kBlkBytes + k * 32, 16, 1024);
+      const uint64_t db = sm90_desc_at(sq >> 4, b * qblk + k * 32, 16, 1024);
+      sm90_wgmma_ss_nN<NW, 0>(sacc, da, db, (o | k) != 0);
+    }
+  }
+  sm90_wgmma_commit();
+}
+
+/* The ring's release of the value blocks: waits for the P V commit groups in order (group m = value
+ * block m) and frees block m as soon as its group retired, one arrival per warp (lane 0 after the
+ * warp's wait; the ring's empties count the 4 warps). */
+template <int R>
+__device__ __forceinline__ void small_ring_release_pv(uint64_t *empty, int lane) {
+  sm90_wgmma_wait<R>();
+  if (lane == 0) sm90_mbar_arrive(&empty[kDVBlocks - 1 - R]);
+  if constexpr (R > 0) small_ring_release_pv<R - 1>(empty, lane);
+}
+
+/* The ring's P V: small_issue_pv over the 8 value blocks with one commit group per block, each block
+ * released as its group retires. Returns with every group retired; the caller rescaled o. */
+template <int NW>
+__device__ __forceinline__ void small_pv_ring(float (*o)[NW / 2], uint32_t skv, uint32_t sp, uint64_t *empty,
+                                              int lane) {
+#pragma unroll
+  for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(o[m][i]);
+  sm90_wgmma_fence();
+#pragma unroll
+  for (int m = 0; m < kDVBlocks; ++m) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t da = sm90_desc_at(skv >> 4, m * kBlkBytes + kk * 2048, kBlkBytes, 1024);
+      const uint64_t db = sm90_desc_at(sp >> 4, kk * 32, 16, 1024);
+      sm90_wgmma_ss_nN<NW, 1>(o[m], da, db, 1);
+    }
+    sm90_wgmma_commit();
+  }
+  small_ring_release_pv<kDVBlocks - 1>(empty, lane);
+#pragma unroll
+  for (int m = 0; m < kDVBlocks; ++m)
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(o[m][i]);
+}
+
+/* The ring's gather of one tile (thread (g, j) as sm90_gather_kv_blocks): block by block in
+ * small_ring_block order, each once empty[b] completed the phase of parity `par` (its previous
+ * tile's readers are done), its four cp.async, and after a landing group's last block the .noinc
+ * arrival on the group's full barrier; with the first block the validity bytes of the tile's mask
+ * (vmask) and a plain arrival on full[0] that releases them. */
+template <int NB>
+__device__ __forceinline__ void small_ring_gather(uint32_t skv, uint8_t *vmask, const int32_t idxs[4], int g, int j,
+                                                  const uint16_t *kv, int64_t kv_stride, int64_t num_kv,
+                                                  const uint16_t *harmless, uint64_t pol, uint64_t *full,
+                                                  uint64_t *empty, uint32_t par) {
+  const uint16_t *src[4];
+  uint32_t bytes[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    bool ok;
+    src[i] = sm90_gather_src(idxs[i], j, kv, kv_stride, num_kv, harmless, &ok);
+    bytes[i] = ok ? 16u : 0u;
+  }
+#pragma unroll
+  for (int o = 0; o < NB; ++o) {
+    const int b = small_ring_block<NB>(o);
+    sm90_mbar_wait(&empty[b], par);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      sm90_cp_async16_hint(skv + b * kBlkBytes + sm90_sw128_chunk_off(g + 16 * i, j), src[i] + b * 64, bytes[i], pol);
+    if (small_ring_group_last<NB>(o)) sm90_cp_async_mbar_arrive_noinc(&full[small_ring_group<NB>(o)]);
+    if (o == 0) {
+      if (j == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) vmask[g + 16 * i] = bytes[i] != 0u;
+      }
+      sm90_mbar_arrive(&full[0]);
+    }
+  }
+}
+
 /* Epilogue per column: sums across lanes and warps (red [4][N], barrier `bar`), lse, max_logits (lanes
  * 0-3 of warp 0 hold every column once: they write them, and fac_s[col] when fac_s is given) and the
  * out factor 1 / l x sink factor of each column slot (0 for empty columns and columns >= head_count).
@@ -448,7 +591,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
   float *red_max = (float *)(smem + L::kRed);    /* [4 warps][N columns] */
   float *red_sum = red_max + 4 * N;              /* [4 warps][N columns] */
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
-  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;
+  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + L::kFullBars;
   const int warp = t >> 5, lane = t & 31;
 
   float o[kDVBlocks][NR]; /* O^T: block m = value dims [64 m, 64 m + 64) x NW heads */
@@ -477,18 +620,26 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
 
   for (int n = 0; n < ntiles; ++n) {
     const int s = n % kStages;
-    sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1);
-    sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
+    if constexpr (L::kRing) {
+      small_issue_s_ring<NB, NW>(sacc, sm90_smem_addr(smem + L::kKV), sq, L::kQBlk, full, (uint32_t)n & 1);
+    } else {
+      sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1);
+      sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
+    }
     const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
-    small_issue_s<NB, NW>(sacc, skv, sq, L::kQBlk);
+    if constexpr (!L::kRing) small_issue_s<NB, NW>(sacc, skv, sq, L::kQBlk);
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
+    if constexpr (L::kRing && NB > kDVBlocks) {
+      if (lane == 0) sm90_mbar_arrive(&empty[kDVBlocks]); /* the RoPE block: read by S^T only */
+    }
 
     float alpha[NC];
     float *x = sacc; /* P in place of S^T: sacc is rewritten by the next tile's S^T only */
-    const bool moved = small_softmax<NW, N, HB>(sacc, valid + s * kBlockK, args.scale_log2, warp, lane, red_max,
-                                                kBarMaxW, col_max, col_sum, alpha, x, tmax);
+    const uint8_t *vmask = valid + (L::kRing ? n & 1 : s) * kBlockK;
+    const bool moved = small_softmax<NW, N, HB>(sacc, vmask, args.scale_log2, warp, lane, red_max, kBarMaxW, col_max,
+                                                col_sum, alpha, x, tmax);
     /* WAR on the P tile (this WG's rows only): every warp passed its wait on the previous P V before
      * the kBarMax barrier inside small_softmax. */
     small_store_p<NW>(sp, x, warp, lane);
@@ -496,13 +647,17 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     sm90_named_bar_sync(kBarPW, 128);
 
     if (moved) small_rescale_o<NW, kDVBlocks>(o, alpha); /* the frame moved: O follows (WG-uniform branch) */
-    small_issue_pv<NW, kDVBlocks, 0>(o, skv, sp);
-    sm90_wgmma_wait<0>();
+    if constexpr (L::kRing) {
+      small_pv_ring<NW>(o, skv, sp, empty, lane); /* frees each value block as its P V retires */
+    } else {
+      small_issue_pv<NW, kDVBlocks, 0>(o, skv, sp);
+      sm90_wgmma_wait<0>();
 #pragma unroll
-    for (int m = 0; m < kDVBlocks; ++m)
+      for (int m = 0; m < kDVBlocks; ++m)
 #pragma unroll
-      for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
-    sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
+        for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+      sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
+    }
   }
 
   /* ---- epilogue. After small_col_factors' barrier every warp has also finished its last P V. */
@@ -690,7 +845,7 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
   uint8_t *smem = sm90_smem_align1024(smem_raw);
   uint8_t *valid = smem + L::kValid;
   uint64_t *bars = (uint64_t *)(smem + L::kBars);
-  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;
+  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + L::kFullBars;
 
   const dsa_attn_fwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7, t = tid & 127;
@@ -701,9 +856,16 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
 
   if (tid == 0) {
     sm90_mbar_init(q_full, 128);
-    for (int s = 0; s < kStages; ++s) {
-      sm90_mbar_init(&full[s], 256);
-      sm90_mbar_init(&empty[s], 128 * C::kConsumers);
+    if constexpr (L::kRing) {
+      /* per landing group: 128 .noinc cp.async arrivals (+ 128 plain ones releasing the mask on group
+       * 0); per block an empty: one arrival per consumer warp */
+      for (int g = 0; g < 3; ++g) sm90_mbar_init(&full[g], g == 0 ? 256 : 128);
+      for (int b = 0; b < NB; ++b) sm90_mbar_init(&empty[b], 4);
+    } else {
+      for (int s = 0; s < kStages; ++s) {
+        sm90_mbar_init(&full[s], 256);
+        sm90_mbar_init(&empty[s], 128 * C::kConsumers);
+      }
     }
     if constexpr (SPLIT) {
       for (int b = 0; b <= L::kPBufs; ++b) sm90_mbar_init(bars + 1 + 2 * kStages + b, 128); /* p_full[], fac_full: WG 0 */
@@ -740,15 +902,25 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     int32_t idxs[4];
     sm90_gather_read_indices(irow, 0, g, klen, idxs);
     const uint64_t pol = sm90_l2_policy(args.kv_evict_last != 0);
-    for (int n = 0; n < ntiles; ++n) {
-      const int s = n % kStages;
-      const uint32_t use = (uint32_t)(n / kStages);
-      sm90_mbar_wait(&empty[s], (use & 1) ^ 1); /* first use of a stage: parity 1 returns at once */
-      const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
-      sm90_gather_kv_rows<NB>(skv, valid + s * kBlockK, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
-      sm90_cp_async_mbar_arrive_noinc(&full[s]); /* fires when this thread's copies have landed */
-      sm90_mbar_arrive(&full[s]);                /* releases the mask bytes written above */
-      sm90_gather_read_indices(irow, n + 1, g, klen, idxs); /* -1 past klen */
+    if constexpr (C::kRing) {
+      for (int n = 0; n < ntiles; ++n) {
+        /* parity ((n & 1) ^ 1): the first fill's waits return at once; the mask of tile n goes to
+         * buffer n & 1 (the consumer read tile n - 2's before it freed any block of tile n - 1) */
+        small_ring_gather<NB>(sm90_smem_addr(smem + L::kKV), valid + (n & 1) * kBlockK, idxs, g, j, p.kv, p.kv_stride,
+                              p.num_kv, p.q, pol, full, empty, ((uint32_t)n & 1) ^ 1);
+        sm90_gather_read_indices(irow, n + 1, g, klen, idxs); /* -1 past klen */
+      }
+    } else {
+      for (int n = 0; n < ntiles; ++n) {
+        const int s = n % kStages;
+        const uint32_t use = (uint32_t)(n / kStages);
+        sm90_mbar_wait(&empty[s], (use & 1) ^ 1); /* first use of a stage: parity 1 returns at once */
+        const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
+        sm90_gather_kv_rows<NB>(skv, valid + s * kBlockK, idxs, g, j, p.kv, p.kv_stride, p.num_kv, p.q, pol);
+        sm90_cp_async_mbar_arrive_noinc(&full[s]); /* fires when this thread's copies have landed */
+        sm90_mbar_arrive(&full[s]);                /* releases the mask bytes written above */
+        sm90_gather_read_indices(irow, n + 1, g, klen, idxs); /* -1 past klen */
+      }
     }
     sm90_cp_async_wait_all();
   } else if constexpr (!C::kTwoWG) {
