@@ -43,7 +43,8 @@
  *        rescale, 32 HGMMA.64xNx16 for P V. Epilogue: O^T / l * sink factor staged through shared
  *        memory (reusing the KV stages) as [head][512] bf16 rows, then 16-B coalesced stores to out.
  * N <= 32 has no setmaxnreg: with 256 threads and one CTA per SM every thread may hold 255 registers
- * already (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing).
+ * already (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing); the DSA_FWD_SMALL_TWO32
+ * experiment (two CTAs per SM at N = 24 / 32) splits them 208 / 48.
  * ptxas (nvcc 13, -Xptxas -v, D = 576): 64 / 116 / 172 / 221 registers for N = 8 / 16 / 24 / 32, no
  * wgmma serialisation warning; N = 40..64: 168 at entry (the __launch_bounds__(384, 1) cap), raised
  * to 256 / 192 in the consumers (producer 56), no spills. SASS per 64-key tile at N <= 32: 36
@@ -85,6 +86,14 @@
 #ifndef DSA_FWD_SMALL_RING
 #define DSA_FWD_SMALL_RING 0
 #endif
+/* -DDSA_FWD_SMALL_TWO32=1 (an experiment, Makefile EXPERIMENTS): N = 24 / 32 run as N <= 16 does, two
+ * CTAs per SM with one KV stage each, so that the SM's two serial consumer chains (S^T -> softmax ->
+ * P V) interleave; to fit two CTAs (<= 113 KB each at D = 576) P lives in the stage's RoPE block,
+ * free once S^T retired, and the registers are split by setmaxnreg (consumer kTwoConsRegs, producer
+ * kTwoProdRegs). With the ring the RoPE block, holding P, is the last block freed and refilled. */
+#ifndef DSA_FWD_SMALL_TWO32
+#define DSA_FWD_SMALL_TWO32 0
+#endif
 
 namespace {
 
@@ -100,6 +109,8 @@ constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids of consumer WG 0; 0 i
 constexpr int kProducerRegs = 56;   /* N > 32: the gather and the next tile's indices (at 40: 4-8 B of spills) */
 constexpr int kSplitSRegs = 256;    /* SPLIT WG 0: O^T half 2N + S^T / P N/2 + frame, sums, logit max 3 N/4 (N = 56: 210) */
 constexpr int kSplitPVRegs = 192;   /* SPLIT WG 1: O^T half 2N (N = 64: 128) + addressing; 256 + 192 + 56 = 504 */
+constexpr int kTwoConsRegs = 208;   /* DSA_FWD_SMALL_TWO32, N = 24 / 32: O^T 4N + S^T / P N/2 + softmax state */
+constexpr int kTwoProdRegs = 48;    /* its producer: 208 + 48 = 256 = 2 x 128 (two CTAs of 256 threads) */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -111,6 +122,8 @@ static_assert(kBarMax > 0 && kBarP > 0 && kBarMax != kBarP && kBarP < 16, "named
 static_assert(kSplitSRegs + kSplitPVRegs + kProducerRegs <= 504 && kSplitSRegs % 8 == 0 && kSplitPVRegs % 8 == 0 &&
                   kProducerRegs % 8 == 0,
               "setmaxnreg of the value-dim split fits the launch's pool, 384 threads x 168 registers = 128 x 504");
+static_assert(2 * 128 * (kTwoConsRegs + kTwoProdRegs) <= 65536 && kTwoConsRegs % 8 == 0 && kTwoProdRegs % 8 == 0,
+              "two CTAs of 256 threads fit the SM's registers after setmaxnreg");
 static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and ln(2) are reciprocal");
 
 /* Launch shape per N (wgmma N = head count rounded up to 8), one row each:
@@ -125,7 +138,8 @@ static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and l
  *                                          Q 72 KB fills the 227 KB. */
 template <int N>
 struct SmallCfg {
-  static constexpr bool kTwo = N <= 16;                  /* two CTAs per SM */
+  static constexpr bool kTwo = N <= (DSA_FWD_SMALL_TWO32 ? kMaxNOneWG : 16); /* two CTAs per SM */
+  static constexpr bool kRegs = kTwo && N > 16;          /* setmaxnreg: consumer kTwoConsRegs */
   static constexpr bool kTwoWG = N > kMaxNOneWG;         /* two consumer WGs: the value-dim split */
   static constexpr int kStages = kTwo ? 1 : 2;           /* KV stages per CTA */
   static constexpr int kCtas = kTwo ? 2 : 1;             /* CTAs per SM: __launch_bounds__ min blocks */
@@ -158,6 +172,7 @@ struct SmallSmem {
   static constexpr bool kTwoWG = SmallCfg<N>::kTwoWG;
   static constexpr int kStages = SmallCfg<N>::kStages;
   static constexpr bool kRing = SmallCfg<N>::kRing;
+  static constexpr bool kPInRope = SmallCfg<N>::kRegs && NB > kDVBlocks; /* P in the stage's RoPE block */
   static constexpr int kMasks = kRing ? 2 : kStages;         /* validity masks: per stage, or per tile
                                                                 parity in the ring */
   static constexpr int kFullBars = kRing ? 3 : kStages;      /* full mbarriers: per stage, or per
@@ -167,9 +182,11 @@ struct SmallSmem {
   static constexpr int kQBlk = N * 128;                      /* one 64-column block of Q: N rows */
   static constexpr int kKV = 0;                              /* stage s at kKV + s * kTileBytes */
   static constexpr int kQ = kKV + kStages * kTileBytes;      /* Q [N x D], block b at kQ + b * kQBlk */
-  static constexpr int kP = kQ + NB * kQBlk;                 /* P [N heads x 64 keys] bf16 SW128 */
   static constexpr int kPBufs = SPLIT ? SplitCfg<N>::kPBufs : 1; /* SPLIT: P and alpha of tiles n, n + 1 */
-  static constexpr int kValid = kP + kPBufs * N * 128;       /* [kMasks][64] bytes, 1 = valid slot */
+  static constexpr int kP = kPInRope ? kKV + kDVBlocks * kBlkBytes /* P [N heads x 64 keys] bf16 SW128 */
+                                     : kQ + NB * kQBlk;
+  static constexpr int kValid = kPInRope ? kQ + NB * kQBlk   /* [kMasks][64] bytes, 1 = valid slot */
+                                         : kP + kPBufs * N * 128;
   static constexpr int kRed = kValid + kMasks * kBlockK;    /* f32 red_max[4][N], red_sum[4][N]; the
                                                                 split: one [4][N] for both (227 KB) */
   static constexpr int kAlpha = kRed + (kTwoWG ? 1 : 2) * 4 * N * 4; /* SPLIT: f32 alpha[kPBufs][N], fac[N] */
@@ -181,6 +198,8 @@ struct SmallSmem {
   static_assert(!SPLIT || (kTwoWG && kStages == 2), "the value-dim split runs N = 40..64 on two stages");
   static_assert(!kRing || (kStages == 1 && !SPLIT && NB >= 6), "the block ring runs the one stage of N <= 16");
   static_assert(kBars % 8 == 0, "mbarriers are 8-B aligned");
+  static_assert(!SmallCfg<N>::kTwo || kBytes <= (233472 - 2 * 1024) / 2,
+                "two CTAs per SM: each within half of the SM's 228 KB less 1 KB reserved per CTA");
   /* one WG: stage 0 is free once the consumer passed its epilogue barrier; the split: every stage is
    * free once both WGs consumed every tile (the producer issues nothing more) */
   static_assert(N * kOutPitch <= (kTwoWG ? kStages : 1) * kTileBytes, "staged out tile fits in the KV stages");
@@ -377,10 +396,11 @@ __device__ __forceinline__ void small_issue_pv(float (*o)[NW / 2], uint32_t skv,
 
 /* The block ring (DSA_FWD_SMALL_RING): the order in which the producer refills a tile's 64-column
  * blocks and S^T reads them. At D = 576 the RoPE block (8) is freed first, once S^T retired, so it
- * leads; then the value blocks in the order their P V groups retire. */
-template <int NB>
+ * leads; then the value blocks in the order their P V groups retire. RL (P in the RoPE block,
+ * DSA_FWD_SMALL_TWO32): the RoPE block holds P until the last P V group retired, so it comes last. */
+template <int NB, bool RL>
 __device__ __forceinline__ constexpr int small_ring_block(int ord) {
-  return NB > kDVBlocks ? (ord == 0 ? kDVBlocks : ord - 1) : ord;
+  return NB > kDVBlocks && !RL ? (ord == 0 ? kDVBlocks : ord - 1) : ord;
 }
 /* The three landing groups of the ring's order: {0} (with the tile's mask), {1 .. NB - 5}, {NB - 4 ..
  * NB - 1}; full[g] completes when every producer thread's copies up to the group's last block landed
@@ -402,14 +422,14 @@ __device__ __forceinline__ constexpr bool small_ring_group_last(int ord) {
 /* The ring's S^T: small_issue_s with the blocks in small_ring_block order, each landing group's
  * k-steps issued once its full[g] completed the phase of parity `par` (this tile's fill). Issued and
  * committed. */
-template <int NB, int NW>
+template <int NB, int NW, bool RL>
 __device__ __forceinline__ void small_issue_s_ring(float *sacc, uint32_t skv, uint32_t sq, int qblk, uint64_t *full,
                                                    uint32_t par) {
 #pragma unroll
   for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(sacc[i]);
 #pragma unroll
   for (int o = 0; o < NB; ++o) {
-    const int b = small_ring_block<NB>(o);
+    const int b = small_ring_block<NB, RL>(o);
     if (small_ring_group_first<NB>(o)) {
       sm90_mbar_wait(&full[small_ring_group<NB>(o)], par);
       sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
@@ -468,7 +488,7 @@ __device__ __forceinline__ void small_pv_ring(float (*o)[NW / 2], uint32_t skv, 
  * tile's readers are done), its four cp.async, and after a landing group's last block the .noinc
  * arrival on the group's full barrier; with the first block the validity bytes of the tile's mask
  * (vmask) and a plain arrival on full[0] that releases them. */
-template <int NB>
+template <int NB, bool RL>
 __device__ __forceinline__ void small_ring_gather(uint32_t skv, uint8_t *vmask, const int32_t idxs[4], int g, int j,
                                                   const uint16_t *kv, int64_t kv_stride, int64_t num_kv,
                                                   const uint16_t *harmless, uint64_t pol, uint64_t *full,
@@ -483,7 +503,7 @@ __device__ __forceinline__ void small_ring_gather(uint32_t skv, uint8_t *vmask, 
   }
 #pragma unroll
   for (int o = 0; o < NB; ++o) {
-    const int b = small_ring_block<NB>(o);
+    const int b = small_ring_block<NB, RL>(o);
     sm90_mbar_wait(&empty[b], par);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -621,7 +641,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
   for (int n = 0; n < ntiles; ++n) {
     const int s = n % kStages;
     if constexpr (L::kRing) {
-      small_issue_s_ring<NB, NW>(sacc, sm90_smem_addr(smem + L::kKV), sq, L::kQBlk, full, (uint32_t)n & 1);
+      small_issue_s_ring<NB, NW, L::kPInRope>(sacc, sm90_smem_addr(smem + L::kKV), sq, L::kQBlk, full, (uint32_t)n & 1);
     } else {
       sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1);
       sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
@@ -631,7 +651,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
-    if constexpr (L::kRing && NB > kDVBlocks) {
+    if constexpr (L::kRing && NB > kDVBlocks && !L::kPInRope) {
       if (lane == 0) sm90_mbar_arrive(&empty[kDVBlocks]); /* the RoPE block: read by S^T only */
     }
 
@@ -649,6 +669,9 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     if (moved) small_rescale_o<NW, kDVBlocks>(o, alpha); /* the frame moved: O follows (WG-uniform branch) */
     if constexpr (L::kRing) {
       small_pv_ring<NW>(o, skv, sp, empty, lane); /* frees each value block as its P V retires */
+      if constexpr (L::kPInRope) {
+        if (lane == 0) sm90_mbar_arrive(&empty[kDVBlocks]); /* the RoPE block held P(n) */
+      }
     } else {
       small_issue_pv<NW, kDVBlocks, 0>(o, skv, sp);
       sm90_wgmma_wait<0>();
@@ -877,6 +900,7 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
   if (wg == C::kConsumers) {
     /* ================= producer ================= */
     if constexpr (C::kTwoWG) sm90_setmaxnreg_dec<kProducerRegs>();
+    if constexpr (C::kRegs) sm90_setmaxnreg_dec<kTwoProdRegs>();
     /* Thread (g, j): 16-B chunk j of every 64-column block of rows g, g+16, g+32, g+48 (rows 16
      * apart share r % 8: 8 consecutive threads fill one 128-B swizzled row piece, conflict free). */
     const int g = t >> 3, j = t & 7;
@@ -906,7 +930,7 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
       for (int n = 0; n < ntiles; ++n) {
         /* parity ((n & 1) ^ 1): the first fill's waits return at once; the mask of tile n goes to
          * buffer n & 1 (the consumer read tile n - 2's before it freed any block of tile n - 1) */
-        small_ring_gather<NB>(sm90_smem_addr(smem + L::kKV), valid + (n & 1) * kBlockK, idxs, g, j, p.kv, p.kv_stride,
+        small_ring_gather<NB, L::kPInRope>(sm90_smem_addr(smem + L::kKV), valid + (n & 1) * kBlockK, idxs, g, j, p.kv, p.kv_stride,
                               p.num_kv, p.q, pol, full, empty, ((uint32_t)n & 1) ^ 1);
         sm90_gather_read_indices(irow, n + 1, g, klen, idxs); /* -1 past klen */
       }
@@ -925,6 +949,7 @@ __global__ void __launch_bounds__(SmallCfg<N>::kThreads, SmallCfg<N>::kCtas)
     sm90_cp_async_wait_all();
   } else if constexpr (!C::kTwoWG) {
     /* ================= consumer (all N columns) ================= */
+    if constexpr (C::kRegs) sm90_setmaxnreg_inc<kTwoConsRegs>();
     small_consumer<NB, N>(args, smem, t, ntiles);
   } else {
     /* ================= consumers: WG0 S^T, softmax, value dims [0, 64 kMB0); WG1 the rest ===== */
