@@ -67,7 +67,15 @@ typedef enum dsa_option {
    * slot target after a backward kernel that does not sum it itself), and of dsa_indexer_slot_scores,
    * whose sm_90a kernel runs only when forced (SM90; AUTO keeps its CUDA-core kernel): a
    * dsa_train_kernel value. Default DSA_TRAIN_KERNEL_AUTO. */
-  DSA_OPTION_TRAIN_KERNEL = 13
+  DSA_OPTION_TRAIN_KERNEL = 13,
+  /* dsa_indexer_topk's query chunks as a pipeline: 1 = when the scores take more than one chunk, two
+   * buffers sharing the scores budget (half each: the workspace does not grow), the top-k of chunk
+   * i on the context's side stream while chunk i + 1 is scored on the call's stream (fork and join
+   * by events: the call stays ordered on its stream and can be captured in a graph), so that each
+   * kernel's last partial wave runs beside the other. 0 = one buffer, every chunk scored then
+   * selected on the call's stream. Default 0. The workspace size query reads it from the ctx it is
+   * given. */
+  DSA_OPTION_INDEXER_PIPELINE = 14
 } dsa_option;
 
 typedef enum dsa_fwd_kernel {

@@ -17,7 +17,11 @@
  * Workspace (fixed budget, independent of T_q; DSA_OPTION_INDEXER_SCORES_BUDGET / _LOGITS_BUDGET /
  * _KEY_TILE, defaults below): scores <= 128 MiB, logits <= 64 MiB, plus a packed
  * copy of q for layouts cuBLAS cannot read directly, plus 256 bytes of alignment slack (any
- * workspace alignment is accepted). The budget is exceeded only when a single query's visible
+ * workspace alignment is accepted). With DSA_OPTION_INDEXER_PIPELINE = 1 and more than one chunk,
+ * two scores buffers of half the budget each: chunk i is scored into buffer i % 2 on the call's stream while the top-k of
+ * chunk i - 1 runs on the context's side stream (events: the side stream forks from the call's
+ * stream after the no-score launch and joins it at the end; chunk i waits for the top-k of chunk
+ * i - 2, the last reader of its buffer), so that the two kernels' partial waves overlap. The budget is exceeded only when a single query's visible
  * window is so long that one scores row (window * 4 bytes) or one query's logits for one key tile
  * (H_idx * 32768 * 4 bytes = 8 MiB at H_idx = 64) does not fit.
  *
@@ -58,6 +62,8 @@ typedef struct {
   int64_t logits_ld;   /* row stride of the logits buffer */
   int pack;            /* q is copied into a plain [cg * H, 128] matrix first */
   int64_t q_ld;        /* leading dimension of q when not packed */
+  int nbuf;            /* scores buffers: 2 when the chunks run as a pipeline */
+  int64_t scores_buf;  /* bytes per scores buffer (buffer b at scores_off + b * scores_buf) */
   int64_t scores_off, logits_off, pack_off, total; /* byte layout (after aligning the base) */
 } idx_layout;
 
@@ -70,7 +76,18 @@ static int64_t window_cap(const idx_layout *l, int64_t tk, int64_t c) {
   return min64(tk, l->msk - 1 + c);
 }
 
-static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget *bud, idx_layout *l) {
+/* The largest chunk of at most n queries whose fp32 scores fit `budget` bytes (at least one row). */
+static int64_t chunk_rows(const idx_layout *l, int64_t tk, int64_t n, int64_t budget) {
+  int64_t c = min64(n, IDX_MAX_CHUNK);
+  while (c > 1 && c * window_cap(l, tk, c) * 4 > budget) {
+    int64_t fit = budget / 4 / window_cap(l, tk, c);
+    c = max64(1, min64(c - 1, fit));
+  }
+  return c;
+}
+
+static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget *bud, int pipeline,
+                        idx_layout *l) {
   const dsa_plan_view *v = p->plan;
   const int64_t tq = v->num_queries, tk = v->total_key_tokens, qs = v->query_start;
   const int64_t H = p->num_heads, K = p->topk;
@@ -83,20 +100,22 @@ static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget
   l->cq = l->cg = l->key_tile = l->scores_ld = l->logits_ld = 0;
   l->pack = 0;
   l->q_ld = 0;
+  l->nbuf = 1;
+  l->scores_buf = 0;
   l->scores_off = l->logits_off = l->pack_off = 0;
   l->total = 1;
   if (n_score <= 0) return;
-  /* largest chunk whose scores fit the budget (at least one row) */
-  c = min64(n_score, IDX_MAX_CHUNK);
-  while (c > 1 && c * window_cap(l, tk, c) * 4 > bud->scores) {
-    int64_t fit = bud->scores / 4 / window_cap(l, tk, c);
-    c = max64(1, min64(c - 1, fit));
+  c = chunk_rows(l, tk, n_score, bud->scores);
+  if (pipeline && n_score > c) { /* more than one chunk: two buffers sharing the budget */
+    l->nbuf = 2;
+    c = chunk_rows(l, tk, n_score, max64(1, bud->scores / 2));
   }
   l->cq = c;
   wcap = window_cap(l, tk, c);
   l->scores_ld = round_up(wcap, 4);
+  l->scores_buf = round_up(l->cq * l->scores_ld * 4, IDX_ALIGN);
   if (fused) { /* scores only: the logits never leave the chip */
-    l->total = round_up(l->cq * l->scores_ld * 4, IDX_ALIGN) + IDX_ALIGN;
+    l->total = l->nbuf * l->scores_buf + IDX_ALIGN;
     return;
   }
   /* largest GEMM sub-chunk whose logits over its own (narrower) window fit the budget */
@@ -117,7 +136,7 @@ static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget
     l->q_ld = DSA_INDEX_HEAD_DIM;
   }
   l->scores_off = 0;
-  l->logits_off = round_up(l->cq * l->scores_ld * 4, IDX_ALIGN);
+  l->logits_off = l->nbuf * l->scores_buf;
   l->pack_off = l->logits_off + round_up(l->cg * H * l->logits_ld * 4, IDX_ALIGN);
   l->total = l->pack_off + (l->pack ? l->cg * H * DSA_INDEX_HEAD_DIM * 2 : 0) + IDX_ALIGN;
 }
@@ -127,19 +146,79 @@ static dsa_status cublas_status(cublasStatus_t s, const char *what) {
   return dsa_fail(DSA_ERROR_CUBLAS, "dsa_indexer_topk: %s failed (cuBLAS status %d)", what, (int)s);
 }
 
-static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, const idx_layout *l,
-                             int fused, char *ws, cudaStream_t stream) {
+/* Scores of chunk queries [t0, t1) over the window [wstart, wend) into `scores` (row stride
+ * scores_ld) on `stream`: the fused kernel, or per GEMM sub-chunk and key tile cublasGemmEx into the
+ * logits and the head reduction (h: the context's cuBLAS handle, bound to stream). */
+static dsa_status score_chunk(dsa_context *ctx, const dsa_indexer_params *p, const idx_layout *l, int fused,
+                              cublasHandle_t h, float *logits, uint16_t *qpack, int64_t t0, int64_t t1,
+                              int64_t wstart, int64_t wend, float *scores, cudaStream_t stream) {
   const dsa_plan_view *v = p->plan;
-  const int64_t tq = v->num_queries, tk = v->total_key_tokens, qs = v->query_start;
+  const int64_t tk = v->total_key_tokens, qs = v->query_start;
   const int64_t H = p->num_heads, K = p->topk;
   const int wbf16 = p->weights_dtype == DSA_DTYPE_BF16;
   const int64_t welem = wbf16 ? 2 : 4;
+  const float one = 1.0f, zero = 0.0f;
+  if (fused) {
+    dsa_indexer_fused_args f;
+    f.rows = t1 - t0;
+    f.heads = (int32_t)H;
+    f.topk = (int32_t)K;
+    f.q = p->index_q + t0 * p->q_stride_token;
+    f.q_stride_token = p->q_stride_token;
+    f.q_stride_head = p->q_stride_head;
+    f.k = p->index_k;
+    f.k_stride = p->k_stride;
+    f.weights = (const char *)p->weights + t0 * p->weights_stride * welem;
+    f.weights_bf16 = wbf16;
+    f.weights_stride = p->weights_stride;
+    f.starts = v->starts + t0;
+    f.causal_lengths = v->causal_lengths + t0;
+    f.window_start = wstart;
+    f.window = wend - wstart;
+    f.scores = scores;
+    f.scores_ld = l->scores_ld;
+    return fused == 2 ? dsa_launch_indexer_fused_sm90(ctx, &f, stream) : dsa_launch_indexer_fused(ctx, &f, stream);
+  }
+  for (int64_t u0 = t0; u0 < t1; u0 += l->cg) {
+    const int64_t u1 = min64(t1, u0 + l->cg), nq = u1 - u0;
+    const int64_t ks = max64(wstart, qs + u0 - l->msk + 1), ke = min64(qs + u1, tk);
+    const uint16_t *B = p->index_q + u0 * p->q_stride_token;
+    if (l->pack) {
+      DSA_TRY(dsa_launch_indexer_pack_q(B, p->q_stride_token, p->q_stride_head, nq, (int32_t)H, qpack, stream));
+      B = qpack;
+    }
+    for (int64_t k0 = ks; k0 < ke; k0 += l->key_tile) {
+      const int64_t n = min64(ke, k0 + l->key_tile) - k0;
+      /* column-major view: C[s, (q,h)] (n x nq*H, ldc = logits_ld) = K^T Q, i.e. row (q,h) of
+       * the row-major logits holds its scores over the tile's keys */
+      DSA_TRY(cublas_status(
+          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)(nq * H), DSA_INDEX_HEAD_DIM,
+                       &one, p->index_k + k0 * p->k_stride, CUDA_R_16BF, (int)p->k_stride, B,
+                       CUDA_R_16BF, (int)l->q_ld, &zero, logits, CUDA_R_32F, (int)l->logits_ld,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx"));
+      DSA_TRY(dsa_launch_indexer_reduce(
+          nq, (int32_t)H, n, logits, l->logits_ld, (const char *)p->weights + u0 * p->weights_stride * welem,
+          wbf16, p->weights_stride, scores + (u0 - t0) * l->scores_ld + (k0 - wstart), l->scores_ld, stream));
+    }
+  }
+  return DSA_SUCCESS;
+}
+
+static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, const idx_layout *l,
+                             int fused, char *ws, cudaStream_t stream) {
+  static const char fn[] = "dsa_indexer_topk";
+  const dsa_plan_view *v = p->plan;
+  const int64_t tq = v->num_queries, tk = v->total_key_tokens, qs = v->query_start;
+  const int64_t K = p->topk;
+  const int pipe = l->nbuf == 2;
+  cudaStream_t sel = pipe ? ctx->side : stream; /* the selections' stream */
+  dsa_status st = DSA_SUCCESS;
   dsa_topk_launch a;
   void *hv;
   cublasHandle_t h = NULL;
-  float *scores, *logits;
+  float *logits;
   uint16_t *qpack;
-  const float one = 1.0f, zero = 0.0f;
 
   if (!fused && l->t_skip < tq && (p->k_stride > 0x7fffffff || l->q_ld > 0x7fffffff))
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "dsa_indexer_topk: k_stride = %lld or the q row stride %lld "
@@ -163,7 +242,6 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
   if (l->t_skip >= tq) return DSA_SUCCESS;
 
   ws = (char *)(((uintptr_t)ws + IDX_ALIGN - 1) / IDX_ALIGN * IDX_ALIGN);
-  scores = (float *)(ws + l->scores_off);
   logits = (float *)(ws + l->logits_off);
   qpack = (uint16_t *)(ws + l->pack_off);
   if (!fused) {
@@ -171,57 +249,23 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
     h = (cublasHandle_t)hv;
     DSA_TRY(cublas_status(cublasSetStream(h, stream), "cublasSetStream"));
   }
+  if (pipe) { /* the side stream starts after everything the call's stream holds so far */
+    DSA_TRY(dsa_cuda_status(cudaEventRecord(ctx->ev_fork, stream), fn));
+    DSA_TRY(dsa_cuda_status(cudaStreamWaitEvent(ctx->side, ctx->ev_fork, 0), fn));
+  }
 
-  for (int64_t t0 = l->t_skip; t0 < tq; t0 += l->cq) {
+  int64_t ci = 0;
+  for (int64_t t0 = l->t_skip; t0 < tq && st == DSA_SUCCESS; t0 += l->cq, ++ci) {
     const int64_t t1 = min64(tq, t0 + l->cq);
     const int64_t wstart = max64(0, qs + t0 - l->msk + 1), wend = min64(qs + t1, tk);
-    if (fused) {
-      dsa_indexer_fused_args f;
-      f.rows = t1 - t0;
-      f.heads = (int32_t)H;
-      f.topk = (int32_t)K;
-      f.q = p->index_q + t0 * p->q_stride_token;
-      f.q_stride_token = p->q_stride_token;
-      f.q_stride_head = p->q_stride_head;
-      f.k = p->index_k;
-      f.k_stride = p->k_stride;
-      f.weights = (const char *)p->weights + t0 * p->weights_stride * welem;
-      f.weights_bf16 = wbf16;
-      f.weights_stride = p->weights_stride;
-      f.starts = v->starts + t0;
-      f.causal_lengths = v->causal_lengths + t0;
-      f.window_start = wstart;
-      f.window = wend - wstart;
-      f.scores = scores;
-      f.scores_ld = l->scores_ld;
-      DSA_TRY(fused == 2 ? dsa_launch_indexer_fused_sm90(ctx, &f, stream)
-                         : dsa_launch_indexer_fused(ctx, &f, stream));
-    }
-    for (int64_t u0 = t0; !fused && u0 < t1; u0 += l->cg) {
-      const int64_t u1 = min64(t1, u0 + l->cg), nq = u1 - u0;
-      const int64_t ks = max64(wstart, qs + u0 - l->msk + 1), ke = min64(qs + u1, tk);
-      const uint16_t *B = p->index_q + u0 * p->q_stride_token;
-      if (l->pack) {
-        DSA_TRY(dsa_launch_indexer_pack_q(B, p->q_stride_token, p->q_stride_head, nq,
-                                          (int32_t)H, qpack, stream));
-        B = qpack;
-      }
-      for (int64_t k0 = ks; k0 < ke; k0 += l->key_tile) {
-        const int64_t n = min64(ke, k0 + l->key_tile) - k0;
-        /* column-major view: C[s, (q,h)] (n x nq*H, ldc = logits_ld) = K^T Q, i.e. row (q,h) of
-         * the row-major logits holds its scores over the tile's keys */
-        DSA_TRY(cublas_status(
-            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)(nq * H), DSA_INDEX_HEAD_DIM,
-                         &one, p->index_k + k0 * p->k_stride, CUDA_R_16BF, (int)p->k_stride, B,
-                         CUDA_R_16BF, (int)l->q_ld, &zero, logits, CUDA_R_32F, (int)l->logits_ld,
-                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            "cublasGemmEx"));
-        DSA_TRY(dsa_launch_indexer_reduce(
-            nq, (int32_t)H, n, logits, l->logits_ld,
-            (const char *)p->weights + u0 * p->weights_stride * welem, wbf16, p->weights_stride,
-            scores + (u0 - t0) * l->scores_ld + (k0 - wstart), l->scores_ld, stream));
-      }
-    }
+    const int b = pipe ? (int)(ci & 1) : 0;
+    float *scores = (float *)(ws + l->scores_off + b * l->scores_buf);
+    /* buffer b's last reader: the selection of chunk ci - 2 */
+    if (pipe && ci >= 2) st = dsa_cuda_status(cudaStreamWaitEvent(stream, ctx->ev_selected[b], 0), fn);
+    if (st == DSA_SUCCESS) st = score_chunk(ctx, p, l, fused, h, logits, qpack, t0, t1, wstart, wend, scores, stream);
+    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaEventRecord(ctx->ev_scored[b], stream), fn);
+    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaStreamWaitEvent(ctx->side, ctx->ev_scored[b], 0), fn);
+    if (st != DSA_SUCCESS) break;
     a.rows = t1 - t0;
     a.columns = wend - wstart;
     a.scores = scores;
@@ -231,9 +275,17 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
     a.start_base = wstart;
     a.indices = p->indices + t0 * p->indices_stride;
     a.out_lengths = p->lengths + t0;
-    DSA_TRY(dsa_launch_topk(ctx, &a, stream));
+    st = dsa_launch_topk(ctx, &a, sel);
+    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaEventRecord(ctx->ev_selected[b], ctx->side), fn);
   }
-  return DSA_SUCCESS;
+  if (pipe) {
+    /* the join, after an error too (a graph capture must end joined); the first error is the one
+     * reported */
+    const dsa_status j1 = dsa_cuda_status(cudaEventRecord(ctx->ev_join, ctx->side), fn);
+    const dsa_status j2 = j1 == DSA_SUCCESS ? dsa_cuda_status(cudaStreamWaitEvent(stream, ctx->ev_join, 0), fn) : j1;
+    if (st == DSA_SUCCESS) st = j2;
+  }
+  return st;
 }
 
 DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *p, void *workspace,
@@ -252,7 +304,8 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
     bud.scores = dsa_option_default(DSA_OPTION_INDEXER_SCORES_BUDGET);
     bud.logits = dsa_option_default(DSA_OPTION_INDEXER_LOGITS_BUDGET);
     bud.key_tile = dsa_option_default(DSA_OPTION_INDEXER_KEY_TILE);
-    plan_layout(&r, r.engine == DSA_INDEXER_ENGINE_FUSED, &bud, &l);
+    plan_layout(&r, r.engine == DSA_INDEXER_ENGINE_FUSED, &bud,
+                (int)dsa_option_default(DSA_OPTION_INDEXER_PIPELINE), &l);
     *workspace_bytes = (size_t)l.total;
     return DSA_SUCCESS;
   }
@@ -280,7 +333,7 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
   bud.scores = ctx->options[DSA_OPTION_INDEXER_SCORES_BUDGET];
   bud.logits = ctx->options[DSA_OPTION_INDEXER_LOGITS_BUDGET];
   bud.key_tile = ctx->options[DSA_OPTION_INDEXER_KEY_TILE];
-  plan_layout(&r, fused, &bud, &l);
+  plan_layout(&r, fused, &bud, (int)ctx->options[DSA_OPTION_INDEXER_PIPELINE], &l);
   if (workspace == NULL) {
     *workspace_bytes = (size_t)l.total;
     return DSA_SUCCESS;

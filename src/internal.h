@@ -18,7 +18,7 @@ extern "C" {
 #define DSA_HIDDEN __attribute__((visibility("hidden")))
 
 /* One past the largest dsa_option id (include/dsa_tune.h). */
-#define DSA_OPTION_COUNT 14
+#define DSA_OPTION_COUNT 15
 
 struct dsa_context {
   int device;
@@ -27,6 +27,10 @@ struct dsa_context {
   int max_smem_optin;  /* bytes of shared memory a block may opt into */
   int l2_bytes;
   void *cublas;        /* cublasHandle_t, created on first use */
+  /* the indexer pipeline's side stream (highest priority, non-blocking) and its events: fork, join,
+   * and per scores buffer "scored" and "selected" (src/indexer.c); created with the context */
+  cudaStream_t side;
+  cudaEvent_t ev_fork, ev_join, ev_scored[2], ev_selected[2];
   int64_t options[DSA_OPTION_COUNT]; /* options[opt]: the value of dsa_option opt (src/options.c) */
 };
 /* Sets every option of ctx to its default (dsa_context_create; src/options.c). */

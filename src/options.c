@@ -31,6 +31,7 @@ static const option_row option_table[DSA_OPTION_COUNT] = {
     [DSA_OPTION_INDEXER_KEY_TILE] = {"DSA_OPTION_INDEXER_KEY_TILE", 1, (int64_t)1 << 30, 32768},
     [DSA_OPTION_TRAIN_KERNEL] = {"DSA_OPTION_TRAIN_KERNEL", DSA_TRAIN_KERNEL_AUTO,
                                        DSA_TRAIN_KERNEL_SM90, DSA_TRAIN_KERNEL_AUTO},
+    [DSA_OPTION_INDEXER_PIPELINE] = {"DSA_OPTION_INDEXER_PIPELINE", 0, 1, 0},
 };
 
 /* Ids 1 .. DSA_OPTION_COUNT - 1 have a row (every row has a name). */

@@ -382,6 +382,38 @@ Test(gpu_indexer, single_sequence_all_k) {
   ix_close(&e);
 }
 
+/* ---- DSA_OPTION_INDEXER_PIPELINE: chunks scored on the call's stream, selected on the side stream,
+ * two buffers; many chunks (odd and even counts), documents, a CP range; the results are read after
+ * a synchronisation of the call's stream only (the join) ---- */
+Test(gpu_indexer, pipelined_chunks) {
+  TC_REQUIRE_GPU();
+  ix_env e = ix_open();
+  tc_rng r = tc_seed("gpu_indexer.pipelined_chunks");
+  static const int32_t cu[] = {0, 2600}, cuD[] = {0, 1200, 1201, 3100, 3400};
+  TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 1);
+  set_budgets(&e, 300 << 10, 200 << 10, 700);
+  {
+    ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 32, 100, DSA_DTYPE_F32, QL_PADDED, 12, "pipeline, small budgets"};
+    run_case(&e, &r, &c);
+    c.K = 2048;
+    c.qlayout = QL_HEAD_MAJOR;
+    c.wdt = DSA_DTYPE_BF16;
+    run_case(&e, &r, &c);
+  }
+  set_budgets(&e, 1 << 20, 1 << 20, 1000); /* fewer, larger chunks */
+  {
+    ix_case c = {cuD, NULL, 4, 3400, 0, -1, NULL, 64, 64, DSA_DTYPE_F32, QL_PLAIN, 10, "pipeline, documents"};
+    run_case(&e, &r, &c);
+  }
+  {
+    ix_case c = {cu, NULL, 1, 2600, 900, 1500, NULL, 32, 64, DSA_DTYPE_BF16, QL_TOKEN_GAP, 10, "pipeline, CP range"};
+    run_case(&e, &r, &c);
+  }
+  default_budgets(&e);
+  TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 0);
+  ix_close(&e);
+}
+
 /* ---- several documents (one of length 1), padded storage, CP range, padding mask ---- */
 Test(gpu_indexer, documents_padding_cp_mask) {
   TC_REQUIRE_GPU();
@@ -583,6 +615,12 @@ Test(gpu_indexer, workspace_bounded) {
       TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b2, e.stream));
       cr_assert(b2 >= 1 && b2 <= ((size_t)256 << 20), "fused: T %lld H %d: workspace %zu", (long long)lens[i],
                 h, b2);
+      /* the pipeline's two buffers share the scores budget (128 MiB): within it plus alignment */
+      TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 1);
+      TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b1, e.stream));
+      TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 0);
+      cr_assert(b1 >= 1 && b1 <= ((size_t)128 << 20) + 768, "pipeline: T %lld H %d: workspace %zu",
+                (long long)lens[i], h, b1);
       dsa_plan_destroy(plan);
     }
   ix_close(&e);
@@ -660,7 +698,13 @@ Test(gpu_indexer, graph_capture) {
   ix_case c = {cu, NULL, 2, 2500, 0, -1, NULL, 32, 100, DSA_DTYPE_BF16, QL_HEAD_MAJOR, 0, "graph"};
   ix_data x;
   data_make(&e, &r, &c, &x);
-  for (int en = 0; en < 3; ++en) { /* cuBLAS, fused mma.sync, fused wgmma */
+  for (int run = 0; run < 5; ++run) {
+    /* cuBLAS, fused mma.sync, fused wgmma; then both fused kernels as a pipeline of many chunks
+     * (the side stream forks from and joins the captured stream) */
+    const int en = run < 3 ? run : run - 2, pipe = run >= 3;
+    TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, pipe);
+    if (pipe) set_budgets(&e, 300 << 10, 200 << 10, 700);
+    else default_budgets(&e);
     dsa_indexer_params p = params_of(&c, &x, 1);
     const size_t in = (size_t)(x.Tq * x.ist);
     int32_t *a, *al, *di, *dl;
@@ -694,8 +738,10 @@ Test(gpu_indexer, graph_capture) {
     TC_CUDA(cudaStreamSynchronize(e.stream));
     TC_CUDA(cudaMemcpy(got, di, in * 4, cudaMemcpyDeviceToHost));
     TC_CUDA(cudaMemcpy(glen, dl, (size_t)x.Tq * 4, cudaMemcpyDeviceToHost));
-    cr_assert(memcmp(got, a, in * 4) == 0, "engine %d: graph replay differs from the eager run", en);
-    cr_assert(memcmp(glen, al, (size_t)x.Tq * 4) == 0, "engine %d: graph replay lengths differ", en);
+    cr_assert(memcmp(got, a, in * 4) == 0, "engine %d pipeline %d: graph replay differs from the eager run", en,
+              pipe);
+    cr_assert(memcmp(glen, al, (size_t)x.Tq * 4) == 0, "engine %d pipeline %d: graph replay lengths differ", en,
+              pipe);
     TC_CUDA(cudaGraphExecDestroy(ge));
     TC_CUDA(cudaGraphDestroy(g));
     cudaFree(ws);
@@ -706,6 +752,8 @@ Test(gpu_indexer, graph_capture) {
     free(got);
     free(glen);
   }
+  TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 0);
+  default_budgets(&e);
   data_free(&x);
   ix_close(&e);
 }

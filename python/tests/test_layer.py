@@ -227,6 +227,18 @@ def test_options_are_checked():
     assert "fwd" in lib.so.dsa_last_error_message().decode().lower()
 
 
+def test_option_table_matches_the_header():
+    """_capi.OPTIONS names every dsa_option of include/dsa_tune.h (DSA_OPTION_X = N -> "x": N); skipped
+    where the package is installed without the checkout's headers"""
+    import re
+    header = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include", "dsa_tune.h")
+    if not os.path.exists(header):
+        pytest.skip("no include/dsa_tune.h beside the package")
+    ids = {m.group(1).lower(): int(m.group(2))
+           for m in re.finditer(r"^\s*DSA_OPTION_([A-Z0-9_]+)\s*=\s*(\d+)", open(header).read(), re.M)}
+    assert ids and libdsa._capi.OPTIONS == ids
+
+
 @gpu_only
 def test_options_on_the_device_context():
     libdsa.set_option("bwd_kernel", 1)
