@@ -68,13 +68,13 @@ typedef enum dsa_option {
    * whose sm_90a kernel runs only when forced (SM90; AUTO keeps its CUDA-core kernel): a
    * dsa_train_kernel value. Default DSA_TRAIN_KERNEL_AUTO. */
   DSA_OPTION_TRAIN_KERNEL = 13,
-  /* dsa_indexer_topk's query chunks as a pipeline: 1 = when the scores take more than one chunk, two
-   * buffers sharing the scores budget (half each: the workspace does not grow), the top-k of chunk
-   * i on the context's side stream while chunk i + 1 is scored on the call's stream (fork and join
-   * by events: the call stays ordered on its stream and can be captured in a graph), so that each
-   * kernel's last partial wave runs beside the other. 0 = one buffer, every chunk scored then
-   * selected on the call's stream. Default 0. The workspace size query reads it from the ctx it is
-   * given. */
+  /* dsa_indexer_topk's query chunks as a pipeline: 1 = (above 256 scored queries) at least four
+   * chunks in two buffers sharing the scores budget (half each: the workspace does not grow), the
+   * top-k of chunk i on the context's side stream while chunk i + 1 is scored on the call's stream
+   * (fork and join by events: the call stays ordered on its stream and can be captured in a graph),
+   * so that only the last chunk's top-k runs alone. 0 = chunks as large as the budget allows in one
+   * buffer, each scored then selected on the call's stream. Default 0. The workspace size query
+   * reads it from the ctx it is given. */
   DSA_OPTION_INDEXER_PIPELINE = 14
 } dsa_option;
 

@@ -17,8 +17,9 @@
  * Workspace (fixed budget, independent of T_q; DSA_OPTION_INDEXER_SCORES_BUDGET / _LOGITS_BUDGET /
  * _KEY_TILE, defaults below): scores <= 128 MiB, logits <= 64 MiB, plus a packed
  * copy of q for layouts cuBLAS cannot read directly, plus 256 bytes of alignment slack (any
- * workspace alignment is accepted). With DSA_OPTION_INDEXER_PIPELINE = 1 and more than one chunk,
- * two scores buffers of half the budget each: chunk i is scored into buffer i % 2 on the call's stream while the top-k of
+ * workspace alignment is accepted). With DSA_OPTION_INDEXER_PIPELINE = 1 (and more than
+ * IDX_PIPE_MIN_ROWS scored queries), two scores buffers of half the budget each and at least
+ * IDX_PIPE_CHUNKS chunks: chunk i is scored into buffer i % 2 on the call's stream while the top-k of
  * chunk i - 1 runs on the context's side stream (events: the side stream forks from the call's
  * stream after the no-score launch and joins it at the end; chunk i waits for the top-k of chunk
  * i - 2, the last reader of its buffer), so that the two kernels' partial waves overlap. The budget is exceeded only when a single query's visible
@@ -50,6 +51,12 @@ typedef struct {
   int64_t scores, logits, key_tile;
 } idx_budget;
 #define IDX_MAX_CHUNK ((int64_t)65535)         /* rows of a chunk (grid.y of the reduction) */
+/* The pipeline (DSA_OPTION_INDEXER_PIPELINE) cuts the scored queries into at least IDX_PIPE_CHUNKS
+ * chunks of at least IDX_PIPE_MIN_ROWS (when there are that many): only the last chunk's top-k runs
+ * alone, so a launch that fits one chunk (idx-glm-4k: 2048 rows) still overlaps three quarters of its
+ * top-k with the scoring. */
+#define IDX_PIPE_CHUNKS ((int64_t)4)
+#define IDX_PIPE_MIN_ROWS ((int64_t)256)
 #define IDX_ALIGN ((int64_t)256)
 
 typedef struct {
@@ -106,9 +113,13 @@ static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget
   l->total = 1;
   if (n_score <= 0) return;
   c = chunk_rows(l, tk, n_score, bud->scores);
-  if (pipeline && n_score > c) { /* more than one chunk: two buffers sharing the budget */
-    l->nbuf = 2;
-    c = chunk_rows(l, tk, n_score, max64(1, bud->scores / 2));
+  if (pipeline && n_score > IDX_PIPE_MIN_ROWS) { /* two buffers sharing the budget */
+    const int64_t c2 = min64(chunk_rows(l, tk, n_score, max64(1, bud->scores / 2)),
+                             max64(IDX_PIPE_MIN_ROWS, (n_score + IDX_PIPE_CHUNKS - 1) / IDX_PIPE_CHUNKS));
+    if (n_score > c2) {
+      l->nbuf = 2;
+      c = c2;
+    }
   }
   l->cq = c;
   wcap = window_cap(l, tk, c);

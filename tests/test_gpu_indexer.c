@@ -391,6 +391,11 @@ Test(gpu_indexer, pipelined_chunks) {
   tc_rng r = tc_seed("gpu_indexer.pipelined_chunks");
   static const int32_t cu[] = {0, 2600}, cuD[] = {0, 1200, 1201, 3100, 3400};
   TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 1);
+  {
+    /* the default budgets: one chunk's worth of queries cut into four */
+    ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 32, 64, DSA_DTYPE_BF16, QL_PLAIN, 12, "pipeline, four chunks"};
+    run_case(&e, &r, &c);
+  }
   set_budgets(&e, 300 << 10, 200 << 10, 700);
   {
     ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 32, 100, DSA_DTYPE_F32, QL_PADDED, 12, "pipeline, small budgets"};
