@@ -290,11 +290,14 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
     if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaEventRecord(ctx->ev_selected[b], ctx->side), fn);
   }
   if (pipe) {
-    /* the join, after an error too (a graph capture must end joined); the first error is the one
-     * reported */
+    /* the join, after an error too (a graph capture must end joined); the first error and its
+     * message are the ones reported */
+    dsa_saved_message saved;
+    dsa_message_save(&saved);
     const dsa_status j1 = dsa_cuda_status(cudaEventRecord(ctx->ev_join, ctx->side), fn);
     const dsa_status j2 = j1 == DSA_SUCCESS ? dsa_cuda_status(cudaStreamWaitEvent(stream, ctx->ev_join, 0), fn) : j1;
     if (st == DSA_SUCCESS) st = j2;
+    else dsa_message_restore(&saved);
   }
   return st;
 }
