@@ -473,8 +473,10 @@ Test(gpu_attn_fwd, topk_above_2048) {
 Test(gpu_attn_fwd, topk_length_and_sink_modes) {
   TC_REQUIRE_GPU();
   tc_rng rng = tc_seed("gpu_attn_fwd/topk_length_and_sink_modes");
-  static const int heads[] = {3, 64, 128}; /* 128: two head blocks (a cluster under DSA_FWD_CLUSTER_SHARE) */
-  for (int hi = 0; hi < 3; ++hi)
+  /* 3 and 32: the small-H kernel (its block ring and two-CTA experiments at N = 8 and 32); 128: two
+   * head blocks (a cluster under DSA_FWD_CLUSTER_SHARE) */
+  static const int heads[] = {3, 32, 64, 128};
+  for (int hi = 0; hi < 4; ++hi)
     for (int l = 0; l < LEN_MODES; ++l)
       for (int s = 0; s < SINK_MODES; ++s) {
         attn_case c = base_case(9, heads[hi], 100);
@@ -504,6 +506,10 @@ Test(gpu_attn_fwd, empty_and_invalid_rows) {
   c.p_invalid = 1.0;
   c.len = LEN_FULL;
   run_case(&c, &rng, "all invalid, H=128");
+  c = base_case(7, 32, 130);
+  c.p_invalid = 1.0;
+  c.len = LEN_FULL;
+  run_case(&c, &rng, "all invalid, H=32");
   c = base_case(21, 128, 257);
   c.p_invalid = 0.9;
   c.p_dup = 0.05;
@@ -529,9 +535,9 @@ Test(gpu_attn_fwd, duplicates) {
 Test(gpu_attn_fwd, head_dim_512) {
   TC_REQUIRE_GPU();
   tc_rng rng = tc_seed("gpu_attn_fwd/head_dim_512");
-  static const int heads[] = {1, 8, 64, 128};
-  static const int ks[] = {64, 200, 33, 2048};
-  for (int i = 0; i < 4; ++i) {
+  static const int heads[] = {1, 8, 32, 64, 128};
+  static const int ks[] = {64, 200, 130, 33, 2048};
+  for (int i = 0; i < 5; ++i) {
     attn_case c = base_case(19, heads[i], ks[i]);
     c.D = 512;
     c.p_invalid = 0.1;
