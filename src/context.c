@@ -1,7 +1,7 @@
 /* context.c - the per-device context: cached device attributes, a check that this build has
  * device code for the device (docs/contract.md section 13.4), a lazily created cuBLAS handle, and
- * the side stream and events of the indexer's pipeline (created with the context, so that no call
- * creates CUDA objects, which a graph capture may forbid). */
+ * a side stream with its events (src/internal.h; created with the context, so that no call creates
+ * CUDA objects, which a graph capture may forbid). */
 #include <stdlib.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -76,8 +76,8 @@ DSA_API dsa_status dsa_context_create(dsa_context **ctx, int device) {
     /* the side stream at the device's highest priority: a selection's CTAs take the SMs that a
      * scoring kernel frees before the next scoring kernel's do */
     int lo = 0, hi = 0;
-    cudaEvent_t *evs[6] = {&c->ev_fork, &c->ev_join, &c->ev_scored[0], &c->ev_scored[1], &c->ev_selected[0],
-                           &c->ev_selected[1]};
+    cudaEvent_t *evs[6] = {&c->ev_fork, &c->ev_join, &c->ev_ready[0], &c->ev_ready[1], &c->ev_done[0],
+                           &c->ev_done[1]};
     e = cudaDeviceGetStreamPriorityRange(&lo, &hi);
     if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, hi);
     for (int i = 0; i < 6 && e == cudaSuccess; ++i) e = cudaEventCreateWithFlags(evs[i], cudaEventDisableTiming);
@@ -94,8 +94,8 @@ DSA_API void dsa_context_destroy(dsa_context *ctx) {
   if (ctx == NULL) return;
   if (ctx->cublas != NULL) cublasDestroy((cublasHandle_t)ctx->cublas);
   {
-    cudaEvent_t evs[6] = {ctx->ev_fork, ctx->ev_join, ctx->ev_scored[0], ctx->ev_scored[1], ctx->ev_selected[0],
-                          ctx->ev_selected[1]};
+    cudaEvent_t evs[6] = {ctx->ev_fork, ctx->ev_join, ctx->ev_ready[0], ctx->ev_ready[1], ctx->ev_done[0],
+                          ctx->ev_done[1]};
     for (int i = 0; i < 6; ++i)
       if (evs[i] != NULL) cudaEventDestroy(evs[i]);
   }

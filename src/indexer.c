@@ -272,10 +272,10 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
     const int b = pipe ? (int)(ci & 1) : 0;
     float *scores = (float *)(ws + l->scores_off + b * l->scores_buf);
     /* buffer b's last reader: the selection of chunk ci - 2 */
-    if (pipe && ci >= 2) st = dsa_cuda_status(cudaStreamWaitEvent(stream, ctx->ev_selected[b], 0), fn);
+    if (pipe && ci >= 2) st = dsa_cuda_status(cudaStreamWaitEvent(stream, ctx->ev_done[b], 0), fn);
     if (st == DSA_SUCCESS) st = score_chunk(ctx, p, l, fused, h, logits, qpack, t0, t1, wstart, wend, scores, stream);
-    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaEventRecord(ctx->ev_scored[b], stream), fn);
-    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaStreamWaitEvent(ctx->side, ctx->ev_scored[b], 0), fn);
+    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaEventRecord(ctx->ev_ready[b], stream), fn);
+    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaStreamWaitEvent(ctx->side, ctx->ev_ready[b], 0), fn);
     if (st != DSA_SUCCESS) break;
     a.rows = t1 - t0;
     a.columns = wend - wstart;
@@ -287,7 +287,7 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
     a.indices = p->indices + t0 * p->indices_stride;
     a.out_lengths = p->lengths + t0;
     st = dsa_launch_topk(ctx, &a, sel);
-    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaEventRecord(ctx->ev_selected[b], ctx->side), fn);
+    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaEventRecord(ctx->ev_done[b], ctx->side), fn);
   }
   if (pipe) {
     /* the join, after an error too (a graph capture must end joined); the first error and its

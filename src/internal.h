@@ -27,10 +27,14 @@ struct dsa_context {
   int max_smem_optin;  /* bytes of shared memory a block may opt into */
   int l2_bytes;
   void *cublas;        /* cublasHandle_t, created on first use */
-  /* the indexer pipeline's side stream (highest priority, non-blocking) and its events: fork, join,
-   * and per scores buffer "scored" and "selected" (src/indexer.c); created with the context */
+  /* a side stream (highest priority, non-blocking) for work that runs beside the call's stream, and
+   * its events: fork and join, and per double-buffered region b, ready[b] (call stream -> side: the
+   * region holds what the side stream reads, or is free for it to write) and done[b] (side -> call
+   * stream: the side stream's work on the region finished). Created with the context. Users: the
+   * indexer's chunk pipeline (src/indexer.c), the deterministic backward's sort-ahead experiment
+   * (cuda/attn_bwd/bwd_sm90_ws.cu). */
   cudaStream_t side;
-  cudaEvent_t ev_fork, ev_join, ev_scored[2], ev_selected[2];
+  cudaEvent_t ev_fork, ev_join, ev_ready[2], ev_done[2];
   int64_t options[DSA_OPTION_COUNT]; /* options[opt]: the value of dsa_option opt (src/options.c) */
 };
 /* Sets every option of ctx to its default (dsa_context_create; src/options.c). */

@@ -34,6 +34,13 @@
 #ifndef DSA_ATTN_BWD_COMMON_CUH
 #define DSA_ATTN_BWD_COMMON_CUH
 
+/* -DDSA_BWD_DET_SORT_AHEAD=1 (an experiment, Makefile EXPERIMENTS): the deterministic layout gets a
+ * second sort region and rank array (bwd_det_layout), so that the warp-specialised launcher sorts
+ * chunk c + 1 on the context's side stream while chunk c's dKV rows are reduced (bwd_sm90_ws.cu). */
+#ifndef DSA_BWD_DET_SORT_AHEAD
+#define DSA_BWD_DET_SORT_AHEAD 0
+#endif
+
 #include <stdint.h>
 #include <math.h>
 #include <cuda_runtime.h>
@@ -459,6 +466,8 @@ inline dsa_status bwd_zero_tokens(const dsa_attn_bwd_params *p, const float *par
 struct BwdDetLayout {
   size_t delta, lp, part, acc, contrib, pos;
   BwdSortLayout sort; /* keys0 .. temp */
+  size_t pos2;        /* DSA_BWD_DET_SORT_AHEAD: the second rank array and sort region */
+  BwdSortLayout sort2;
   size_t total;
   int64_t chunk; /* C */
 };
@@ -483,6 +492,10 @@ inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, int64_t chunk_tok
   L->contrib = o; o += bwd_align_up((size_t)C * per_tok + (size_t)kBwdDetDumpRows * D * 4);
   DSA_TRY(bwd_sort_layout(C * (int64_t)p->topk, p->num_kv, &o, &L->sort));
   L->pos = o; o += bwd_align_up((size_t)C * (size_t)p->topk * 4);
+#if DSA_BWD_DET_SORT_AHEAD
+  DSA_TRY(bwd_sort_layout(C * (int64_t)p->topk, p->num_kv, &o, &L->sort2));
+  L->pos2 = o; o += bwd_align_up((size_t)C * (size_t)p->topk * 4);
+#endif
   L->total = o + kBwdAlign; /* slack: the caller's pointer is aligned up inside */
   return DSA_SUCCESS;
 }
@@ -511,25 +524,26 @@ inline dsa_status bwd_det_sort_reduce(const dsa_attn_bwd_params *p, const BwdDet
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
 
-/* The sorted layout, before a chunk's main kernel: sort the chunk's entries by kv row and write each
- * entry's rank to L.pos (the main kernel stores entry i's rows at pos[i] NHB + hb). */
-inline dsa_status bwd_det_sort_pos(const dsa_attn_bwd_params *p, const BwdDetLayout &L, unsigned char *ws,
-                                   int64_t t0, int64_t nt, cudaStream_t stream) {
+/* The sorted layout, before a chunk's main kernel: sort the chunk's entries by kv row (sort region S)
+ * and write each entry's rank to the int32 array at byte offset pos (L.pos; the main kernel stores
+ * entry i's rows at pos[i] NHB + hb). */
+inline dsa_status bwd_det_sort_pos(const dsa_attn_bwd_params *p, const BwdSortLayout &S, size_t pos,
+                                   unsigned char *ws, int64_t t0, int64_t nt, cudaStream_t stream) {
   const int64_t n = nt * (int64_t)p->topk;
   const int32_t *vals = nullptr;
-  if (p->num_kv > 0) DSA_TRY(bwd_launch_sorted_keys(p, t0, n, 0, L.sort, ws, &vals, stream));
+  if (p->num_kv > 0) DSA_TRY(bwd_launch_sorted_keys(p, t0, n, 0, S, ws, &vals, stream));
   bwd_det_pos_kernel<<<bwd_grid_for(n, kBwdSmallThreads, kBwdGridCap), kBwdSmallThreads, 0, stream>>>(
-      vals, n, (int32_t *)(ws + L.pos));
+      vals, n, (int32_t *)(ws + pos));
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
 
 /* The sorted layout's reduction, after a chunk's main kernel: acc += each kv row's contiguous run of
- * rows (off from bwd_det_sort_pos's sort). */
+ * rows (off from bwd_det_sort_pos's sort in region S). */
 template <int D, int NHB>
-inline dsa_status bwd_det_reduce_sorted(const dsa_attn_bwd_params *p, const BwdDetLayout &L, unsigned char *ws,
+inline dsa_status bwd_det_reduce_sorted(const dsa_attn_bwd_params *p, const BwdSortLayout &S, unsigned char *ws,
                                         const float *contrib, float *acc, cudaStream_t stream) {
   bwd_det_reduce_kernel<D, NHB, true><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), D / 4, 0, stream>>>(
-      contrib, (const int64_t *)(ws + L.sort.off), nullptr, acc, p->num_kv, p->topk);
+      contrib, (const int64_t *)(ws + S.off), nullptr, acc, p->num_kv, p->topk);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
 

@@ -924,17 +924,61 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
     /* the part-filled chunk (T mod C tokens) runs first: under a causal mask the first tokens are
      * the shortest, so its part-filled last wave costs least there */
     const int64_t first = p->num_tokens % C != 0 ? p->num_tokens % C : C;
+#if !DSA_BWD_DET_SORT_AHEAD
     for (int64_t t0 = 0, nt = first; t0 < p->num_tokens; t0 += nt, nt = C) {
-      DSA_TRY(bwd_det_sort_pos(p, DL, ws, t0, nt, stream));
+      DSA_TRY(bwd_det_sort_pos(p, DL.sort, DL.pos, ws, t0, nt, stream));
       const MainArgs ca = ws_chunk_args(args, t0, nt);
       attn_bwd_sm90_ws_kernel<NBT, true><<<(unsigned)(nt * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(ca);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
       if (p->num_kv == 0) continue; /* every slot invalid: dq only */
       if (num_hblocks == 1)
-        DSA_TRY((bwd_det_reduce_sorted<kD, 1>(p, DL, ws, args.contrib, R.acc, stream)));
+        DSA_TRY((bwd_det_reduce_sorted<kD, 1>(p, DL.sort, ws, args.contrib, R.acc, stream)));
       else
-        DSA_TRY((bwd_det_reduce_sorted<kD, 2>(p, DL, ws, args.contrib, R.acc, stream)));
+        DSA_TRY((bwd_det_reduce_sorted<kD, 2>(p, DL.sort, ws, args.contrib, R.acc, stream)));
     }
+#else
+    /* chunk c's sort and ranks in region c % 2; chunk c + 1's sort runs on the context's side stream
+     * once chunk c's main kernel is done (so beside chunk c's reduction, which reads region c % 2,
+     * not under the main kernels, which leave no room on an SM); it overwrites region (c + 1) % 2,
+     * whose last readers (chunk c - 1's main kernel and reduction) precede chunk c's main kernel on the
+     * call's stream. Chunk c's main kernel waits for its sort (done[c % 2]); the side stream's last
+     * work is joined before the function returns, after an error too. */
+    const BwdSortLayout *sr[2] = {&DL.sort, &DL.sort2};
+    const size_t pr[2] = {DL.pos, DL.pos2};
+    dsa_status st = bwd_det_sort_pos(p, *sr[0], pr[0], ws, 0, first, stream);
+    int64_t c = 0;
+    for (int64_t t0 = 0, nt = first; t0 < p->num_tokens && st == DSA_SUCCESS; t0 += nt, nt = C, ++c) {
+      const int r = (int)(c & 1);
+      if (c > 0) st = dsa_cuda_status((int)cudaStreamWaitEvent(stream, ctx->ev_done[r], 0), fn);
+      if (st != DSA_SUCCESS) break;
+      args.det_pos = (const int32_t *)(ws + pr[r]);
+      const MainArgs ca = ws_chunk_args(args, t0, nt);
+      attn_bwd_sm90_ws_kernel<NBT, true><<<(unsigned)(nt * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(ca);
+      st = dsa_cuda_status((int)cudaGetLastError(), fn);
+      if (st == DSA_SUCCESS && t0 + nt < p->num_tokens) { /* chunk c + 1's sort, beside this reduction */
+        const int64_t nt1 = C < p->num_tokens - (t0 + nt) ? C : p->num_tokens - (t0 + nt);
+        st = dsa_cuda_status((int)cudaEventRecord(ctx->ev_ready[r], stream), fn);
+        if (st == DSA_SUCCESS) st = dsa_cuda_status((int)cudaStreamWaitEvent(ctx->side, ctx->ev_ready[r], 0), fn);
+        if (st == DSA_SUCCESS) st = bwd_det_sort_pos(p, *sr[r ^ 1], pr[r ^ 1], ws, t0 + nt, nt1, ctx->side);
+        if (st == DSA_SUCCESS) st = dsa_cuda_status((int)cudaEventRecord(ctx->ev_done[r ^ 1], ctx->side), fn);
+      }
+      if (st != DSA_SUCCESS || p->num_kv == 0) continue; /* every slot invalid: dq only */
+      if (num_hblocks == 1)
+        st = bwd_det_reduce_sorted<kD, 1>(p, *sr[r], ws, args.contrib, R.acc, stream);
+      else
+        st = bwd_det_reduce_sorted<kD, 2>(p, *sr[r], ws, args.contrib, R.acc, stream);
+    }
+    {
+      dsa_saved_message saved;
+      dsa_message_save(&saved);
+      const dsa_status j1 = dsa_cuda_status((int)cudaEventRecord(ctx->ev_join, ctx->side), fn);
+      const dsa_status j2 =
+          j1 == DSA_SUCCESS ? dsa_cuda_status((int)cudaStreamWaitEvent(stream, ctx->ev_join, 0), fn) : j1;
+      if (st == DSA_SUCCESS) st = j2;
+      else dsa_message_restore(&saved);
+    }
+    DSA_TRY(st);
+#endif
   }
   if (p->num_kv > 0) DSA_TRY(bwd_launch_convert_lay1<kD>(p, R.acc, stream));
   if (p->dsink) DSA_TRY(bwd_launch_dsink(p, R.part, stream));
