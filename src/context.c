@@ -121,6 +121,20 @@ dsa_status dsa_context_enter(dsa_context *ctx, const char *fn) {
   return DSA_SUCCESS;
 }
 
+dsa_status dsa_stream_after(cudaEvent_t ev, cudaStream_t from, cudaStream_t to, const char *fn) {
+  DSA_TRY(dsa_cuda_status(cudaEventRecord(ev, from), fn));
+  return dsa_cuda_status(cudaStreamWaitEvent(to, ev, 0), fn);
+}
+
+dsa_status dsa_side_join(const dsa_context *ctx, cudaStream_t stream, dsa_status st, const char *fn) {
+  dsa_saved_message saved;
+  dsa_message_save(&saved);
+  const dsa_status j = dsa_stream_after(ctx->ev_join, ctx->side, stream, fn);
+  if (st == DSA_SUCCESS) return j;
+  dsa_message_restore(&saved);
+  return st;
+}
+
 dsa_status dsa_context_cublas(dsa_context *ctx, void **handle) {
   if (ctx->cublas == NULL) {
     cublasHandle_t h;

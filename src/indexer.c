@@ -260,10 +260,8 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
     h = (cublasHandle_t)hv;
     DSA_TRY(cublas_status(cublasSetStream(h, stream), "cublasSetStream"));
   }
-  if (pipe) { /* the side stream starts after everything the call's stream holds so far */
-    DSA_TRY(dsa_cuda_status(cudaEventRecord(ctx->ev_fork, stream), fn));
-    DSA_TRY(dsa_cuda_status(cudaStreamWaitEvent(ctx->side, ctx->ev_fork, 0), fn));
-  }
+  /* the side stream starts after everything the call's stream holds so far */
+  if (pipe) DSA_TRY(dsa_stream_after(ctx->ev_fork, stream, ctx->side, fn));
 
   int64_t ci = 0;
   for (int64_t t0 = l->t_skip; t0 < tq && st == DSA_SUCCESS; t0 += l->cq, ++ci) {
@@ -274,8 +272,7 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
     /* buffer b's last reader: the selection of chunk ci - 2 */
     if (pipe && ci >= 2) st = dsa_cuda_status(cudaStreamWaitEvent(stream, ctx->ev_done[b], 0), fn);
     if (st == DSA_SUCCESS) st = score_chunk(ctx, p, l, fused, h, logits, qpack, t0, t1, wstart, wend, scores, stream);
-    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaEventRecord(ctx->ev_ready[b], stream), fn);
-    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaStreamWaitEvent(ctx->side, ctx->ev_ready[b], 0), fn);
+    if (st == DSA_SUCCESS && pipe) st = dsa_stream_after(ctx->ev_ready[b], stream, ctx->side, fn);
     if (st != DSA_SUCCESS) break;
     a.rows = t1 - t0;
     a.columns = wend - wstart;
@@ -289,17 +286,7 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
     st = dsa_launch_topk(ctx, &a, sel);
     if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaEventRecord(ctx->ev_done[b], ctx->side), fn);
   }
-  if (pipe) {
-    /* the join, after an error too (a graph capture must end joined); the first error and its
-     * message are the ones reported */
-    dsa_saved_message saved;
-    dsa_message_save(&saved);
-    const dsa_status j1 = dsa_cuda_status(cudaEventRecord(ctx->ev_join, ctx->side), fn);
-    const dsa_status j2 = j1 == DSA_SUCCESS ? dsa_cuda_status(cudaStreamWaitEvent(stream, ctx->ev_join, 0), fn) : j1;
-    if (st == DSA_SUCCESS) st = j2;
-    else dsa_message_restore(&saved);
-  }
-  return st;
+  return pipe ? dsa_side_join(ctx, stream, st, fn) : st; /* joined after an error too */
 }
 
 DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *p, void *workspace,

@@ -87,6 +87,13 @@ DSA_HIDDEN void dsa_message_restore(const dsa_saved_message *m);
 DSA_HIDDEN int dsa_declined(dsa_status s, const dsa_saved_message *m);
 /* Maps a cudaError_t (as int) to DSA_ERROR_CUDA with the runtime's message; success passes. */
 DSA_HIDDEN dsa_status dsa_cuda_status(int cuda_error, const char *where);
+/* Orders stream `to` after everything stream `from` holds now: records ev on `from`, `to` waits for it
+ * (the side stream's fork, a double-buffered region handed from one stream to the other). */
+DSA_HIDDEN dsa_status dsa_stream_after(cudaEvent_t ev, cudaStream_t from, cudaStream_t to, const char *fn);
+/* Joins the context's side stream into `stream` (ev_join) and returns the call's status: st when st is
+ * an error (the join runs all the same, since a graph capture must end joined, and st's message is
+ * the one kept), else the join's own. */
+DSA_HIDDEN dsa_status dsa_side_join(const dsa_context *ctx, cudaStream_t stream, dsa_status st, const char *fn);
 /* Raises kernel `fn`'s dynamic shared memory limit to `bytes` (and, when max_carveout, asks for the
  * largest shared-memory carveout) once per device: set[device] remembers the largest size set so
  * far, so later launches skip the host call. A race between threads only repeats the same harmless

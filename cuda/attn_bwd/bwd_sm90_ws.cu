@@ -957,8 +957,7 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
       st = dsa_cuda_status((int)cudaGetLastError(), fn);
       if (st == DSA_SUCCESS && t0 + nt < p->num_tokens) { /* chunk c + 1's sort, beside this reduction */
         const int64_t nt1 = C < p->num_tokens - (t0 + nt) ? C : p->num_tokens - (t0 + nt);
-        st = dsa_cuda_status((int)cudaEventRecord(ctx->ev_ready[r], stream), fn);
-        if (st == DSA_SUCCESS) st = dsa_cuda_status((int)cudaStreamWaitEvent(ctx->side, ctx->ev_ready[r], 0), fn);
+        st = dsa_stream_after(ctx->ev_ready[r], stream, ctx->side, fn);
         if (st == DSA_SUCCESS) st = bwd_det_sort_pos(p, *sr[r ^ 1], pr[r ^ 1], ws, t0 + nt, nt1, ctx->side);
         if (st == DSA_SUCCESS) st = dsa_cuda_status((int)cudaEventRecord(ctx->ev_done[r ^ 1], ctx->side), fn);
       }
@@ -968,16 +967,7 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
       else
         st = bwd_det_reduce_sorted<kD, 2>(p, *sr[r], ws, args.contrib, R.acc, stream);
     }
-    {
-      dsa_saved_message saved;
-      dsa_message_save(&saved);
-      const dsa_status j1 = dsa_cuda_status((int)cudaEventRecord(ctx->ev_join, ctx->side), fn);
-      const dsa_status j2 =
-          j1 == DSA_SUCCESS ? dsa_cuda_status((int)cudaStreamWaitEvent(stream, ctx->ev_join, 0), fn) : j1;
-      if (st == DSA_SUCCESS) st = j2;
-      else dsa_message_restore(&saved);
-    }
-    DSA_TRY(st);
+    DSA_TRY(dsa_side_join(ctx, stream, st, fn));
 #endif
   }
   if (p->num_kv > 0) DSA_TRY(bwd_launch_convert_lay1<kD>(p, R.acc, stream));
