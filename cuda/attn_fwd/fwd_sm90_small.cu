@@ -353,44 +353,66 @@ __device__ __forceinline__ void small_store_p(uint32_t sp, const float *x, int w
   }
 }
 
-/* S^T [64 keys x NW] = K Q^T for the KV tile at skv and the Q rows at sq (64-column blocks qblk bytes
- * apart): both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16; the KV tile has 8 KB per
- * 64-column block. Issued and committed; the caller waits. */
+/* Register fences on one m64nNW accumulator (NW / 2 floats per thread) and on MB of them (O^T's
+ * blocks): they keep the compiler from moving the accumulator's reads and writes across a wgmma
+ * issue or wait. No instruction of their own. */
+template <int NW>
+__device__ __forceinline__ void small_fence_acc(float *a) {
+#pragma unroll
+  for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(a[i]);
+}
+template <int NW, int MB>
+__device__ __forceinline__ void small_fence_o(float (*o)[NW / 2]) {
+#pragma unroll
+  for (int m = 0; m < MB; ++m) small_fence_acc<NW>(o[m]);
+}
+
+/* S^T's four k16 steps over the KV tile's 64-column block b: K at skv and the Q rows at sq (64-column
+ * blocks qblk bytes apart), both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16; the KV tile
+ * has 8 KB per 64-column block. acc = 0: the block's first step overwrites sacc (the tile's first
+ * block). */
+template <int NW>
+__device__ __forceinline__ void small_s_block(float *sacc, uint32_t skv, uint32_t sq, int qblk, int b, bool acc) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint64_t da = sm90_desc_at(skv >> 4, b * kBlkBytes + k * 32, 16, 1024);
+    const uint64_t db = sm90_desc_at(sq >> 4, b * qblk + k * 32, 16, 1024);
+    sm90_wgmma_ss_nN<NW, 0>(sacc, da, db, acc || k != 0);
+  }
+}
+
+/* O^T block += V^T P over the KV tile's 64-column block blk (A = the block read M-major, tA = 1: dims
+ * contiguous in the 128-B rows, keys = rows; LBO 8192, unused at m64, SBO 1024 = next 8 keys, +2048 B
+ * per k16 of keys. B = P at sp, K-major: +32 B per k16): four k16 steps. */
+template <int NW>
+__device__ __forceinline__ void small_pv_block(float *o_blk, uint32_t skv, uint32_t sp, int blk) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint64_t da = sm90_desc_at(skv >> 4, blk * kBlkBytes + kk * 2048, kBlkBytes, 1024);
+    const uint64_t db = sm90_desc_at(sp >> 4, kk * 32, 16, 1024);
+    sm90_wgmma_ss_nN<NW, 1>(o_blk, da, db, 1);
+  }
+}
+
+/* S^T [64 keys x NW] = K Q^T over the NB blocks of the KV tile at skv (small_s_block). Issued and
+ * committed; the caller waits. */
 template <int NB, int NW>
 __device__ __forceinline__ void small_issue_s(float *sacc, uint32_t skv, uint32_t sq, int qblk) {
-#pragma unroll
-  for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(sacc[i]);
+  small_fence_acc<NW>(sacc);
   sm90_wgmma_fence();
 #pragma unroll
-  for (int b = 0; b < NB; ++b)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint64_t da = sm90_desc_at(skv >> 4, b * kBlkBytes + k * 32, 16, 1024);
-      const uint64_t db = sm90_desc_at(sq >> 4, b * qblk + k * 32, 16, 1024);
-      sm90_wgmma_ss_nN<NW, 0>(sacc, da, db, (b | k) != 0);
-    }
+  for (int b = 0; b < NB; ++b) small_s_block<NW>(sacc, skv, sq, qblk, b, b != 0);
   sm90_wgmma_commit();
 }
 
-/* O^T [64 MB dims x NW] += V^T P for the value-dim blocks [MB0, MB0 + MB) of the KV tile at skv (A =
- * its 64-column block read M-major, tA = 1: dims contiguous in the 128-B rows, keys = rows; LBO 8192,
- * unused at m64, SBO 1024 = next 8 keys, +2048 B per k16 of keys. B = P at sp, K-major: +32 B per k16).
- * Issued and committed, not waited for; the caller rescaled o and fenced it. */
+/* O^T [64 MB dims x NW] += V^T P for the value-dim blocks [MB0, MB0 + MB) of the KV tile at skv
+ * (small_pv_block). Issued and committed, not waited for; the caller rescaled o. */
 template <int NW, int MB, int MB0>
 __device__ __forceinline__ void small_issue_pv(float (*o)[NW / 2], uint32_t skv, uint32_t sp) {
-#pragma unroll
-  for (int m = 0; m < MB; ++m)
-#pragma unroll
-    for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(o[m][i]);
+  small_fence_o<NW, MB>(o);
   sm90_wgmma_fence();
 #pragma unroll
-  for (int m = 0; m < MB; ++m)
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t da = sm90_desc_at(skv >> 4, (MB0 + m) * kBlkBytes + kk * 2048, kBlkBytes, 1024);
-      const uint64_t db = sm90_desc_at(sp >> 4, kk * 32, 16, 1024);
-      sm90_wgmma_ss_nN<NW, 1>(o[m], da, db, 1);
-    }
+  for (int m = 0; m < MB; ++m) small_pv_block<NW>(o[m], skv, sp, MB0 + m);
   sm90_wgmma_commit();
 }
 
@@ -425,8 +447,7 @@ __device__ __forceinline__ constexpr bool small_ring_group_last(int ord) {
 template <int NB, int NW, bool RL>
 __device__ __forceinline__ void small_issue_s_ring(float *sacc, uint32_t skv, uint32_t sq, int qblk, uint64_t *full,
                                                    uint32_t par) {
-#pragma unroll
-  for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(sacc[i]);
+  small_fence_acc<NW>(sacc);
 #pragma unroll
   for (int o = 0; o < NB; ++o) {
     const int b = small_ring_block<NB, RL>(o);
@@ -436,12 +457,7 @@ __device__ __forceinline__ void small_issue_s_ring(float *sacc, uint32_t skv, ui
       sm90_wgmma_fence();       /* after each wait loop: ptxas would otherwise insert one in a divergent
                                    path and serialise the chain (C7519 / C7520) */
     }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint64_t da = sm90_desc_at(skv >> 4, b * kBlkBytes + k * 32, 16, 1024);
-      const uint64_t db = sm90_desc_at(sq >> 4, b * qblk + k * 32, 16, 1024);
-      sm90_wgmma_ss_nN<NW, 0>(sacc, da, db, (o | k) != 0);
-    }
+    small_s_block<NW>(sacc, skv, sq, qblk, b, o != 0);
   }
   sm90_wgmma_commit();
 }
@@ -461,26 +477,15 @@ __device__ __forceinline__ void small_ring_release_pv(uint64_t *empty, int lane)
 template <int NW>
 __device__ __forceinline__ void small_pv_ring(float (*o)[NW / 2], uint32_t skv, uint32_t sp, uint64_t *empty,
                                               int lane) {
-#pragma unroll
-  for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-    for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(o[m][i]);
+  small_fence_o<NW, kDVBlocks>(o);
   sm90_wgmma_fence();
 #pragma unroll
   for (int m = 0; m < kDVBlocks; ++m) {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t da = sm90_desc_at(skv >> 4, m * kBlkBytes + kk * 2048, kBlkBytes, 1024);
-      const uint64_t db = sm90_desc_at(sp >> 4, kk * 32, 16, 1024);
-      sm90_wgmma_ss_nN<NW, 1>(o[m], da, db, 1);
-    }
+    small_pv_block<NW>(o[m], skv, sp, m);
     sm90_wgmma_commit();
   }
   small_ring_release_pv<kDVBlocks - 1>(empty, lane);
-#pragma unroll
-  for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-    for (int i = 0; i < NW / 2; ++i) sm90_fence_operand(o[m][i]);
+  small_fence_o<NW, kDVBlocks>(o);
 }
 
 /* The ring's gather of one tile (thread (g, j) as sm90_gather_kv_blocks): block by block in
@@ -649,8 +654,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
     if constexpr (!L::kRing) small_issue_s<NB, NW>(sacc, skv, sq, L::kQBlk);
     sm90_wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
+    small_fence_acc<NW>(sacc);
     if constexpr (L::kRing && NB > kDVBlocks && !L::kPInRope) {
       if (lane == 0) sm90_mbar_arrive(&empty[kDVBlocks]); /* the RoPE block: read by S^T only */
     }
@@ -675,10 +679,7 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     } else {
       small_issue_pv<NW, kDVBlocks, 0>(o, skv, sp);
       sm90_wgmma_wait<0>();
-#pragma unroll
-      for (int m = 0; m < kDVBlocks; ++m)
-#pragma unroll
-        for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+      small_fence_o<NW, kDVBlocks>(o);
       sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
     }
   }
@@ -750,15 +751,11 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
     small_issue_s<NB, N>(sacc, skv, sq, L::kQBlk);
     if (n > 0) { /* P V(n - 1) done: this WG is through with stage n - 1 */
       sm90_wgmma_wait<1>();
-#pragma unroll
-      for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-        for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+      small_fence_o<N, kHalf>(o);
       sm90_mbar_arrive(&empty[(n - 1) % kStages]);
     }
     sm90_wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < NR; ++i) sm90_fence_operand(sacc[i]);
+    small_fence_acc<N>(sacc);
 
     float alpha[NC];
     float *x = sacc; /* P in place of S^T: sacc is rewritten by the next tile's S^T only */
@@ -783,10 +780,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
     small_issue_pv<N, kHalf, 0>(o, skv, spn); /* dims [0, 64 kHalf), not waited for here */
   }
   sm90_wgmma_wait<0>();
-#pragma unroll
-  for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-    for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+  small_fence_o<N, kHalf>(o);
   if (ntiles > 0) sm90_mbar_arrive(&empty[(ntiles - 1) % kStages]);
 
   float fac[NC];
@@ -838,10 +832,7 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
     if (sm90_warp_any_factor<NC>(alpha)) small_rescale_o<N, kHalf>(o, alpha); /* else alpha = 1 in the warp */
     small_issue_pv<N, kHalf, kMB0>(o, skv, sp + pb * (N * 128)); /* dims [64 kMB0, 512) */
     sm90_wgmma_wait<0>();
-#pragma unroll
-    for (int m = 0; m < kHalf; ++m)
-#pragma unroll
-      for (int i = 0; i < NR; ++i) sm90_fence_operand(o[m][i]);
+    small_fence_o<N, kHalf>(o);
     sm90_mbar_arrive(&empty[s]); /* stage s, P(n) and alpha(n) are free as far as this WG goes */
   }
   /* WG 0's fac_s, and every P V of WG 0 done (this WG's staged half overlays the KV stages); this
