@@ -92,7 +92,9 @@ DSA_HIDDEN dsa_status dsa_cuda_status(int cuda_error, const char *where);
 DSA_HIDDEN dsa_status dsa_stream_after(cudaEvent_t ev, cudaStream_t from, cudaStream_t to, const char *fn);
 /* Joins the context's side stream into `stream` (ev_join) and returns the call's status: st when st is
  * an error (the join runs all the same, since a graph capture must end joined, and st's message is
- * the one kept), else the join's own. */
+ * the one kept), else the join's own. Only after this call forked the side stream from `stream`
+ * (dsa_stream_after to ctx->side succeeded): under capture, a wait on an ev_join recorded on an
+ * unforked side stream is a wait on an event outside the capture. */
 DSA_HIDDEN dsa_status dsa_side_join(const dsa_context *ctx, cudaStream_t stream, dsa_status st, const char *fn);
 /* Raises kernel `fn`'s dynamic shared memory limit to `bytes` (and, when max_carveout, asks for the
  * largest shared-memory carveout) once per device: set[device] remembers the largest size set so

@@ -751,6 +751,67 @@ Test(gpu_attn_bwd, ws_det_chunks) {
   ws_both_dims(det_chunk_cases);
 }
 
+/* The deterministic mode of the warp-specialised kernel captured in a CUDA graph, in one chunk and in
+ * six (a build with the sort-ahead forks the context's side stream from the captured stream only
+ * when there is a second chunk, and joins it back): the graph's replay equals the eager call
+ * bitwise, outputs poisoned between them. */
+Test(gpu_attn_bwd, ws_det_graph_capture) {
+  TC_REQUIRE_GPU();
+  ws_gate();
+  const int64_t T = 40, H = 64, Tkv = 300, K = 100, D = 576;
+  const size_t nq = (size_t)(T * H * D), nkv = (size_t)(Tkv * D);
+  small_bwd f;
+  small_bwd_init(&f, "gpu_attn_bwd/ws_det_graph_capture", T, H, Tkv, K);
+  cudaStream_t s;
+  TC_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  uint16_t *dq0 = malloc(nq * 2), *dkv0 = malloc(nkv * 2), *dq1 = malloc(nq * 2), *dkv1 = malloc(nkv * 2);
+  cr_assert(dq0 && dkv0 && dq1 && dkv1);
+  f.p.deterministic = 1;
+  TC_SET_OPTION(f.ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_SM90_WS);
+  static const int chunk_tokens[] = {0, 7}; /* 0: the whole T in one chunk; 7: 5 + 5 x 7 tokens */
+  for (int i = 0; i < 2; ++i) {
+    TC_SET_OPTION(f.ctx, DSA_OPTION_BWD_DET_CHUNK_TOKENS, chunk_tokens[i]);
+    size_t need = 0;
+    TC_OK(dsa_sparse_attn_bwd(f.ctx, &f.p, NULL, &need, s));
+    void *ws;
+    TC_CUDA(cudaMalloc(&ws, need));
+    dsa_status st = dsa_sparse_attn_bwd(f.ctx, &f.p, ws, &need, s);
+    if (st == DSA_ERROR_UNSUPPORTED) {
+      if (getenv("DSA_TEST_REQUIRE_SM90") != NULL)
+        cr_assert_fail("ws_det_graph_capture: the sm_90a kernel declined: %s", dsa_last_error_message());
+      cr_log_info("ws_det_graph_capture: the sm_90a kernel declined: %s", dsa_last_error_message());
+      TC_CUDA(cudaFree(ws));
+      break;
+    }
+    cr_assert(st == DSA_SUCCESS, "eager call: %s", dsa_last_error_message());
+    TC_CUDA(cudaStreamSynchronize(s));
+    TC_CUDA(cudaMemcpy(dq0, f.dq, nq * 2, cudaMemcpyDeviceToHost));
+    TC_CUDA(cudaMemcpy(dkv0, f.dkv, nkv * 2, cudaMemcpyDeviceToHost));
+    TC_CUDA(cudaMemset(f.dq, 0xFF, nq * 2));
+    TC_CUDA(cudaMemset(f.dkv, 0xFF, nkv * 2));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    TC_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    st = dsa_sparse_attn_bwd(f.ctx, &f.p, ws, &need, s);
+    const cudaError_t ce = cudaStreamEndCapture(s, &g);
+    cr_assert(st == DSA_SUCCESS, "captured call, %d tokens per chunk: %s", chunk_tokens[i], dsa_last_error_message());
+    TC_CUDA(ce);
+    TC_CUDA(cudaGraphInstantiate(&ge, g, 0));
+    TC_CUDA(cudaGraphLaunch(ge, s));
+    TC_CUDA(cudaStreamSynchronize(s));
+    TC_CUDA(cudaMemcpy(dq1, f.dq, nq * 2, cudaMemcpyDeviceToHost));
+    TC_CUDA(cudaMemcpy(dkv1, f.dkv, nkv * 2, cudaMemcpyDeviceToHost));
+    cr_assert(memcmp(dq0, dq1, nq * 2) == 0, "%d tokens per chunk: the replay's dq differs", chunk_tokens[i]);
+    cr_assert(memcmp(dkv0, dkv1, nkv * 2) == 0, "%d tokens per chunk: the replay's dkv differs", chunk_tokens[i]);
+    TC_CUDA(cudaGraphExecDestroy(ge));
+    TC_CUDA(cudaGraphDestroy(g));
+    TC_CUDA(cudaFree(ws));
+  }
+  free(dq0); free(dkv0); free(dq1); free(dkv1);
+  TC_CUDA(cudaStreamDestroy(s));
+  small_bwd_free(&f);
+}
+
 /* The retired DSA_BWD_KERNEL_SM90_SMALL (its kernel left the library): DSA_ERROR_UNSUPPORTED naming
  * it, in both modes, before any launch; outputs untouched. Launches nothing: not gated. */
 Test(gpu_attn_bwd, retired_small_kernel_declines) {

@@ -941,12 +941,15 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
      * once chunk c's main kernel is done (so beside chunk c's reduction, which reads region c % 2,
      * not under the main kernels, which leave no room on an SM); it overwrites region (c + 1) % 2,
      * whose last readers (chunk c - 1's main kernel and reduction) precede chunk c's main kernel on the
-     * call's stream. Chunk c's main kernel waits for its sort (done[c % 2]); the side stream's last
-     * work is joined before the function returns, after an error too. */
+     * call's stream. Chunk c's main kernel waits for its sort (done[c % 2]). The side stream joins the
+     * call's stream before the function returns, after an error too, once it was forked (chunk 1's
+     * handoff): a single chunk never touches it, so that a captured call never waits on an event
+     * recorded outside its capture. */
     const BwdSortLayout *sr[2] = {&DL.sort, &DL.sort2};
     const size_t pr[2] = {DL.pos, DL.pos2};
     dsa_status st = bwd_det_sort_pos(p, *sr[0], pr[0], ws, 0, first, stream);
     int64_t c = 0;
+    int forked = 0;
     for (int64_t t0 = 0, nt = first; t0 < p->num_tokens && st == DSA_SUCCESS; t0 += nt, nt = C, ++c) {
       const int r = (int)(c & 1);
       if (c > 0) st = dsa_cuda_status((int)cudaStreamWaitEvent(stream, ctx->ev_done[r], 0), fn);
@@ -958,6 +961,7 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
       if (st == DSA_SUCCESS && t0 + nt < p->num_tokens) { /* chunk c + 1's sort, beside this reduction */
         const int64_t nt1 = C < p->num_tokens - (t0 + nt) ? C : p->num_tokens - (t0 + nt);
         st = dsa_stream_after(ctx->ev_ready[r], stream, ctx->side, fn);
+        forked |= st == DSA_SUCCESS;
         if (st == DSA_SUCCESS) st = bwd_det_sort_pos(p, *sr[r ^ 1], pr[r ^ 1], ws, t0 + nt, nt1, ctx->side);
         if (st == DSA_SUCCESS) st = dsa_cuda_status((int)cudaEventRecord(ctx->ev_done[r ^ 1], ctx->side), fn);
       }
@@ -967,7 +971,7 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
       else
         st = bwd_det_reduce_sorted<kD, 2>(p, *sr[r], ws, args.contrib, R.acc, stream);
     }
-    DSA_TRY(dsa_side_join(ctx, stream, st, fn));
+    DSA_TRY(forked ? dsa_side_join(ctx, stream, st, fn) : st);
 #endif
   }
   if (p->num_kv > 0) DSA_TRY(bwd_launch_convert_lay1<kD>(p, R.acc, stream));
@@ -977,11 +981,19 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
 
 }  // namespace
 
+#if DSA_BWD_SPLIT_TAIL
+extern "C" DSA_HIDDEN const int dsa_bwd_split_tail_sized; /* bwd_portable.cu: its size query counts dq_part */
+#endif
+
 extern "C" dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                   void *workspace, cudaStream_t stream) {
   static const char fn[] = "dsa_sparse_attn_bwd";
   int num_hblocks = 0;
   DSA_TRY(bwd_sm90_check(ctx, p, fn, &num_hblocks));
+#if DSA_BWD_SPLIT_TAIL
+  if (!dsa_bwd_split_tail_sized) /* never: the reference makes a mismatched build fail to link */
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the workspace size query lacks the split dQ partials", fn);
+#endif
   return p->head_dim == 576 ? ws_launch<9>(ctx, p, workspace, stream, num_hblocks)
                             : ws_launch<8>(ctx, p, workspace, stream, num_hblocks);
 }
