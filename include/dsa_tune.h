@@ -68,8 +68,8 @@ typedef enum dsa_option {
    * whose sm_90a kernel runs only when forced (SM90; AUTO keeps its CUDA-core kernel): a
    * dsa_train_kernel value. Default DSA_TRAIN_KERNEL_AUTO. */
   DSA_OPTION_TRAIN_KERNEL = 13,
-  /* dsa_indexer_topk's query chunks as a pipeline: 1 = (above 256 scored queries) at least four
-   * chunks in two buffers sharing the scores budget (half each: the workspace does not grow), the
+  /* dsa_indexer_topk's query chunks as a pipeline: 1 = (above 256 scored queries, where it needs no
+   * more workspace than 0) at least four chunks in two buffers sharing the scores budget, the
    * top-k of chunk i on the context's side stream while chunk i + 1 is scored on the call's stream
    * (fork and join by events: the call stays ordered on its stream and can be captured in a graph),
    * so that only the last chunk's top-k runs alone. 0 = chunks as large as the budget allows in one

@@ -18,7 +18,8 @@
  * _KEY_TILE, defaults below): scores <= 128 MiB, logits <= 64 MiB, plus a packed
  * copy of q for layouts cuBLAS cannot read directly, plus 256 bytes of alignment slack (any
  * workspace alignment is accepted). With DSA_OPTION_INDEXER_PIPELINE = 1 (and more than
- * IDX_PIPE_MIN_ROWS scored queries), two scores buffers of half the budget each and at least
+ * IDX_PIPE_MIN_ROWS scored queries, where the layout is no larger than without it: plan_layout),
+ * two scores buffers of half the budget each and at least
  * IDX_PIPE_CHUNKS chunks: chunk i is scored into buffer i % 2 on the call's stream while the top-k of
  * chunk i - 1 runs on the context's side stream (events: the side stream forks from the call's
  * stream after the no-score launch and joins it at the end; chunk i waits for the top-k of chunk
@@ -93,8 +94,8 @@ static int64_t chunk_rows(const idx_layout *l, int64_t tk, int64_t n, int64_t bu
   return c;
 }
 
-static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget *bud, int pipeline,
-                        idx_layout *l) {
+static void plan_layout_n(const dsa_indexer_params *p, int fused, const idx_budget *bud, int pipeline,
+                          idx_layout *l) {
   const dsa_plan_view *v = p->plan;
   const int64_t tq = v->num_queries, tk = v->total_key_tokens, qs = v->query_start;
   const int64_t H = p->num_heads, K = p->topk;
@@ -150,6 +151,20 @@ static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget
   l->logits_off = l->nbuf * l->scores_buf;
   l->pack_off = l->logits_off + round_up(l->cg * H * l->logits_ld * 4, IDX_ALIGN);
   l->total = l->pack_off + (l->pack ? l->cg * H * DSA_INDEX_HEAD_DIM * 2 : 0) + IDX_ALIGN;
+}
+
+/* The layout: the pipeline's (two buffers) where it asks for no more bytes than the serial one (few
+ * scored queries over long windows would otherwise take two near-half-budget buffers where one
+ * small chunk fits), else the serial one, so that the size query without a context (option
+ * defaults) covers every context. */
+static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget *bud, int pipeline,
+                        idx_layout *l) {
+  plan_layout_n(p, fused, bud, 0, l);
+  if (pipeline) {
+    idx_layout two;
+    plan_layout_n(p, fused, bud, 1, &two);
+    if (two.nbuf == 2 && two.total <= l->total) *l = two;
+  }
 }
 
 static dsa_status cublas_status(cublasStatus_t s, const char *what) {

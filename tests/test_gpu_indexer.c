@@ -587,10 +587,13 @@ Test(gpu_indexer, deterministic_and_batch_independent) {
 Test(gpu_indexer, workspace_bounded) {
   TC_REQUIRE_GPU();
   ix_env e = ix_open();
-  static const int64_t lens[] = {4096, 32768, 131072};
-  for (int i = 0; i < 3; ++i)
+  /* whole sequences of 4k / 32k / 128k, and 300 queries at the end of a 64k sequence (few scored
+   * rows over long windows: the pipeline's two buffers would outgrow one serial chunk) */
+  static const struct { int64_t len, nq; } shapes[] = {{4096, -1}, {32768, -1}, {131072, -1}, {65536, 300}};
+  for (int i = 0; i < 4; ++i)
     for (int h = 32; h <= 64; h += 32) {
-      int32_t cu[2] = {0, (int32_t)lens[i]};
+      const int64_t len = shapes[i].len, nq = shapes[i].nq;
+      int32_t cu[2] = {0, (int32_t)len};
       dsa_plan_desc d;
       dsa_plan *plan = NULL;
       dsa_indexer_params p;
@@ -598,8 +601,9 @@ Test(gpu_indexer, workspace_bounded) {
       memset(&d, 0, sizeof d);
       d.cu_seqlens = cu;
       d.num_seqs = 1;
-      d.total_key_tokens = lens[i];
-      d.num_queries = -1;
+      d.total_key_tokens = len;
+      d.num_queries = nq;
+      d.query_start = nq < 0 ? 0 : len - nq;
       TC_OK(dsa_plan_create(&d, &plan));
       memset(&p, 0, sizeof p);
       p.plan = dsa_plan_host_view(plan); /* only its scalars are read by the size query */
@@ -614,18 +618,24 @@ Test(gpu_indexer, workspace_bounded) {
       TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b1, e.stream));
       TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b2, e.stream));
       cr_assert(b1 >= 1 && b1 == b2, "size %zu then %zu", b1, b2);
-      cr_assert(b1 <= ((size_t)256 << 20), "T %lld H %d: workspace %zu above 256 MiB", (long long)lens[i],
-                h, b1);
-      p.engine = DSA_INDEXER_ENGINE_FUSED;
-      TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b2, e.stream));
-      cr_assert(b2 >= 1 && b2 <= ((size_t)256 << 20), "fused: T %lld H %d: workspace %zu", (long long)lens[i],
-                h, b2);
-      /* the pipeline's two buffers share the scores budget (128 MiB): within it plus alignment */
-      TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 1);
-      TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b1, e.stream));
-      TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 0);
-      cr_assert(b1 >= 1 && b1 <= ((size_t)128 << 20) + 768, "pipeline: T %lld H %d: workspace %zu",
-                (long long)lens[i], h, b1);
+      cr_assert(b1 <= ((size_t)256 << 20), "T %lld H %d: workspace %zu above 256 MiB", (long long)len, h, b1);
+      for (int eng = 0; eng < 2; ++eng) {
+        size_t b0 = 0;
+        p.engine = eng ? DSA_INDEXER_ENGINE_FUSED : DSA_INDEXER_ENGINE_DEFAULT;
+        TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b2, e.stream));
+        cr_assert(b2 >= 1 && b2 <= ((size_t)256 << 20), "engine %d: T %lld H %d: workspace %zu", eng,
+                  (long long)len, h, b2);
+        /* the pipeline's two buffers share the scores budget (128 MiB: within it plus alignment for
+         * the fused engine), and the size without a context (option defaults) covers it */
+        TC_OK(dsa_indexer_topk(NULL, &p, NULL, &b0, e.stream));
+        TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 1);
+        TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b1, e.stream));
+        TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 0);
+        cr_assert(b1 >= 1 && b1 <= b0, "pipeline, engine %d: T %lld Tq %lld H %d: workspace %zu, without a "
+                  "context %zu", eng, (long long)len, (long long)nq, h, b1, b0);
+        if (eng) cr_assert(b1 <= ((size_t)128 << 20) + 768, "pipeline: T %lld H %d: workspace %zu", (long long)len,
+                           h, b1);
+      }
       dsa_plan_destroy(plan);
     }
   ix_close(&e);
