@@ -516,6 +516,14 @@ Test(gpu_attn_fwd, empty_and_invalid_rows) {
   c.len = LEN_RANDOM;
   c.sink = SINK_MIX;
   run_case(&c, &rng, "mostly invalid");
+  /* two head blocks, the second with 28 zero head rows (a 2-CTA cluster under DSA_FWD_CLUSTER_SHARE
+   * where the 64-head kernel takes the whole H), rows of 0 .. 3 tiles (odd counts: a last half-pair) */
+  c = base_case(21, 100, 150);
+  c.p_invalid = 0.2;
+  c.p_empty = 0.2;
+  c.len = LEN_RANDOM;
+  c.sink = SINK_MIX;
+  run_case(&c, &rng, "H=100, 0..3 tiles a row");
 }
 
 /* ---- many duplicates: each copy is its own softmax term ---- */

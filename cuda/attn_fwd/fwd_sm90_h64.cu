@@ -1005,7 +1005,9 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return dsa_cuda_status((int)cudaLaunchKernelEx(&cfg, attn_fwd_sm90_h64_cl_kernel<NB, MB>, args), fn);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, attn_fwd_sm90_h64_cl_kernel<NB, MB>, args);
+    if (e != cudaSuccess) (void)cudaGetLastError(); /* reported here, not again by a later launch's check */
+    return dsa_cuda_status((int)e, fn);
   }
 #endif
   attn_fwd_sm90_h64_kernel<NB, MB><<<items, kThreads, smem_bytes, stream>>>(args);
