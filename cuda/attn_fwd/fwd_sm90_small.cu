@@ -57,6 +57,9 @@
  *   q_full   : 128 .noinc cp.async arrivals (producer threads) -> Q landed.
  *   full[s]  : 128 .noinc cp.async arrivals + 128 plain arrivals (release the mask bytes) -> stage s.
  *   empty[s] : 128 plain arrivals per consumer WG (after its P V wgmma completed) -> stage s free.
+ * With the block ring (DSA_FWD_SMALL_RING, below) the one stage has instead full[g] per landing
+ * group g (small_ring_group: full[0] as full[s] above, full[1] / full[2] 128 .noinc arrivals each)
+ * and empty[b] per 64-column block b (4 arrivals: lane 0 of each consumer warp after its wait).
  * Named barriers (128 threads, consumer WG 0): kBarMax (column maxima exchanged; also the column sums
  * in the epilogue), kBarP (P tile complete, after each writer's fence.proxy.async; also the staged
  * out tile in the epilogue). The value-dim split uses no barrier between the WGs but mbarriers:
@@ -80,9 +83,9 @@
  * the stage is a ring of its 64-column blocks, each with its own empty mbarrier. The consumer
  * releases the RoPE block once S^T retired and value block m once the P V of block m retired (one
  * commit group per block); the producer refills each block of the next tile as it is freed, in the
- * order the next S^T reads them (RoPE block first), and the consumer waits for them in three groups
- * (small_ring_group). Without it the one stage is refilled only after the whole P V, and only the
- * SM's other CTA overlaps the gather. */
+ * order the next S^T reads them (small_ring_block: the RoPE block first, last when it holds P), and
+ * the consumer waits for them in three groups (small_ring_group). Without it the one stage is
+ * refilled only after the whole P V, and only the SM's other CTA overlaps the gather. */
 #ifndef DSA_FWD_SMALL_RING
 #define DSA_FWD_SMALL_RING 0
 #endif
