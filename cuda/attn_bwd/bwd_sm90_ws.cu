@@ -53,8 +53,8 @@
  *
  * Roles, per 64-key tile n (s = n & 1):
  *   WG0 (threads 0..127, "front"):
- *     1. cp.async.wait_all + fence.proxy.async + bar.sync kBarKV (128): KV(n), idx[s] landed
- *        (tile 0: before the role split, with Q / dO).
+ *     1. cp.async.wait_all + fence.proxy.async + bar.sync kBarKV (128): KV(n) landed and idx[s] (plain
+ *        shared stores) written by every WG0 thread (tile 0: before the role split, with Q / dO).
  *     2. S = Q K^T: 4 NBT SS m64n64k16; dP = dO V^T: 32 SS m64n64k16 (both K-major; all 64 keys);
  *        one commit, wait<0>.
  *     3. P = exp2(S scale log2e - L' log2e) (0 for invalid slots), dS = scale P (dP - Delta); packed to
@@ -68,7 +68,8 @@
  *        (rows g, g + 16, g + 32, g + 48), kv indices to idx[s ^ 1].
  *     After the loop: dq dims [0, 256) from registers (128 fp32).
  *   WG1 (threads 128..255, "back"):
- *     1. bar.sync kBarPdSFull; this thread's key rows kr (idx[s][r0], [r0 + 8]) and lane ^ 4's.
+ *     1. bar.sync kBarPdSFull; this thread's key rows kr (idx[s][r0], [r0 + 8]) and lane ^ 4's (the
+ *        deterministic mode reads no idx: its rows are contrib rows from det_pos).
  *     2. dQ[:, 256:D) += dS K[:, 256:D): 4 SS m64n256k16 (+ 4 SS m64n64k16 at D = 576; A = sdS
  *        K-major, B = KV MN-major), wait<0>; n + 1 < ntiles: bar.arrive kBarKVFree.
  *     3. dKV chunks c = 0..NBT-1 (64 dims each; D = 576: c = 8 is the rope block, dS^T Q only): chunk c
@@ -98,13 +99,16 @@
  *     waited earlier, has completed). Read by WG1 only after kBarPdSFull(n), which WG0 arrives after its
  *     stmatrix + fence.proxy.async (generic -> async proxy).
  *   - KV smem and idx[s ^ 1]: written only by WG0's gather(n + 1), after kBarKVFree(n), which WG1
- *     arrives after wait<0> on its dQ wgmmas of tile n; WG0's own reads of KV(n) (S, dP, dQ RS) are
- *     waited before. idx[s ^ 1] = idx of tile n - 1: WG0 read it in tile n - 1, WG1 read it right after
+ *     arrives after wait<0> on its dQ wgmmas of tile n; every WG0 warp reads all of KV(n) (S, dP, dQ
+ *     RS) and syncs kBarKVFree(n) (256 threads) only after its own wait<0>, so no warp's gather starts
+ *     before all four WG0 warps' reads retired. idx[s ^ 1] = idx of tile n - 1: WG0 read it in tile n - 1, WG1 read it right after
  *     kBarPdSFull(n - 1), before arriving kBarKVFree(n - 1). The copies land before WG0 reads them
  *     (each thread's cp.async.wait_all + fence.proxy.async, then kBarKV) and before WG1 reads them
  *     (WG0 arrives kBarPdSFull(n + 1) after that wait: the barrier orders every WG0 thread's landed
  *     copies and idx stores before WG1's reads).
- *   - Q, dO, L', Delta: written once before the __syncthreads that precedes the role split.
+ *   - Q, dO, L', Delta: written once before the __syncthreads that precedes the role split (a CTA
+ *     without tiles skips that prologue; WG0's loads of L' / Delta before its tile loop then read
+ *     values nothing uses).
  *   - No lapping: WG1 arrives kBarKVFree(n + 1) / kBarPdSFree(n + 1) only after kBarPdSFull(n + 1),
  *     which WG0 arrives only after it passed kBarKVFree(n) and kBarPdSFree(n); WG0 arrives
  *     kBarPdSFull(n + 1) only after kBarPdSFree(n), which WG1 arrives after its kBarPdSFull(n). So
@@ -112,6 +116,8 @@
  *   - Registers: the RS wgmma's A registers (dsp) are read by stmatrix only after its wait<0>; the
  *     reductions read accumulator (c - 1) % 2 only after wait<1> retired chunk c - 1, and chunk c + 1
  *     writes that accumulator only after a wgmma.fence that follows those reads.
+ * dev/bwd_ws_model.py (CI) checks the shared-memory part of this per warp under random interleavings
+ * (racecheck cannot follow the arrive / sync hand-offs: docs/reliability.md section 3c).
  *
  * Registers (ptxas, nvcc 13, -Xptxas -v, __launch_bounds__(256, 1), both warpgroups share one
  * allocation): D = 576 254 registers, D = 512 250; 0 spill
