@@ -53,11 +53,15 @@ typedef struct {
 } idx_budget;
 #define IDX_MAX_CHUNK ((int64_t)65535)         /* rows of a chunk (grid.y of the reduction) */
 /* The pipeline (DSA_OPTION_INDEXER_PIPELINE) cuts the scored queries into at least IDX_PIPE_CHUNKS
- * chunks of at least IDX_PIPE_MIN_ROWS (when there are that many): only the last chunk's top-k runs
- * alone, so a launch that fits one chunk (idx-glm-4k: 2048 rows) still overlaps three quarters of its
- * top-k with the scoring. */
+ * chunks of at least IDX_PIPE_MIN_ROWS (when there are that many), so that only the last chunk's
+ * top-k runs alone, but never into chunks of less than IDX_PIPE_MIN_BYTES of scores (as the budget
+ * allows): below that a chunk's scoring launch fills less than two waves of the fused kernel's CTAs
+ * (one per SM, 16 queries x 2048 keys of scores each at H_idx = 32: 128 KB), and the SMs it leaves
+ * idle cost more than the overlap gives (idx-glm-4k's 2048 scored rows as four chunks would score in
+ * four launches of 64 CTAs instead of one of 256). */
 #define IDX_PIPE_CHUNKS ((int64_t)4)
 #define IDX_PIPE_MIN_ROWS ((int64_t)256)
+#define IDX_PIPE_MIN_BYTES ((int64_t)32 << 20)
 #define IDX_ALIGN ((int64_t)256)
 
 typedef struct {
@@ -115,8 +119,10 @@ static void plan_layout_n(const dsa_indexer_params *p, int fused, const idx_budg
   if (n_score <= 0) return;
   c = chunk_rows(l, tk, n_score, bud->scores);
   if (pipeline && n_score > IDX_PIPE_MIN_ROWS) { /* two buffers sharing the budget */
-    const int64_t c2 = min64(chunk_rows(l, tk, n_score, max64(1, bud->scores / 2)),
-                             max64(IDX_PIPE_MIN_ROWS, (n_score + IDX_PIPE_CHUNKS - 1) / IDX_PIPE_CHUNKS));
+    int64_t c2 = max64(IDX_PIPE_MIN_ROWS, (n_score + IDX_PIPE_CHUNKS - 1) / IDX_PIPE_CHUNKS);
+    const int64_t w = window_cap(l, tk, c2);
+    c2 = max64(c2, (IDX_PIPE_MIN_BYTES / 4 + w - 1) / w);
+    c2 = min64(c2, chunk_rows(l, tk, n_score, max64(1, bud->scores / 2)));
     if (n_score > c2) {
       l->nbuf = 2;
       c = c2;

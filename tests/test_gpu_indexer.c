@@ -392,8 +392,9 @@ Test(gpu_indexer, pipelined_chunks) {
   static const int32_t cu[] = {0, 2600}, cuD[] = {0, 1200, 1201, 3100, 3400};
   TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 1);
   {
-    /* the default budgets: one chunk's worth of queries cut into four */
-    ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 32, 64, DSA_DTYPE_BF16, QL_PLAIN, 12, "pipeline, four chunks"};
+    /* the default budgets: 2536 scored rows of 2600 columns are 26 MB of scores, below the 32 MiB a
+     * pipelined chunk must hold: the option on, the call takes one serial chunk */
+    ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 32, 64, DSA_DTYPE_BF16, QL_PLAIN, 12, "pipeline declined"};
     run_case(&e, &r, &c);
   }
   set_budgets(&e, 300 << 10, 200 << 10, 700);
