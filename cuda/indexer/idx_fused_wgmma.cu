@@ -73,6 +73,15 @@ constexpr int kThreads = 128 * (kConsumers + 1);
 #define IDX9_TILES_PER_CTA 32          /* 2048 keys per CTA: the Q load (128 KB) is ~3% of its work */
 #endif
 constexpr int kTilesPerCta = IDX9_TILES_PER_CTA;
+/* -DDSA_IDX_TURN_AT_ISSUE=1 (an experiment, Makefile EXPERIMENTS; docs/indexer-fwd-vs-cudnn.md step
+ * 3): a consumer hands the tensor cores' turn to the other WG right after committing its wgmma, not
+ * after waiting for it, so that the other WG's wgmma queues behind it instead of starting only once
+ * this WG's group retired and the epilogue math ptxas schedules ahead of a later arrive ran (165
+ * instructions in the HP = 32 build); and the proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC, which
+ * waits for the previous tile's score stores) moves ahead of the turn wait, off the hand-off. */
+#ifndef DSA_IDX_TURN_AT_ISSUE
+#define DSA_IDX_TURN_AT_ISSUE 0
+#endif
 constexpr int kConsumerRegs = 232;     /* accumulators 128 + weights 64 + sums and addresses */
 constexpr int kProducerRegs = 40;      /* cp.async address math */
 constexpr int kBlkBytes = 64 * 128;    /* a [64 rows x 64 dims] bf16 SW128 block: 8 atoms */
@@ -296,13 +305,18 @@ __global__ void __launch_bounds__(kThreads, 1) idx_sm90_kernel(const __grid_cons
     const int it = (int)(n - n0), s = it % kStages;
     sm90_mbar_wait(&full[s], (uint32_t)(it / kStages) & 1);
     const int64_t cb = n * kBlockK; /* window column of the tile's first key */
+#if DSA_IDX_TURN_AT_ISSUE
+    sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy), before the turn */
+#endif
     sm90_named_bar_sync_any(kBarTurn + c, 256);
     if (cb + kBlockK <= wlo || cb >= whi) { /* WG-uniform: none of this WG's queries sees the tile */
       if (c == 0 || n + 1 < n1) named_bar_arrive(kBarTurn + (c ^ 1), 256);
       sm90_mbar_arrive(&empty[s]);
       continue;
     }
+#if !DSA_IDX_TURN_AT_ISSUE
     sm90_fence_proxy_async();
+#endif
     const uint32_t st = sk + s * kTileBytes;
     /* S^T = K Q_c^T: both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16 step; the first
      * step overwrites the accumulators (the previous tile's epilogue has read them: the asm
@@ -317,10 +331,15 @@ __global__ void __launch_bounds__(kThreads, 1) idx_sm90_kernel(const __grid_cons
           sm90_wgmma_ss_m64n256k16<0>(acc, sm90_desc_at(st >> 4, b * kBlkBytes + k * 32, 16, 1024),
                               sm90_desc_at(sq >> 4, b * kQBlk + k * 32, 16, 1024), 1);
     sm90_wgmma_commit();
+#if DSA_IDX_TURN_AT_ISSUE
+    if (c == 0 || n + 1 < n1) named_bar_arrive(kBarTurn + (c ^ 1), 256); /* the other WG's turn */
+#endif
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) sm90_fence_operand(acc[i]);
+#if !DSA_IDX_TURN_AT_ISSUE
     if (c == 0 || n + 1 < n1) named_bar_arrive(kBarTurn + (c ^ 1), 256); /* the other WG's turn */
+#endif
     sm90_mbar_arrive(&empty[s]); /* this thread's reads of the stage are complete */
 
     /* heads 8 q + hq + e < H_idx are real; hlim is recomputed per tile (opaque to the compiler) so
