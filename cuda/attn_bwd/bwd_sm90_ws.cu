@@ -990,6 +990,9 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
 #if DSA_BWD_SPLIT_TAIL
 extern "C" DSA_HIDDEN const int dsa_bwd_split_tail_sized; /* bwd_portable.cu: its size query counts dq_part */
 #endif
+#if DSA_BWD_DET_SORT_AHEAD
+extern "C" DSA_HIDDEN const int dsa_bwd_det_sort_ahead_sized; /* bwd_sm90_h64.cu: its size query counts sort2 */
+#endif
 
 extern "C" dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                   void *workspace, cudaStream_t stream) {
@@ -999,6 +1002,10 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const 
 #if DSA_BWD_SPLIT_TAIL
   if (!dsa_bwd_split_tail_sized) /* never: the reference makes a mismatched build fail to link */
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the workspace size query lacks the split dQ partials", fn);
+#endif
+#if DSA_BWD_DET_SORT_AHEAD
+  if (!dsa_bwd_det_sort_ahead_sized) /* never: as above */
+    return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the workspace size query lacks the second sort region", fn);
 #endif
   return p->head_dim == 576 ? ws_launch<9>(ctx, p, workspace, stream, num_hblocks)
                             : ws_launch<8>(ctx, p, workspace, stream, num_hblocks);
