@@ -68,11 +68,11 @@ typedef enum dsa_option {
    * whose sm_90a kernel runs only when forced (SM90; AUTO keeps its CUDA-core kernel): a
    * dsa_train_kernel value. Default DSA_TRAIN_KERNEL_AUTO. */
   DSA_OPTION_TRAIN_KERNEL = 13,
-  /* dsa_indexer_topk's query chunks as a pipeline: 1 = (above 256 scored queries, where it needs no
-   * more workspace than 0 and each chunk holds at least 32 MiB of scores, as the budget allows: a
-   * smaller chunk's scoring launch would leave SMs idle) at least four chunks in two buffers sharing
-   * the scores budget, the top-k of chunk i on the context's side stream while chunk i + 1 is scored
-   * on the call's stream (fork and join by events: the call stays ordered on its stream and can be
+  /* dsa_indexer_topk's query chunks as a pipeline: 1 = chunks of a quarter of the scored queries (at
+   * least 256 of them), grown to fill 32 MiB of scores at the widest window (a smaller chunk's scoring
+   * launch would leave SMs idle) and cut to half the scores budget, in two buffers, taken where that
+   * gives two or more chunks and needs no more workspace than 0 (else the serial chunks of 0); the
+   * top-k of chunk i on the context's side stream while chunk i + 1 is scored on the call's stream (fork and join by events: the call stays ordered on its stream and can be
    * captured in a graph), so that only the last chunk's top-k runs alone. 0 = chunks as large as the budget allows in one
    * buffer, each scored then selected on the call's stream. Default 0. The workspace size query
    * reads it from the ctx it is given. */

@@ -17,11 +17,10 @@
  * Workspace (fixed budget, independent of T_q; DSA_OPTION_INDEXER_SCORES_BUDGET / _LOGITS_BUDGET /
  * _KEY_TILE, defaults below): scores <= 128 MiB, logits <= 64 MiB, plus a packed
  * copy of q for layouts cuBLAS cannot read directly, plus 256 bytes of alignment slack (any
- * workspace alignment is accepted). With DSA_OPTION_INDEXER_PIPELINE = 1 (and more than
- * IDX_PIPE_MIN_ROWS scored queries, where the layout is no larger than without it: plan_layout),
- * two scores buffers of half the budget each and at least
- * IDX_PIPE_CHUNKS chunks: chunk i is scored into buffer i % 2 on the call's stream while the top-k of
- * chunk i - 1 runs on the context's side stream (events: the side stream forks from the call's
+ * workspace alignment is accepted). With DSA_OPTION_INDEXER_PIPELINE = 1, where its rule below
+ * (IDX_PIPE_*) gives two or more chunks and the layout is no larger than without it (plan_layout),
+ * two scores buffers within the budget: chunk i is scored into buffer i % 2 on the call's stream
+ * while the top-k of chunk i - 1 runs on the context's side stream (events: the side stream forks from the call's
  * stream after the no-score launch and joins it at the end; chunk i waits for the top-k of chunk
  * i - 2, the last reader of its buffer), so that the two kernels' partial waves overlap. The budget is exceeded only when a single query's visible
  * window is so long that one scores row (window * 4 bytes) or one query's logits for one key tile
@@ -52,13 +51,14 @@ typedef struct {
   int64_t scores, logits, key_tile;
 } idx_budget;
 #define IDX_MAX_CHUNK ((int64_t)65535)         /* rows of a chunk (grid.y of the reduction) */
-/* The pipeline (DSA_OPTION_INDEXER_PIPELINE) cuts the scored queries into at least IDX_PIPE_CHUNKS
- * chunks of at least IDX_PIPE_MIN_ROWS (when there are that many), so that only the last chunk's
- * top-k runs alone, but never into chunks of less than IDX_PIPE_MIN_BYTES of scores (as the budget
- * allows): below that a chunk's scoring launch fills less than two waves of the fused kernel's CTAs
- * (one per SM, 16 queries x 2048 keys of scores each at H_idx = 32: 128 KB), and the SMs it leaves
- * idle cost more than the overlap gives (idx-glm-4k's 2048 scored rows as four chunks would score in
- * four launches of 64 CTAs instead of one of 256). */
+/* The pipeline's chunk (DSA_OPTION_INDEXER_PIPELINE): a 1 / IDX_PIPE_CHUNKS share of the scored
+ * queries and at least IDX_PIPE_MIN_ROWS of them, so that only the last chunk's top-k runs alone;
+ * grown to rows whose scores at the widest window fill IDX_PIPE_MIN_BYTES, and then cut to what half
+ * the scores budget holds. 32 MiB is ~2 waves of the fused kernel's CTAs at their widest (one per SM,
+ * 16 queries x 2048 keys of scores at H_idx = 32: 128 KB each, 256 CTAs): with smaller chunks the
+ * SMs a scoring launch leaves idle cost more than the overlap gives (idx-glm-4k's 2048 scored rows as
+ * four chunks would score in four launches of 64 CTAs instead of one of 256, so it stays serial).
+ * Narrower windows (a causal sequence's first chunks) give smaller launches either way. */
 #define IDX_PIPE_CHUNKS ((int64_t)4)
 #define IDX_PIPE_MIN_ROWS ((int64_t)256)
 #define IDX_PIPE_MIN_BYTES ((int64_t)32 << 20)

@@ -622,7 +622,7 @@ Test(gpu_indexer, workspace_bounded) {
       cr_assert(b1 <= ((size_t)256 << 20), "T %lld H %d: workspace %zu above 256 MiB", (long long)len, h, b1);
       for (int eng = 0; eng < 2; ++eng) {
         size_t b0 = 0;
-        p.engine = eng ? DSA_INDEXER_ENGINE_FUSED : DSA_INDEXER_ENGINE_DEFAULT;
+        p.engine = eng ? DSA_INDEXER_ENGINE_FUSED : DSA_INDEXER_ENGINE_CUBLAS;
         TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b2, e.stream));
         cr_assert(b2 >= 1 && b2 <= ((size_t)256 << 20), "engine %d: T %lld H %d: workspace %zu", eng,
                   (long long)len, h, b2);

@@ -76,8 +76,8 @@ constexpr int kTilesPerCta = IDX9_TILES_PER_CTA;
 /* -DDSA_IDX_TURN_AT_ISSUE=1 (an experiment, Makefile EXPERIMENTS; docs/indexer-fwd-vs-cudnn.md step
  * 3): a consumer hands the tensor cores' turn to the other WG right after committing its wgmma, not
  * after waiting for it, so that the other WG's wgmma queues behind it instead of starting only once
- * this WG's group retired and the epilogue math ptxas schedules ahead of a later arrive ran (165
- * instructions in the HP = 32 build); and the proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC, which
+ * this WG's group retired and the epilogue math ptxas schedules ahead of a later arrive ran (164
+ * instructions in the HP = 32 build: 128 FMNMX.NAN, 32 FFMA); and the proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC, which
  * waits for the previous tile's score stores) moves ahead of the turn wait, off the hand-off. */
 #ifndef DSA_IDX_TURN_AT_ISSUE
 #define DSA_IDX_TURN_AT_ISSUE 0
@@ -295,9 +295,9 @@ __global__ void __launch_bounds__(kThreads, 1) idx_sm90_kernel(const __grid_cons
   /* Ping-pong: the WGs take turns on the tensor cores (WG0 first), so one's epilogue runs while the
    * other's wgmma does; without it both would issue together, finish together and leave the
    * tensor cores idle during their epilogues. Turn c = named barrier kBarTurn + c: WG c syncs on
-   * it before its wgmma, the other WG arrives on it once its own wgmma has completed. Every tile
-   * takes a turn (also a skipped one), so the arrivals match the syncs; WG1 arrives once before its
-   * first tile and not after its last. */
+   * it before its wgmma, the other WG arrives on it once its own wgmma has completed (once it is
+   * committed, under DSA_IDX_TURN_AT_ISSUE). Every tile takes a turn (also a skipped one), so the
+   * arrivals match the syncs; WG1 arrives once before its first tile and not after its last. */
   if (c == 1) named_bar_arrive(kBarTurn + 0, 256);
 
 #pragma unroll 1
