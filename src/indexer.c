@@ -173,6 +173,22 @@ static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget
   }
 }
 
+dsa_status dsa_indexer_layout(const dsa_context *ctx, const dsa_indexer_params *p, int fused, int64_t *total,
+                              int *nbuf, int64_t *chunk) {
+  dsa_indexer_params r;
+  idx_layout l;
+  idx_budget bud;
+  DSA_TRY(dsa_check_indexer(p, "dsa_indexer_layout", &r));
+  bud.scores = ctx->options[DSA_OPTION_INDEXER_SCORES_BUDGET];
+  bud.logits = ctx->options[DSA_OPTION_INDEXER_LOGITS_BUDGET];
+  bud.key_tile = ctx->options[DSA_OPTION_INDEXER_KEY_TILE];
+  plan_layout(&r, fused, &bud, (int)ctx->options[DSA_OPTION_INDEXER_PIPELINE], &l);
+  *total = l.total;
+  *nbuf = l.nbuf;
+  *chunk = l.cq;
+  return DSA_SUCCESS;
+}
+
 static dsa_status cublas_status(cublasStatus_t s, const char *what) {
   if (s == CUBLAS_STATUS_SUCCESS) return DSA_SUCCESS;
   return dsa_fail(DSA_ERROR_CUBLAS, "dsa_indexer_topk: %s failed (cuBLAS status %d)", what, (int)s);

@@ -140,6 +140,12 @@ DSA_HIDDEN dsa_status dsa_check_topk(const dsa_topk_params *p, const char *fn,
                                      dsa_topk_params *resolved);
 DSA_HIDDEN dsa_status dsa_check_indexer(const dsa_indexer_params *p, const char *fn,
                                         dsa_indexer_params *resolved);
+/* dsa_indexer_topk's workspace layout for the budgets and pipeline option of ctx (a device-free
+ * context serves: only its options are read) and the engine `fused` (0: cuBLAS, else fused), as the
+ * call plans it (src/indexer.c): its total bytes, its scores buffers (2: the chunk pipeline) and
+ * queries per scored chunk (0 when nothing is scored). For host-side tests of the layout rules. */
+DSA_HIDDEN dsa_status dsa_indexer_layout(const dsa_context *ctx, const dsa_indexer_params *p, int fused,
+                                         int64_t *total, int *nbuf, int64_t *chunk);
 DSA_HIDDEN dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const char *fn,
                                          dsa_attn_fwd_params *resolved);
 DSA_HIDDEN dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
