@@ -173,16 +173,21 @@ static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget
   }
 }
 
+/* The layout for a context's budgets and pipeline option. */
+static void plan_layout_ctx(const dsa_context *ctx, const dsa_indexer_params *p, int fused, idx_layout *l) {
+  idx_budget bud;
+  bud.scores = ctx->options[DSA_OPTION_INDEXER_SCORES_BUDGET];
+  bud.logits = ctx->options[DSA_OPTION_INDEXER_LOGITS_BUDGET];
+  bud.key_tile = ctx->options[DSA_OPTION_INDEXER_KEY_TILE];
+  plan_layout(p, fused, &bud, (int)ctx->options[DSA_OPTION_INDEXER_PIPELINE], l);
+}
+
 dsa_status dsa_indexer_layout(const dsa_context *ctx, const dsa_indexer_params *p, int fused, int64_t *total,
                               int *nbuf, int64_t *chunk) {
   dsa_indexer_params r;
   idx_layout l;
-  idx_budget bud;
   DSA_TRY(dsa_check_indexer(p, "dsa_indexer_layout", &r));
-  bud.scores = ctx->options[DSA_OPTION_INDEXER_SCORES_BUDGET];
-  bud.logits = ctx->options[DSA_OPTION_INDEXER_LOGITS_BUDGET];
-  bud.key_tile = ctx->options[DSA_OPTION_INDEXER_KEY_TILE];
-  plan_layout(&r, fused, &bud, (int)ctx->options[DSA_OPTION_INDEXER_PIPELINE], &l);
+  plan_layout_ctx(ctx, &r, fused, &l);
   *total = l.total;
   *nbuf = l.nbuf;
   *chunk = l.cq;
@@ -368,10 +373,7 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
     if (dsa_indexer_fused_sm90_check(ctx) == DSA_SUCCESS) fused = 2;
     else dsa_message_restore(&saved);
   }
-  bud.scores = ctx->options[DSA_OPTION_INDEXER_SCORES_BUDGET];
-  bud.logits = ctx->options[DSA_OPTION_INDEXER_LOGITS_BUDGET];
-  bud.key_tile = ctx->options[DSA_OPTION_INDEXER_KEY_TILE];
-  plan_layout(&r, fused, &bud, (int)ctx->options[DSA_OPTION_INDEXER_PIPELINE], &l);
+  plan_layout_ctx(ctx, &r, fused, &l);
   if (workspace == NULL) {
     *workspace_bytes = (size_t)l.total;
     return DSA_SUCCESS;

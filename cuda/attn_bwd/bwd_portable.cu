@@ -386,7 +386,7 @@ cudaError_t launch_main(const BwdArgs &a, const float *delta, const float *lp, f
 }  // namespace
 
 #if DSA_BWD_SPLIT_TAIL
-/* The size query above counts the split dQ partials: bwd_sm90_ws.cu's launcher reads this under the
+/* The size query above counts the split dQ partials: bwd_sm90_ws.cu references this under the
  * same switch, so that a build setting it for that file and not this one (a workspace without the
  * partials the kernel writes) fails to link. */
 extern "C" DSA_HIDDEN const int dsa_bwd_split_tail_sized = 1;

@@ -457,7 +457,7 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
 }
 
 #if DSA_BWD_DET_SORT_AHEAD
-/* The size query below counts the second sort region and rank array: bwd_sm90_ws.cu's launcher reads
+/* The size query below counts the second sort region and rank array: bwd_sm90_ws.cu references
  * this under the same switch, so that a build setting it for that file and not this one (a workspace
  * without the regions its chunk loop writes) fails to link. */
 extern "C" DSA_HIDDEN const int dsa_bwd_det_sort_ahead_sized = 1;
