@@ -247,4 +247,33 @@ static inline dsa_plan_view tc_view_row(const dsa_plan_view *hv, int64_t t) {
   return v;
 }
 
+/* An indexer size query's inputs: a host plan of one causal sequence of tk keys with the queries
+ * [qs, qs + nq) (nq = -1: all of them, qs ignored), and params of h heads and top-k k on it with placeholder
+ * device pointers (only the scalars and the plan's host arrays are read), the outputs apart from the
+ * inputs' ranges and each other's (overlap is rejected: contract 13.3). The caller destroys *plan. */
+static inline dsa_indexer_params tc_indexer_size_params(int64_t tk, int64_t nq, int64_t qs, int h, int k,
+                                                        dsa_plan **plan) {
+  int32_t cu[2] = {0, (int32_t)tk};
+  dsa_plan_desc d;
+  memset(&d, 0, sizeof d);
+  d.cu_seqlens = cu;
+  d.num_seqs = 1;
+  d.total_key_tokens = tk;
+  d.num_queries = nq;
+  d.query_start = nq < 0 ? 0 : qs;
+  *plan = NULL;
+  TC_OK(dsa_plan_create(&d, plan));
+  dsa_indexer_params p;
+  memset(&p, 0, sizeof p);
+  p.plan = dsa_plan_host_view(*plan);
+  p.num_heads = h;
+  p.topk = k;
+  p.index_q = p.index_k = (const uint16_t *)(uintptr_t)0x10000;
+  p.weights = (const void *)(uintptr_t)0x10000;
+  p.weights_dtype = DSA_DTYPE_F32;
+  p.indices = (int32_t *)(uintptr_t)((uint64_t)1 << 40);
+  p.lengths = (int32_t *)(uintptr_t)((uint64_t)2 << 40);
+  return p;
+}
+
 #endif /* DSA_TEST_COMMON_H */

@@ -594,28 +594,9 @@ Test(gpu_indexer, workspace_bounded) {
   for (int i = 0; i < 4; ++i)
     for (int h = 32; h <= 64; h += 32) {
       const int64_t len = shapes[i].len, nq = shapes[i].nq;
-      int32_t cu[2] = {0, (int32_t)len};
-      dsa_plan_desc d;
       dsa_plan *plan = NULL;
-      dsa_indexer_params p;
+      dsa_indexer_params p = tc_indexer_size_params(len, nq, len - nq, h, 2048, &plan);
       size_t b1 = 0, b2 = 0;
-      memset(&d, 0, sizeof d);
-      d.cu_seqlens = cu;
-      d.num_seqs = 1;
-      d.total_key_tokens = len;
-      d.num_queries = nq;
-      d.query_start = nq < 0 ? 0 : len - nq;
-      TC_OK(dsa_plan_create(&d, &plan));
-      memset(&p, 0, sizeof p);
-      p.plan = dsa_plan_host_view(plan); /* only its scalars are read by the size query */
-      p.num_heads = h;
-      p.topk = 2048;
-      p.index_q = p.index_k = (const uint16_t *)(uintptr_t)0x10000;
-      p.weights = (const void *)(uintptr_t)0x10000;
-      p.weights_dtype = DSA_DTYPE_F32;
-      /* outputs apart from the inputs' ranges (and each other's): overlap is rejected (contract 13.3) */
-      p.indices = (int32_t *)(uintptr_t)((uint64_t)1 << 40);
-      p.lengths = (int32_t *)(uintptr_t)((uint64_t)2 << 40);
       TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b1, e.stream));
       TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b2, e.stream));
       cr_assert(b1 >= 1 && b1 == b2, "size %zu then %zu", b1, b2);

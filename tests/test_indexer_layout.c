@@ -17,29 +17,9 @@ typedef struct {
   int64_t scored; /* queries that are scored: causal_length > K */
 } lay_case;
 
-/* one sequence of tk keys; queries [qs, qs + nq) (nq = -1: all of them); fake device pointers: only
- * the scalars and the plan's host arrays are read */
+/* one sequence of tk keys; queries [qs, qs + nq) (nq = -1: all of them) */
 static void lay_make(lay_case *c, int64_t tk, int64_t nq, int64_t qs, int h, int k) {
-  int32_t cu[2] = {0, (int32_t)tk};
-  dsa_plan_desc d;
-  memset(&d, 0, sizeof d);
-  d.cu_seqlens = cu;
-  d.num_seqs = 1;
-  d.total_key_tokens = tk;
-  d.num_queries = nq;
-  d.query_start = nq < 0 ? 0 : qs;
-  c->plan = NULL;
-  TC_OK(dsa_plan_create(&d, &c->plan));
-  memset(&c->p, 0, sizeof c->p);
-  c->p.plan = dsa_plan_host_view(c->plan);
-  c->p.num_heads = h;
-  c->p.topk = k;
-  c->p.index_q = c->p.index_k = (const uint16_t *)(uintptr_t)0x10000;
-  c->p.weights = (const void *)(uintptr_t)0x10000;
-  c->p.weights_dtype = DSA_DTYPE_F32;
-  /* outputs apart from the inputs' ranges and each other's (overlap is rejected: contract 13.3) */
-  c->p.indices = (int32_t *)(uintptr_t)((uint64_t)1 << 40);
-  c->p.lengths = (int32_t *)(uintptr_t)((uint64_t)2 << 40);
+  c->p = tc_indexer_size_params(tk, nq, qs, h, k, &c->plan);
   c->scored = 0;
   for (int64_t t = 0; t < c->p.plan->num_queries; ++t) c->scored += c->p.plan->causal_lengths[t] > k;
 }
