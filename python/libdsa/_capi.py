@@ -206,7 +206,9 @@ class Lib:
             cls = (DSAInvalidArgument if status == DSA_ERROR_INVALID_ARGUMENT
                    else DSAUnsupported if status in (DSA_ERROR_UNSUPPORTED, DSA_ERROR_NO_DEVICE)
                    else DSAError)
-            raise cls(f"{what}: {text}: {msg}", status)
+            # libdsa's message names the function already: say it once
+            named = msg.startswith(what.split(" ")[0] + ":")
+            raise cls(f"{text}: {msg}" if named else f"{what}: {text}: {msg}", status)
 
     # ---- GPU side ----
     def context_create(self, device=0):

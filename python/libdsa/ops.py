@@ -76,6 +76,14 @@ def _dtype(t: Optional[Tensor], dtype: torch.dtype, name: str, fn: str):
     _require(t is None or t.dtype == dtype, f"{fn}: {name} must be {dtype}, got {t.dtype if t is not None else None}")
 
 
+def _shape(t: Optional[Tensor], expect: tuple, name: str, fn: str):
+    """t is None or has the shape expect (None: any extent there). The C API sees pointers and
+    strides only: an operand shorter than the sizes the op reads would be read past its end."""
+    ok = t is None or (t.dim() == len(expect) and all(e is None or n == e for n, e in zip(t.shape, expect)))
+    want = "[" + ", ".join("*" if e is None else str(e) for e in expect) + "]"
+    _require(ok, f"{fn}: {name} must be {want}, got {tuple(t.shape) if t is not None else None}")
+
+
 def _same_device(fn: str, ref: Tensor, **tensors):
     for name, t in tensors.items():
         _require(t is None or t.device == ref.device, f"{fn}: {name} is on {t.device if t is not None else ''}, "
@@ -102,6 +110,10 @@ def _attn_checks(fn, q, kv, indices, topk_length, sink):
     _dtype(topk_length, torch.int32, "topk_length", fn)
     _dtype(sink, torch.float32, "sink", fn)
     _same_device(fn, q, kv=kv, indices=indices, topk_length=topk_length, sink=sink)
+    T, H, Dh = q.shape
+    _require(kv.shape[-1] == Dh, f"{fn}: kv's last dimension must be q's head dim {Dh}, got {tuple(kv.shape)}")
+    _shape(topk_length, (T,), "topk_length", fn)
+    _shape(sink, (H,), "sink", fn)
 
 
 # ---- sparse attention ---------------------------------------------------------------------------
@@ -147,6 +159,10 @@ def sparse_attn_bwd(q: Tensor, kv: Tensor, indices: Tensor, topk_length: Optiona
     _dtype(out, torch.bfloat16, "out", fn)
     _dtype(dout, torch.bfloat16, "dout", fn)
     _dtype(lse, torch.float32, "lse", fn)
+    _shape(out, (q.shape[0], q.shape[1], 512), "out", fn)
+    _shape(dout, (q.shape[0], q.shape[1], 512), "dout", fn)
+    _shape(lse, (q.shape[0], q.shape[1]), "lse", fn)
+    _same_device(fn, q, out=out, dout=dout, lse=lse)
     q, out, dout = _inner_contiguous(q), _inner_contiguous(out), _inner_contiguous(dout)
     lse = lse.contiguous()
     T, H, Dh = q.shape
@@ -210,6 +226,9 @@ def indexer_topk_op(index_q: Tensor, index_k: Tensor, weights: Tensor, plan_id: 
     _require(index_q.dim() == 3 and index_k.dim() == 2 and weights.dim() == 2,
              f"{fn}: index_q [T_q, H, 128], index_k [T_k, 128], weights [T_q, H] expected")
     _same_device(fn, index_q, index_k=index_k, weights=weights)
+    _shape(index_q, (plan.num_queries, None, 128), "index_q (rows: the plan's queries)", fn)
+    _shape(index_k, (plan.total_key_tokens, 128), "index_k (rows: the plan's total_key_tokens)", fn)
+    _shape(weights, (index_q.shape[0], index_q.shape[1]), "weights", fn)
     q, k, w = _inner_contiguous(index_q), _inner_contiguous(index_k), _inner_contiguous(weights)
     Tq = q.shape[0]
     indices = q.new_empty(Tq, topk, dtype=torch.int32)
@@ -239,6 +258,7 @@ def topk_op(scores: Tensor, lengths: Optional[Tensor], k: int) -> Tensor:
     _dtype(scores, torch.float32, "scores", fn)
     _dtype(lengths, torch.int32, "lengths", fn)
     _require(scores.dim() == 2, f"{fn}: scores must be [rows, columns]")
+    _shape(lengths, (scores.shape[0],), "lengths", fn)
     _same_device(fn, scores, lengths=lengths)
     s = _inner_contiguous(scores)
     ln = None if lengths is None else lengths.contiguous()
@@ -282,6 +302,7 @@ def pad_heads_op(q: Tensor, sink: Optional[Tensor], padded_heads: int) -> Tuple[
     _dtype(q, torch.bfloat16, "q", fn)
     _dtype(sink, torch.float32, "sink", fn)
     _require(q.dim() == 3, f"{fn}: q must be [T, H, D]")
+    _shape(sink, (q.shape[1],), "sink", fn)
     _same_device(fn, q, sink=sink)
     q = _inner_contiguous(q)
     T, H, Dh = q.shape
@@ -314,6 +335,12 @@ def _idx_train_checks(fn, index_q, index_k, weights, indices, lengths):
     _require(index_q.dim() == 3 and index_k.dim() == 2 and weights.dim() == 2 and indices.dim() == 2,
              f"{fn}: index_q [T, H, 128], index_k [T_k, 128], weights [T, H], indices [T, K] expected")
     _same_device(fn, index_q, index_k=index_k, weights=weights, indices=indices, lengths=lengths)
+    T, H = index_q.shape[0], index_q.shape[1]
+    _shape(index_q, (T, H, 128), "index_q", fn)
+    _shape(index_k, (None, 128), "index_k", fn)
+    _shape(weights, (T, H), "weights", fn)
+    _shape(indices, (T, None), "indices", fn)
+    _shape(lengths, (T,), "lengths", fn)
 
 
 @torch.library.custom_op("libdsa::slot_target", mutates_args=())
@@ -323,6 +350,8 @@ def slot_target_op(q: Tensor, kv: Tensor, indices: Tensor, topk_length: Optional
     fn = "libdsa.slot_target"
     _attn_checks(fn, q, kv, indices, topk_length, sink)
     _dtype(lse, torch.float32, "lse", fn)
+    _shape(lse, (q.shape[0], q.shape[1]), "lse", fn)
+    _same_device(fn, q, lse=lse)
     q = _inner_contiguous(q)
     T, H, Dh = q.shape
     kv2, idx = _kv2d(kv), _idx2d(indices, T)
@@ -377,6 +406,8 @@ def indexer_bwd_op(index_q: Tensor, index_k: Tensor, weights: Tensor, indices: T
     fn = "libdsa.indexer_bwd"
     _idx_train_checks(fn, index_q, index_k, weights, indices, lengths)
     _dtype(grad, torch.float32, "grad", fn)
+    _shape(grad, tuple(indices.shape), "grad (the shape of indices)", fn)
+    _same_device(fn, index_q, grad=grad)
     q, k, w, idx, g = (_inner_contiguous(t) for t in (index_q, index_k, weights, indices, grad))
     ln = None if lengths is None else lengths.contiguous()
     T, H, _ = q.shape
@@ -426,6 +457,10 @@ def indexer_loss_op(target: Tensor, scores: Tensor, indices: Tensor, lengths: Op
     _dtype(scores, torch.float32, "scores", fn)
     _dtype(indices, torch.int32, "indices", fn)
     _dtype(lengths, torch.int32, "lengths", fn)
+    _require(scores.dim() == 2, f"{fn}: scores must be [T, K], got {tuple(scores.shape)}")
+    _shape(target, tuple(scores.shape), "target", fn)
+    _shape(indices, tuple(scores.shape), "indices", fn)
+    _shape(lengths, (scores.shape[0],), "lengths", fn)
     _same_device(fn, scores, target=target, indices=indices, lengths=lengths)
     a, z, idx = (_inner_contiguous(t) for t in (target, scores, indices))
     ln = None if lengths is None else lengths.contiguous()

@@ -4,3 +4,18 @@ import os
 import sys
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+_checkout = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which package and library the suites ran (make test: the installed package when there is one),
+    and a warning when that library is older than the checkout's build."""
+    import libdsa
+    lib = libdsa.library().path
+    terminalreporter.write_line(f"libdsa under test: {os.path.dirname(libdsa.__file__)} with {lib}")
+    build = os.path.join(_checkout, "build", "libdsa.so")
+    if (os.path.exists(build) and os.path.realpath(lib) != os.path.realpath(build)
+            and os.path.getmtime(lib) < os.path.getmtime(build)):
+        terminalreporter.write_line("  older than the checkout's build/libdsa.so: run `pip install ./python` again "
+                                    "to test the build (or pip uninstall libdsa to test the checkout)")

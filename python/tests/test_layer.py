@@ -197,6 +197,51 @@ def test_bad_arguments_raise_with_the_library_message():
         libdsa.plan(torch.tensor([0, 8], dtype=torch.int32), 8, query_indices=torch.tensor([1, 3]))
 
 
+def test_operand_shapes_are_checked():
+    """The C API sees pointers and strides: every operand whose extent the op reads past q's, the
+    plan's or the scores' sizes is checked here, with a message naming it, before any call."""
+    g = seeded("operand_shapes")
+    T, H, Tk, K = 4, 2, 6, 3
+    q, kv = bf16(g, T, H, 576), bf16(g, Tk, 576)
+    idx = torch.zeros(T, K, dtype=torch.int32)
+    tl, sink = torch.full((T,), K, dtype=torch.int32), torch.zeros(H)
+    bad = lambda what: pytest.raises(libdsa.DSAInvalidArgument, match=what)
+    with bad("attn_sink|sink must be"):
+        libdsa.sparse_attention(q, kv, idx, 0.1, attn_sink=torch.zeros(1))
+    with bad("topk_length must be"):
+        libdsa.sparse_attention(q, kv, idx, 0.1, topk_length=tl[:3])
+    with bad("head dim"):
+        libdsa.sparse_attention(q, bf16(g, Tk, 512), idx, 0.1)
+    out, lse = libdsa.sparse_attention(q, kv, idx, 0.1, topk_length=tl, attn_sink=sink, return_lse=True)
+    with bad("dout must be"):
+        libdsa.sparse_attention_backward(q, kv, idx, 0.1, out, out[:, :1], lse)
+    with bad("lse must be"):
+        libdsa.sparse_attention_backward(q, kv, idx, 0.1, out, out, lse[:2])
+    with bad("lse must be"):
+        libdsa.slot_target(q, kv, idx, lse[:, :1], 0.1)
+    with bad("lengths must be"):
+        libdsa.topk(torch.rand(8, 10), 2, torch.full((2,), 10, dtype=torch.int32))
+    with bad("sink must be"):
+        libdsa.pad_heads(q, torch.zeros(H + 1), 64)
+    iq, ik, w = bf16(g, T, H, 128), bf16(g, Tk, 128), torch.rand(T, H)
+    with bad("weights must be"):
+        libdsa.indexer_slot_scores(iq, ik, w[:3], idx)
+    with bad("index_k must be"):
+        libdsa.indexer_slot_scores(iq, bf16(g, Tk, 64), w, idx)
+    with bad("lengths must be"):
+        libdsa.indexer_slot_scores(iq, ik, w, idx, torch.zeros(T + 1, dtype=torch.int32))
+    plan = libdsa.plan(torch.tensor([0, T], dtype=torch.int32), T)
+    with bad("weights must be"):
+        libdsa.indexer_topk(iq, bf16(g, T, 128), torch.rand(3, H), plan, 2)
+    with bad("index_k"):
+        libdsa.indexer_topk(iq, bf16(g, T - 1, 128), w, plan, 2)
+    with bad("index_q"):
+        libdsa.indexer_topk(bf16(g, T + 1, H, 128), bf16(g, T, 128), torch.rand(T + 1, H), plan, 2)
+    z = torch.rand(T, K)
+    with bad("target must be"):
+        torch.ops.libdsa.indexer_loss(z[:, :2], z, idx, None, Tk, 1.0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_topk_compact_and_pad_heads(device):
     g = seeded("helpers")
