@@ -1,5 +1,6 @@
 #!/bin/sh
-# plot.sh - `make plots`: charts of the newest bench/results/*.json (or the file given) into docs/img/.
+# plot.sh - `make plots`: charts of the newest bench/results/*.json (or the file given) into docs/img/
+# (newest: below).
 #   bench-fwd.png bench-bwd.png bench-idx.png bench-topk.png: per op, the rate of each shape and
 #     variant (bars), the peer of docs/perf.md's targets (points) and the same-run ceiling (line);
 #   bench-peer-ratio.png: every row's speed relative to its peer (1.0 = as fast as the peer).
@@ -7,7 +8,17 @@
 #   bench/plot.sh [results.json] [outdir]
 set -eu
 cd "$(dirname "$0")/.."
-json=${1:-$(ls -t bench/results/*.json 2>/dev/null | head -n 1 || true)}
+# the newest file by time; where several are within two minutes of it (a clone writes every file at
+# checkout), the newest full run among them by name (<date>-<card>-full.json), else the last by name
+json=${1:-$(python3 - <<'PY'
+import glob, os
+fs = glob.glob("bench/results/*.json")
+if fs:
+    t = max(os.path.getmtime(f) for f in fs)
+    top = sorted(f for f in fs if os.path.getmtime(f) > t - 120)
+    print(([f for f in top if f.endswith("-full.json")] or top)[-1])
+PY
+)}
 out=${2:-docs/img}
 if [ -z "$json" ] || [ ! -f "$json" ]; then
   echo "plot.sh: no results: run 'make bench' first (it writes bench/results/<date>-<card>.json)" >&2
