@@ -88,7 +88,7 @@ typedef enum dsa_status {
 
 DSA_API const char *dsa_status_string(dsa_status status);
 /* The message of the last failed call on this thread ("" if none). It names the argument and the
- * value that was wrong, e.g. "dsa_sparse_attn_fwd: topk = 0 is outside 1..2048". */
+ * value that was wrong, e.g. "dsa_sparse_attn_fwd: topk = 0 is outside 1..4096". */
 DSA_API const char *dsa_last_error_message(void);
 
 /* Element types where an op accepts more than one. */
