@@ -215,7 +215,8 @@ EXPERIMENTS := cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_PROLOGUE_STATS=1 cuda/attn
   cuda/attn_fwd/fwd_sm90_small.cu:-DDSA_FWD_SMALL_TWO32=1 \
   cuda/attn_fwd/fwd_sm90_small.cu:-DDSA_FWD_SMALL_TWO32=1,-DDSA_FWD_SMALL_RING=1 \
   cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_DET_SORT_AHEAD=1 cuda/attn_bwd/bwd_sm90_h64.cu:-DDSA_BWD_DET_SORT_AHEAD=1 \
-  cuda/indexer/idx_fused_wgmma.cu:-DDSA_IDX_TURN_AT_ISSUE=1
+  cuda/indexer/idx_fused_wgmma.cu:-DDSA_IDX_TURN_AT_ISSUE=1 \
+  cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_DET_OVERLAP=24 cuda/attn_bwd/bwd_sm90_h64.cu:-DDSA_BWD_DET_OVERLAP=24
 experiments:
 	@rm -rf $(BUILD)/experiments
 	@for e in $(EXPERIMENTS); do f=$${e%%:*}; d=$$(echo "$${e#*:}" | tr , ' '); echo "nvcc $$d $$f"; mkdir -p $(BUILD)/experiments; \

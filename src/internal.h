@@ -31,8 +31,8 @@ struct dsa_context {
    * its events: fork and join, and per double-buffered region b, ready[b] (call stream -> side: the
    * region holds what the side stream reads, or is free for it to write) and done[b] (side -> call
    * stream: the side stream's work on the region finished). Created with the context. Users: the
-   * indexer's chunk pipeline (src/indexer.c), the deterministic backward's sort-ahead experiment
-   * (cuda/attn_bwd/bwd_sm90_ws.cu). */
+   * indexer's chunk pipeline (src/indexer.c), the deterministic backward's sort-ahead and overlap
+   * experiments (cuda/attn_bwd/bwd_sm90_ws.cu). */
   cudaStream_t side;
   cudaEvent_t ev_fork, ev_join, ev_ready[2], ev_done[2];
   int64_t options[DSA_OPTION_COUNT]; /* options[opt]: the value of dsa_option opt (src/options.c) */

@@ -40,6 +40,13 @@
 #ifndef DSA_BWD_DET_SORT_AHEAD
 #define DSA_BWD_DET_SORT_AHEAD 0
 #endif
+/* -DDSA_BWD_DET_OVERLAP=R (an experiment, Makefile EXPERIMENTS; R > 0 SMs): the deterministic layout
+ * splits its contrib budget into two buffers and gets three sort regions and rank arrays
+ * (bwd_det_layout), so that the warp-specialised launcher reduces chunk c - 1 on R SMs while chunk c's
+ * main kernel runs on the others (bwd_sm90_ws.cu, bwd_det_reduce_ov). */
+#ifndef DSA_BWD_DET_OVERLAP
+#define DSA_BWD_DET_OVERLAP 0
+#endif
 
 #include <stdint.h>
 #include <math.h>
@@ -348,73 +355,110 @@ __global__ void bwd_det_pos_kernel(const int32_t *vals, int64_t n, int32_t *pos)
     pos[vals != nullptr ? vals[s] : s] = (int32_t)s;
 }
 
+/* acc[r] = ((acc[r] + c_0) + c_1) + ... over kv row r's entries [off[r], off[r + 1]) of this chunk in
+ * sorted order (ascending token, then slot), each entry's NHB head blocks in order 0, 1; this thread's
+ * float4 d4 of the row. kBatch entries' loads are in flight together: the batch groups the loads only,
+ * the adds stay in entry order, so every kBatch gives the same bits. Where the rows are: kSorted (the
+ * warp-specialised kernel stores them in sorted order), the entry at sorted position s has head block
+ * hb's row at s NHB + hb, so a kv row's rows are one contiguous run; else entry v = (token in chunk) K
+ * + slot has it at ((v / K) NHB + hb) K + v % K (NHB = 1: row v itself, without the division). The
+ * sum is per column, so the column order of the rows (real, or the permuted one of the
+ * warp-specialised kernel) passes through to acc unchanged. */
+template <int D, int NHB, bool kSorted, int kBatch>
+__device__ __forceinline__ void bwd_det_reduce_row(const float *contrib, const int64_t *off, const int32_t *vals,
+                                                   float *acc, int64_t r, int K, int d4) {
+  const int64_t e0 = off[r], e1 = off[r + 1];
+  if (e0 == e1) return;
+  float4 x = ((const float4 *)(acc + r * D))[d4];
+  for (int64_t e = e0; e < e1; e += kBatch) {
+    const int ne = e1 - e < kBatch ? (int)(e1 - e) : kBatch;
+    float4 c[kBatch * NHB];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (i < ne) {
+        int64_t row, hstride;
+        if constexpr (kSorted) {
+          row = (e + i) * NHB;
+          hstride = 1;
+        } else {
+          const int v = __ldg(vals + e + i);
+          if constexpr (NHB == 1) {
+            row = (int64_t)v;
+          } else {
+            const int tl = v / K, j = v - tl * K;
+            row = (int64_t)tl * NHB * K + j;
+          }
+          hstride = K;
+        }
+#pragma unroll
+        for (int hb = 0; hb < NHB; ++hb)
+          c[i * NHB + hb] = __ldcs((const float4 *)(contrib + (row + hb * hstride) * D) + d4);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (i < ne) {
+#pragma unroll
+        for (int hb = 0; hb < NHB; ++hb) {
+          const float4 y = c[i * NHB + hb];
+          x.x += y.x;
+          x.y += y.y;
+          x.z += y.z;
+          x.w += y.w;
+        }
+      }
+    }
+  }
+  ((float4 *)(acc + r * D))[d4] = x;
+}
+
 /* One CTA of D / 4 threads (one float4 of the D dims each: 144 at D = 576, 128 at D = 512) per kv row
- * (block-stride): acc[r] = ((acc[r] + c_0) + c_1) + ... over the row's entries of this chunk in
- * sorted order (ascending token, then slot), each entry's NHB head blocks in order 0, 1. Every row is
- * owned by one CTA and every sum has a fixed order: no atomics, bitwise reproducible. Where the rows
- * are: kSorted (the warp-specialised kernel stores them in sorted order), the entry at sorted position
- * s has head block hb's row at s NHB + hb, so a kv row's rows are one contiguous run; else entry v =
- * (token in chunk) K + slot has it at ((v / K) NHB + hb) K + v % K (NHB = 1: row v itself, without
- * the division). The sum is per column, so the column order of the rows (real, or the permuted one
- * of the warp-specialised kernel) passes through to acc unchanged. */
+ * (block-stride), bwd_det_reduce_row with kBwdDetRedBatch. Every row is owned by one CTA and every sum
+ * has a fixed order: no atomics, bitwise reproducible. */
 template <int D, int NHB, bool kSorted>
 __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *contrib, const int64_t *off,
                                                                const int32_t *vals, float *acc, int64_t T_kv, int K) {
   const int d4 = threadIdx.x;
-  for (int64_t r = blockIdx.x; r < T_kv; r += gridDim.x) {
-    const int64_t e0 = off[r], e1 = off[r + 1];
-    if (e0 == e1) continue;
-    float4 x = ((const float4 *)(acc + r * D))[d4];
-    for (int64_t e = e0; e < e1; e += kBwdDetRedBatch) {
-      const int ne = e1 - e < kBwdDetRedBatch ? (int)(e1 - e) : kBwdDetRedBatch;
-      float4 c[kBwdDetRedBatch * NHB];
-#pragma unroll
-      for (int i = 0; i < kBwdDetRedBatch; ++i) {
-        if (i < ne) {
-          int64_t row, hstride;
-          if constexpr (kSorted) {
-            row = (e + i) * NHB;
-            hstride = 1;
-          } else {
-            const int v = __ldg(vals + e + i);
-            if constexpr (NHB == 1) {
-              row = (int64_t)v;
-            } else {
-              const int tl = v / K, j = v - tl * K;
-              row = (int64_t)tl * NHB * K + j;
-            }
-            hstride = K;
-          }
-#pragma unroll
-          for (int hb = 0; hb < NHB; ++hb)
-            c[i * NHB + hb] = __ldcs((const float4 *)(contrib + (row + hb * hstride) * D) + d4);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kBwdDetRedBatch; ++i) {
-        if (i < ne) {
-#pragma unroll
-          for (int hb = 0; hb < NHB; ++hb) {
-            const float4 y = c[i * NHB + hb];
-            x.x += y.x;
-            x.y += y.y;
-            x.z += y.z;
-            x.w += y.w;
-          }
-        }
-      }
-    }
-    ((float4 *)(acc + r * D))[d4] = x;
-  }
+  for (int64_t r = blockIdx.x; r < T_kv; r += gridDim.x)
+    bwd_det_reduce_row<D, NHB, kSorted, kBwdDetRedBatch>(contrib, off, vals, acc, r, K, d4);
 }
+
+#if DSA_BWD_DET_OVERLAP
+/* The overlapped chunk loop's reduction (sorted layout): a grid of R CTAs that each fill an SM
+ * (kBwdDetOvSmem of shared memory, unused: no second CTA and no main-kernel CTA shares the SM), each
+ * kBwdDetOvGroups groups of D / 4 threads rounded up to whole warps; group g of CTA b sums the rows
+ * b G + g + k R G with bwd_det_reduce_row, 16 / NHB entries in flight (the same bits as
+ * bwd_det_reduce_kernel). Every CTA first allows the dependent launch: the next chunk's main kernel,
+ * launched after it with programmatic stream serialization, then starts on the other SMs while this
+ * runs (it reads nothing this writes). */
+constexpr int kBwdDetOvGroups = 4;
+constexpr int kBwdDetOvSmem = 116 << 10; /* over half an SM's 228 KB: one CTA per SM */
+template <int D>
+constexpr int bwd_det_ov_group_threads() { return (D / 4 + 31) / 32 * 32; }
+template <int D, int NHB>
+__global__ void __launch_bounds__(kBwdDetOvGroups * bwd_det_ov_group_threads<D>(), 1)
+    bwd_det_reduce_ov_kernel(const float *contrib, const int64_t *off, float *acc, int64_t T_kv, int K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  constexpr int kGT = bwd_det_ov_group_threads<D>();
+  const int g = (int)threadIdx.x / kGT, d4 = (int)threadIdx.x % kGT;
+  if (d4 >= D / 4) return;
+  const int64_t step = (int64_t)gridDim.x * kBwdDetOvGroups;
+  for (int64_t r = (int64_t)blockIdx.x * kBwdDetOvGroups + g; r < T_kv; r += step)
+    bwd_det_reduce_row<D, NHB, true, 16 / NHB>(contrib, off, nullptr, acc, r, K, d4);
+}
+#endif
 
 /* Deterministic-mode workspace (offsets from the 256-B aligned base; every region 256-B aligned):
  * delta, lp, part [T, H] f32 and acc [T_kv, D] f32 exactly as in the non-deterministic layout,
  * then contrib [C * ceil(H / 64) * K + 64 (dump rows), D] f32, keys0, keys1 [C * K] u32, vals0,
  * vals1 [C * K] i32, off [T_kv + 1] i64, CUB radix-sort temp for C * K items, pos [C * K] i32; C = tokens per chunk (at most 2 GiB
  * of contrib; chunk_tokens > 0, DSA_OPTION_BWD_DET_CHUNK_TOKENS, overrides it; clamped to 1..T and to
- * int32 entry ids). Both sm_90a launchers and the op's size query (dsa_attn_bwd_sm90_det_workspace_size)
- * compute this one layout. */
+ * int32 entry ids). The experiments append: -DDSA_BWD_DET_SORT_AHEAD or _OVERLAP a second sort region
+ * and rank array, _OVERLAP a third and a second contrib (the 2 GiB then split between the two). Both
+ * sm_90a launchers and the op's size query (dsa_attn_bwd_sm90_det_workspace_size) compute this one
+ * layout. */
 /* The caller's workspace pointer aligned up to kBwdAlign (every size query counts that slack). */
 inline unsigned char *bwd_align_workspace(void *workspace) {
   return (unsigned char *)(((uintptr_t)workspace + kBwdAlign - 1) & ~(uintptr_t)(kBwdAlign - 1));
@@ -466,8 +510,10 @@ inline dsa_status bwd_zero_tokens(const dsa_attn_bwd_params *p, const float *par
 struct BwdDetLayout {
   size_t delta, lp, part, acc, contrib, pos;
   BwdSortLayout sort; /* keys0 .. temp */
-  size_t pos2;        /* DSA_BWD_DET_SORT_AHEAD: the second rank array and sort region */
+  size_t pos2;        /* DSA_BWD_DET_SORT_AHEAD or _OVERLAP: the second rank array and sort region */
   BwdSortLayout sort2;
+  size_t pos3, contrib2; /* DSA_BWD_DET_OVERLAP: the third rank array and sort region, the second contrib */
+  BwdSortLayout sort3;
   size_t total;
   int64_t chunk; /* C */
 };
@@ -477,7 +523,8 @@ inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, int64_t chunk_tok
   const size_t D = (size_t)p->head_dim;
   const int nhb = (p->num_heads + kBwdDetHeadBlock - 1) / kBwdDetHeadBlock;
   const size_t per_tok = (size_t)nhb * (size_t)p->topk * D * 4;
-  int64_t C = chunk_tokens > 0 ? chunk_tokens : (int64_t)(kBwdDetContribBudget / per_tok);
+  constexpr int kContribBuffers = DSA_BWD_DET_OVERLAP ? 2 : 1; /* the budget is split between them */
+  int64_t C = chunk_tokens > 0 ? chunk_tokens : (int64_t)(kBwdDetContribBudget / kContribBuffers / per_tok);
   if (C < 1) C = 1;
   if (C > (int64_t)INT32_MAX / p->topk) C = (int64_t)INT32_MAX / p->topk; /* entry ids are int32 */
   if (C > p->num_tokens) C = p->num_tokens;
@@ -492,9 +539,14 @@ inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, int64_t chunk_tok
   L->contrib = o; o += bwd_align_up((size_t)C * per_tok + (size_t)kBwdDetDumpRows * D * 4);
   DSA_TRY(bwd_sort_layout(C * (int64_t)p->topk, p->num_kv, &o, &L->sort));
   L->pos = o; o += bwd_align_up((size_t)C * (size_t)p->topk * 4);
-#if DSA_BWD_DET_SORT_AHEAD
+#if DSA_BWD_DET_SORT_AHEAD || DSA_BWD_DET_OVERLAP
   DSA_TRY(bwd_sort_layout(C * (int64_t)p->topk, p->num_kv, &o, &L->sort2));
   L->pos2 = o; o += bwd_align_up((size_t)C * (size_t)p->topk * 4);
+#endif
+#if DSA_BWD_DET_OVERLAP
+  DSA_TRY(bwd_sort_layout(C * (int64_t)p->topk, p->num_kv, &o, &L->sort3));
+  L->pos3 = o; o += bwd_align_up((size_t)C * (size_t)p->topk * 4);
+  L->contrib2 = o; o += bwd_align_up((size_t)C * per_tok + (size_t)kBwdDetDumpRows * D * 4);
 #endif
   L->total = o + kBwdAlign; /* slack: the caller's pointer is aligned up inside */
   return DSA_SUCCESS;
@@ -546,6 +598,21 @@ inline dsa_status bwd_det_reduce_sorted(const dsa_attn_bwd_params *p, const BwdS
       contrib, (const int64_t *)(ws + S.off), nullptr, acc, p->num_kv, p->topk);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
+
+#if DSA_BWD_DET_OVERLAP
+/* The same on `ctas` SMs (bwd_det_reduce_ov_kernel), allowing the launch after it to start early. */
+template <int D, int NHB>
+inline dsa_status bwd_det_reduce_ov(const dsa_context *ctx, const dsa_attn_bwd_params *p, const BwdSortLayout &S,
+                                    unsigned char *ws, const float *contrib, float *acc, int ctas,
+                                    cudaStream_t stream) {
+  static int attr_set[DSA_TRACKED_DEVICES];
+  DSA_TRY(dsa_kernel_smem_once((const void *)bwd_det_reduce_ov_kernel<D, NHB>, kBwdDetOvSmem, 0, ctx->device,
+                               attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute"));
+  bwd_det_reduce_ov_kernel<D, NHB><<<ctas, kBwdDetOvGroups * bwd_det_ov_group_threads<D>(), kBwdDetOvSmem, stream>>>(
+      contrib, (const int64_t *)(ws + S.off), acc, p->num_kv, p->topk);
+  return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
+}
+#endif
 
 }  // namespace
 

@@ -462,6 +462,12 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
  * without the regions its chunk loop writes) fails to link. */
 extern "C" DSA_HIDDEN const int dsa_bwd_det_sort_ahead_sized = 1;
 #endif
+#if DSA_BWD_DET_OVERLAP
+/* The same for the overlapped loop's second contrib buffer and third sort region, both ways. */
+extern "C" DSA_HIDDEN const int dsa_bwd_det_overlap_sized = 1;
+extern "C" DSA_HIDDEN const int dsa_bwd_det_overlap_loop; /* bwd_sm90_ws.cu */
+__attribute__((used)) static const int *const kOverlapLoop = &dsa_bwd_det_overlap_loop;
+#endif
 
 extern "C" dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, int64_t chunk_tokens,
                                                            size_t *bytes) {

@@ -45,6 +45,13 @@
  * the slot target (at most two adds per slot, which commute) and dsink are those of the
  * non-deterministic mode, which are reproducible already. The rows' DRAM traffic (2304 B per valid
  * slot and head block written, then read back) bounds the mode.
+ * Experiment -DDSA_BWD_DET_OVERLAP=R (A/B switch, Makefile EXPERIMENTS): chunk c - 1's reduction runs
+ * on R SMs (bwd_det_reduce_ov) while chunk c's main kernel runs on the others (launched with
+ * programmatic stream serialization right after it: ws_det_main), so the reduction's reads overlap
+ * the main kernel's row stores instead of following them; chunks are whole waves of the SMs left,
+ * contrib is double-buffered (chunk c in buffer c % 2) and the sorts run two chunks ahead on the
+ * context's side stream in three regions (chunk c in region c % 3). The same sums in the same order:
+ * bitwise the results of the default loop.
  *
  * Grid: one CTA per (token, block of 64 heads), non-persistent, blockIdx order = token order (H = 128:
  * the two head blocks of a token adjacent); heads past H are zero rows with L' = +inf (P = dS = 0,
@@ -690,6 +697,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
   uint8_t *smem = sm90_smem_align1024(smem_raw);
   const dsa_attn_bwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7;
+#if DSA_BWD_DET_OVERLAP
+  /* the overlapped loop launches this kernel programmatically beside the previous chunk's reduction
+   * (ws_det_main): the grid's last CTA waits for that reduction to complete, so that this grid's
+   * completion implies the reduction's, which the stream's later launches and records (and a captured
+   * graph's edges out of this node) rely on; a CTA that runs last keeps one SM for it at most */
+  if (kDet && blockIdx.x == gridDim.x - 1 && tid == 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 #if DSA_BWD_SPLIT_TAIL
   int64_t tok;
   int h0, half, si;
@@ -817,6 +831,26 @@ dsa_status ws_prepare(int dev) {
   return dsa_kernel_smem_once(fn, kWsBytes<NBT>, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
+#if DSA_BWD_DET_OVERLAP
+/* The deterministic main kernel of one chunk; pdl: with programmatic stream serialization, so that it
+ * starts once the reduction launched just before it on the stream has started (its CTAs allow the
+ * dependent launch at entry), not finished: it reads nothing the reduction writes. */
+template <int NBT>
+dsa_status ws_det_main(const MainArgs &ca, unsigned grid, bool pdl, cudaStream_t stream) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kWsBytes<NBT>;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return dsa_cuda_status((int)cudaLaunchKernelEx(&cfg, attn_bwd_sm90_ws_kernel<NBT, true>, ca), "dsa_sparse_attn_bwd");
+}
+#endif
+
 /* The deterministic mode's arguments for the chunk of nt tokens from t0: every per-token operand
  * the main kernel reads or writes starts at token t0 (q, dout, out, lse, indices, the row lengths, dq,
  * the slot target, the dsink partials), so the kernel sees tokens 0..nt-1 and carries no chunk offset (a register WG1
@@ -922,15 +956,74 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
      * at their ranks (every kv row's rows one contiguous run), in the permuted column order; the
      * reduction adds each run into acc row by row in order, column by column, so acc keeps the
      * permuted order the convert undoes. */
-    /* one CTA per SM (kWsBytes): a wave is sm_count / num_hblocks tokens */
+    /* one CTA per SM (kWsBytes): a wave is sm_count / num_hblocks tokens (with the overlap, the SMs
+     * the reduction leaves) */
+#if DSA_BWD_DET_OVERLAP
+    const int red_ctas = ctx->sm_count > 2 * DSA_BWD_DET_OVERLAP ? DSA_BWD_DET_OVERLAP : (ctx->sm_count + 3) / 4;
+    const int64_t C = bwd_det_run_chunk(DL, ctx->options[DSA_OPTION_BWD_DET_CHUNK_TOKENS],
+                                        (ctx->sm_count - red_ctas) / num_hblocks);
+#else
     const int64_t C = bwd_det_run_chunk(DL, ctx->options[DSA_OPTION_BWD_DET_CHUNK_TOKENS],
                                         ctx->sm_count / num_hblocks);
+#endif
     args.contrib = (float *)(ws + DL.contrib);
     args.det_pos = (const int32_t *)(ws + DL.pos);
     /* the part-filled chunk (T mod C tokens) runs first: under a causal mask the first tokens are
      * the shortest, so its part-filled last wave costs least there */
     const int64_t first = p->num_tokens % C != 0 ? p->num_tokens % C : C;
-#if !DSA_BWD_DET_SORT_AHEAD
+#if DSA_BWD_DET_OVERLAP
+    /* On the call's stream, per chunk c > 0: wait for chunk c's sort (done[c % 2]), chunk c - 1's
+     * reduction (buffer (c - 1) % 2, region (c - 1) % 3; a normal launch: it starts once chunk c - 1's
+     * main kernel and chunk c - 2's reduction are done), chunk c's main kernel (buffer c % 2, ranks
+     * of region c % 3; programmatic: it starts beside that reduction, and its last CTA waits for the
+     * reduction to complete, so that its own completion implies the reduction's). Then chunk c + 2's sort goes to
+     * the side stream once everything so far on the call's stream is done (ready), into region
+     * (c + 2) % 3 = (c - 1) % 3, whose readers (chunk c - 1's main kernel and reduction) are then
+     * done; main kernel c + 1 writes buffer (c + 1) % 2 only after reduction c - 1, its reader, is
+     * done (reduction c starts after it). Chunk 0's sort runs on the call's stream, chunk 1's on the
+     * side stream from the start; a single chunk never forks the side stream. The last chunk's
+     * reduction runs on every SM. dev/bwd_det_overlap_model.py checks this schedule. */
+    const BwdSortLayout *sr[3] = {&DL.sort, &DL.sort2, &DL.sort3};
+    const size_t pr[3] = {DL.pos, DL.pos2, DL.pos3};
+    float *const cb[2] = {(float *)(ws + DL.contrib), (float *)(ws + DL.contrib2)};
+    const int64_t nchunks = 1 + (p->num_tokens - first + C - 1) / C;
+    const auto chunk_t0 = [&](int64_t c) { return c == 0 ? (int64_t)0 : first + (c - 1) * C; };
+    const auto chunk_nt = [&](int64_t c) {
+      const int64_t left = p->num_tokens - chunk_t0(c);
+      return c == 0 ? first : (C < left ? C : left);
+    };
+    const auto reduce = [&](int64_t c) {
+      if (p->num_kv == 0) return DSA_SUCCESS; /* every slot invalid: dq only */
+      return num_hblocks == 1 ? bwd_det_reduce_ov<kD, 1>(ctx, p, *sr[c % 3], ws, cb[c & 1], R.acc, red_ctas, stream)
+                              : bwd_det_reduce_ov<kD, 2>(ctx, p, *sr[c % 3], ws, cb[c & 1], R.acc, red_ctas, stream);
+    };
+    int forked = 0; /* the side stream is joined at the end once a handoff to it succeeded */
+    const auto sort_ahead = [&](int64_t c, cudaEvent_t ready, cudaEvent_t done) { /* chunk c's, on the side */
+      dsa_status s2 = dsa_stream_after(ready, stream, ctx->side, fn);
+      forked |= s2 == DSA_SUCCESS;
+      if (s2 == DSA_SUCCESS) s2 = bwd_det_sort_pos(p, *sr[c % 3], pr[c % 3], ws, chunk_t0(c), chunk_nt(c), ctx->side);
+      if (s2 == DSA_SUCCESS) s2 = dsa_cuda_status((int)cudaEventRecord(done, ctx->side), fn);
+      return s2;
+    };
+    dsa_status st = bwd_det_sort_pos(p, *sr[0], pr[0], ws, 0, first, stream);
+    if (st == DSA_SUCCESS && nchunks > 1) st = sort_ahead(1, ctx->ev_ready[1], ctx->ev_done[1]);
+    for (int64_t c = 0; c < nchunks && st == DSA_SUCCESS; ++c) {
+      if (c > 0) st = dsa_cuda_status((int)cudaStreamWaitEvent(stream, ctx->ev_done[c & 1], 0), fn);
+      if (st == DSA_SUCCESS && c > 0) st = reduce(c - 1);
+      if (st != DSA_SUCCESS) break;
+      MainArgs ca = ws_chunk_args(args, chunk_t0(c), chunk_nt(c));
+      ca.det_pos = (const int32_t *)(ws + pr[c % 3]);
+      ca.contrib = cb[c & 1];
+      st = ws_det_main<NBT>(ca, (unsigned)(chunk_nt(c) * num_hblocks), c > 0 && p->num_kv > 0, stream);
+      if (st == DSA_SUCCESS && c + 2 < nchunks) st = sort_ahead(c + 2, ctx->ev_ready[c & 1], ctx->ev_done[c & 1]);
+    }
+    /* the last chunk's reduction: nothing runs beside it, so on every SM (the same sums) */
+    const int64_t cl = nchunks - 1;
+    if (st == DSA_SUCCESS && p->num_kv > 0)
+      st = num_hblocks == 1 ? bwd_det_reduce_sorted<kD, 1>(p, *sr[cl % 3], ws, cb[cl & 1], R.acc, stream)
+                            : bwd_det_reduce_sorted<kD, 2>(p, *sr[cl % 3], ws, cb[cl & 1], R.acc, stream);
+    DSA_TRY(forked ? dsa_side_join(ctx, stream, st, fn) : st);
+#elif !DSA_BWD_DET_SORT_AHEAD
     for (int64_t t0 = 0, nt = first; t0 < p->num_tokens; t0 += nt, nt = C) {
       DSA_TRY(bwd_det_sort_pos(p, DL.sort, DL.pos, ws, t0, nt, stream));
       const MainArgs ca = ws_chunk_args(args, t0, nt);
@@ -997,6 +1090,12 @@ __attribute__((used)) static const int *const kSplitTailSized = &dsa_bwd_split_t
 #if DSA_BWD_DET_SORT_AHEAD
 extern "C" DSA_HIDDEN const int dsa_bwd_det_sort_ahead_sized; /* bwd_sm90_h64.cu: its size query counts sort2 */
 __attribute__((used)) static const int *const kSortAheadSized = &dsa_bwd_det_sort_ahead_sized;
+#endif
+#if DSA_BWD_DET_OVERLAP
+extern "C" DSA_HIDDEN const int dsa_bwd_det_overlap_sized; /* bwd_sm90_h64.cu: its size query counts contrib2 */
+__attribute__((used)) static const int *const kOverlapSized = &dsa_bwd_det_overlap_sized;
+/* and the other way: a size query with the switch (the halved chunk) beside this loop without it */
+extern "C" DSA_HIDDEN const int dsa_bwd_det_overlap_loop = 1;
 #endif
 
 extern "C" dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
