@@ -33,7 +33,6 @@ static inline uint64_t bc_next(bc_rng *r) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
-static inline double bc_uniform(bc_rng *r) { return (double)(bc_next(r) >> 11) * (1.0 / 9007199254740992.0); }
 static inline int64_t bc_below(bc_rng *r, int64_t n) { return (int64_t)(bc_next(r) % (uint64_t)n); }
 
 /* Host fills. Values uniform in [lo, hi); bf16 never exactly zero is not promised, but random. */

@@ -137,7 +137,7 @@ static inline int tc_sanitize_skips_cublas(void) {
  * between WGs that way, so under racecheck the context runs its twin with mbarrier hand-offs
  * (DSA_OPTION_FWD_SM90_HANDOFF = DSA_FWD_HANDOFF_MBARRIER: same data flow, checkable), and the
  * forward suite skips the named-barrier one (docs/reliability.md section 3c). The warp-specialised
- * backward (the automatic choice of the non-deterministic mode) hands P / dS and the KV tile the same
+ * backward (the automatic choice in both modes) hands P / dS and the KV tile the same
  * way and has no such twin, so under racecheck the context forces the lockstep 64-head backward
  * (DSA_BWD_KERNEL_SM90_H64, plain barrier.sync) for the suites that run the automatic choice;
  * gpu_attn_bwd forces each kernel itself and skips the ws_* tests there. */
@@ -148,17 +148,6 @@ static inline dsa_status tc_context_create(dsa_context **ctx) {
     if (s == DSA_SUCCESS) s = dsa_context_set_option(*ctx, DSA_OPTION_BWD_KERNEL, DSA_BWD_KERNEL_SM90_H64);
   }
   return s;
-}
-
-/* DSA_TEST_EXPERIMENTAL=1 also runs the kernel paths that are written but not yet verified on a GPU
- * (none today: the last such path, the deterministic indexer backward's slot-rows pass, ran and
- * became a default). Off by
- * default, so that `make test` on a GPU machine never runs unverified device code (a hang there
- * would hang the suite); a GPU session runs them with it set, then folds the verified ones into the
- * default. */
-static inline int tc_experimental(void) {
-  const char *s = getenv("DSA_TEST_EXPERIMENTAL");
-  return s != NULL && s[0] != '\0' && strcmp(s, "0") != 0;
 }
 
 /* cudaMalloc of a large buffer: a device without the memory skips the test (naming the size). */

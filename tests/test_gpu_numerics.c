@@ -24,9 +24,9 @@
 #define NM_BF_NAN ((uint16_t)0x7FC0)
 #define NM_BF_PINF ((uint16_t)0x7F80)
 #define NM_BF_NINF ((uint16_t)0xFF80)
-/* Poison for this suite: finite (a NaN poison could not tell "not written" from a NaN result). */
-#define NM_POISON_BF16 ((uint16_t)0x5A5A)
-#define NM_POISON_F32_BYTE 0x5A
+/* Poison for this suite, every output's bytes: finite as bf16 (0x5A5A) and fp32 (0x5A5A5A5A), since a
+ * NaN poison could not tell "not written" from a NaN result. */
+#define NM_POISON_BYTE 0x5A
 
 typedef struct {
   dsa_context *ctx;
@@ -211,8 +211,8 @@ Test(gpu_numerics, indexer_nan_inf_both_engines) {
                  enames[en]);
         p.engine = engines[en];
         if (p.engine == DSA_INDEXER_ENGINE_CUBLAS && tc_sanitize_skips_cublas()) continue; /* test_common.h */
-        TC_CUDA(cudaMemset(di, 0x5A, (size_t)IX_TK * IX_K * 4));
-        TC_CUDA(cudaMemset(dl, 0x5A, IX_TK * 4));
+        TC_CUDA(cudaMemset(di, NM_POISON_BYTE, (size_t)IX_TK * IX_K * 4));
+        TC_CUDA(cudaMemset(dl, NM_POISON_BYTE, IX_TK * 4));
         TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_FUSED_KERNEL, fvariant[en]);
         dsa_status st = dsa_indexer_topk(e.ctx, &p, NULL, &need, e.stream);
         if (st == DSA_ERROR_UNSUPPORTED && en == 2) {
@@ -295,7 +295,7 @@ Test(gpu_numerics, topk_nan_payloads) {
   p.indices = di;
   for (int v = DSA_TOPK_KERNEL_AUTO; v <= DSA_TOPK_KERNEL_FILTER; ++v) { /* every top-k kernel */
     size_t need = 0;
-    TC_CUDA(cudaMemset(di, 0x5A, (size_t)(rows * K) * 4));
+    TC_CUDA(cudaMemset(di, NM_POISON_BYTE, (size_t)(rows * K) * 4));
     TC_SET_OPTION(e.ctx, DSA_OPTION_TOPK_KERNEL, v);
     TC_OK(dsa_topk(e.ctx, &p, NULL, &need, e.stream));
     void *ws = nm_up(NULL, need);
@@ -433,9 +433,9 @@ static dsa_status f_gpu(nm_env *e, const at_in *a, int variant, f_res *o) {
   p.out = (uint16_t *)nm_up(NULL, on * 2);
   p.lse = (float *)nm_up(NULL, ln * 4);
   p.max_logits = (float *)nm_up(NULL, ln * 4);
-  TC_CUDA(cudaMemset(p.out, 0x5A, on * 2));
-  TC_CUDA(cudaMemset(p.lse, NM_POISON_F32_BYTE, ln * 4));
-  TC_CUDA(cudaMemset(p.max_logits, NM_POISON_F32_BYTE, ln * 4));
+  TC_CUDA(cudaMemset(p.out, NM_POISON_BYTE, on * 2));
+  TC_CUDA(cudaMemset(p.lse, NM_POISON_BYTE, ln * 4));
+  TC_CUDA(cudaMemset(p.max_logits, NM_POISON_BYTE, ln * 4));
   TC_SET_OPTION(e->ctx, DSA_OPTION_FWD_KERNEL, variant);
   dsa_status st = dsa_sparse_attn_fwd(e->ctx, &p, e->stream);
   TC_SET_OPTION(e->ctx, DSA_OPTION_FWD_KERNEL, DSA_FWD_KERNEL_AUTO);
@@ -651,9 +651,9 @@ static dsa_status b_gpu(nm_env *e, const b_in *b, int variant, int det, b_res *o
   p.dq = (uint16_t *)nm_up(NULL, qn * 2);
   p.dkv = (uint16_t *)nm_up(NULL, kn * 2);
   p.dsink = (float *)nm_up(NULL, (size_t)H * 4);
-  TC_CUDA(cudaMemset(p.dq, 0x5A, qn * 2));
-  TC_CUDA(cudaMemset(p.dkv, 0x5A, kn * 2));
-  TC_CUDA(cudaMemset(p.dsink, NM_POISON_F32_BYTE, (size_t)H * 4));
+  TC_CUDA(cudaMemset(p.dq, NM_POISON_BYTE, qn * 2));
+  TC_CUDA(cudaMemset(p.dkv, NM_POISON_BYTE, kn * 2));
+  TC_CUDA(cudaMemset(p.dsink, NM_POISON_BYTE, (size_t)H * 4));
   size_t need = 0;
   void *ws = NULL;
   TC_SET_OPTION(e->ctx, DSA_OPTION_BWD_KERNEL, variant);

@@ -12,7 +12,7 @@
  *                                                        B = Q [N x D] (K-major SW128)
  *   O^T [512 x N]    += V^T [512 x 64 keys] . P [64 x N]  SS wgmma m64nNk16, 8 m64 blocks x 4 k16,
  *                                                        A = the same KV tile's dims 0..511 read
- *                                                        MN-major (tA = 1, docs/hopper.md section 1 and test G),
+ *                                                        MN-major (tA = 1, docs/hopper.md section 1 and its test G),
  *                                                        B = P stored [N heads][64 keys] K-major SW128
  * The softmax runs per head = per COLUMN of S^T: a column's 64 keys live in 8 lanes (lane / 4) of each
  * of the 4 warps, so its max is an in-thread max over the rows r, r + 8, shfl_xor 4 / 8 / 16, then one
@@ -238,9 +238,9 @@ __device__ __forceinline__ int small_col(int c, int lane) { return 8 * (c >> 1) 
  * receives each slot's total. WAR: a barrier before the stores, for a caller that read red since its
  * last barrier; otherwise the caller's next barrier must come after every warp read red and before
  * any warp writes it again. */
-template <int NW, int N, int HB, bool MAX, bool WAR, class Fin>
+template <int N, bool MAX, bool WAR, class Fin>
 __device__ __forceinline__ void small_col_reduce(const float *v, float *red, int bar, int warp, int lane, Fin fin) {
-  constexpr int NC = NW / 4;
+  constexpr int NC = N / 4;
   float part[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
@@ -253,18 +253,18 @@ __device__ __forceinline__ void small_col_reduce(const float *v, float *red, int
   if (WAR) sm90_named_bar_sync(bar, 128);
   if (lane < 4) {
 #pragma unroll
-    for (int c = 0; c < NC; ++c) red[warp * N + HB + small_col(c, lane)] = part[c];
+    for (int c = 0; c < NC; ++c) red[warp * N + small_col(c, lane)] = part[c];
   }
   sm90_named_bar_sync(bar, 128);
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
-    const int col = HB + small_col(c, lane);
+    const int col = small_col(c, lane);
     fin(c, MAX ? fmaxf(fmaxf(red[col], red[N + col]), fmaxf(red[2 * N + col], red[3 * N + col]))
                : red[col] + red[N + col] + red[2 * N + col] + red[3 * N + col]);
   }
 }
 
-/* One completed S^T tile [64 keys x NW columns] (this WG's columns HB.., of N in the CTA): mask the
+/* One completed S^T tile [64 keys x N columns]: mask the
  * invalid keys (rows), then the online softmax per column in the log2 domain, against a lazily moved
  * frame: col_max (identical in every thread holding the column) is the max P and col_sum are relative
  * to, and it moves only when some logit of the tile exceeds it by more than kSm90RescaleSlack (8; P <=
@@ -279,11 +279,11 @@ __device__ __forceinline__ void small_col_reduce(const float *v, float *red, int
  * x = this thread's unnormalised P fragment, col_sum (this thread's rows) updated. WAR on red: the
  * caller's next barrier (the P barrier) comes after every warp read it and before any warp writes it
  * again. */
-template <int NW, int N, int HB, bool LAZY = true>
+template <int N, bool LAZY = true>
 __device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *vs, float scale_log2, int warp, int lane,
                                               float *red, int bar, float *col_max, float *col_sum, float *alpha,
                                               float *x, float *tmax) {
-  constexpr int NR = NW / 2, NC = NW / 4;
+  constexpr int NR = N / 2, NC = N / 4;
   const int r0 = 16 * warp + (lane >> 2);
   const bool ok0 = vs[r0] != 0, ok1 = vs[r0 + 8] != 0;
   bool over = false;
@@ -305,7 +305,7 @@ __device__ __forceinline__ bool small_softmax(const float *sacc, const uint8_t *
       const int i = 4 * (c >> 1) + (c & 1); /* rows r0 (i) and r0 + 8 (i + 2) */
       mx[c] = fmaxf(x[i], x[i + 2]);
     }
-    small_col_reduce<NW, N, HB, true, false>(mx, red, bar, warp, lane, [&](int c, float tile_max) {
+    small_col_reduce<N, true, false>(mx, red, bar, warp, lane, [&](int c, float tile_max) {
       const float v = fmaxf(tile_max, col_max[c]);
       m_use[c] = v == -INFINITY ? 0.f : v; /* no valid slot yet: avoid (-inf) - (-inf) */
       alpha[c] = exp2f(col_max[c] - m_use[c]);
@@ -491,7 +491,7 @@ __device__ __forceinline__ void small_pv_ring(float (*o)[NW / 2], uint32_t skv, 
   small_fence_o<NW, kDVBlocks>(o);
 }
 
-/* The ring's gather of one tile (thread (g, j) as sm90_gather_kv_blocks): block by block in
+/* The ring's gather of one tile (thread (g, j) as sm90_gather_kv_rows): block by block in
  * small_ring_block order, each once empty[b] completed the phase of parity `par` (its previous
  * tile's readers are done), its four cp.async, and after a landing group's last block the .noinc
  * arrival on the group's full barrier; with the first block the validity bytes of the tile's mask
@@ -534,21 +534,21 @@ __device__ __forceinline__ void small_ring_gather(uint32_t skv, uint8_t *vmask, 
  * max of the column's logits, reduced over the WG here (a second exchange through red, only when
  * max_logits is requested); tmax = nullptr: the frame is the running max (small_softmax's !LAZY).
  * WAR on red: every warp read the last tile's maxima before that tile's P barrier. */
-template <int NW, int N, int HB>
+template <int N>
 __device__ __forceinline__ void small_col_factors(const SmallArgs &args, const float *col_max, const float *col_sum,
                                                   const float *tmax, float *red, int bar, int warp, int lane, float *fac,
                                                   float *fac_s) {
-  constexpr int NC = NW / 4;
+  constexpr int NC = N / 4;
   const dsa_attn_fwd_params &p = args.p;
   const int Hc = args.head_count, hbeg = args.head_begin;
   float l_col[NC], t_col[NC];
-  small_col_reduce<NW, N, HB, false, false>(col_sum, red, bar, warp, lane, [&](int c, float l) { l_col[c] = l; });
+  small_col_reduce<N, false, false>(col_sum, red, bar, warp, lane, [&](int c, float l) { l_col[c] = l; });
   /* the true column max (the frame col_max may lag it by up to kSm90RescaleSlack); WAR: the sums were read */
   if (p.max_logits && tmax)
-    small_col_reduce<NW, N, HB, true, true>(tmax, red, bar, warp, lane, [&](int c, float t) { t_col[c] = t; });
+    small_col_reduce<N, true, true>(tmax, red, bar, warp, lane, [&](int c, float t) { t_col[c] = t; });
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
-    const int h = HB + small_col(c, lane); /* kernel column = head hbeg + h */
+    const int h = small_col(c, lane); /* kernel column = head hbeg + h */
     const float l = l_col[c];
     const bool empty_col = col_max[c] == -INFINITY && l == 0.f; /* no valid slot (all-NaN logits: l = NaN, lse NaN) */
     const float lse = empty_col ? INFINITY : (col_max[c] + log2f(l)) * kLn2;
@@ -569,10 +569,10 @@ __device__ __forceinline__ void small_col_factors(const SmallArgs &args, const f
   }
 }
 
-/* O^T [64 MB dims x NW] x fac -> the staged out tile [N heads][kOutPitch B] bf16, dims from DIM0,
- * heads from HB. For one register the 32 lanes write 8 consecutive dims x 4 heads; the 16-B pad puts
+/* O^T [64 MB dims x NW] x fac -> the staged out tile [NW heads][kOutPitch B] bf16, dims from DIM0.
+ * For one register the 32 lanes write 8 consecutive dims x 4 heads; the 16-B pad puts
  * the heads 8 banks apart. */
-template <int NW, int MB, int HB, int DIM0>
+template <int NW, int MB, int DIM0>
 __device__ __forceinline__ void small_stage_out(uint8_t *stage, const float (*o)[NW / 2], const float *fac, int warp,
                                                 int lane) {
   const int r0 = 16 * warp + (lane >> 2);
@@ -581,7 +581,7 @@ __device__ __forceinline__ void small_stage_out(uint8_t *stage, const float (*o)
 #pragma unroll
     for (int i = 0; i < NW / 2; ++i) {
       const int dim = DIM0 + 64 * m + r0 + 8 * ((i >> 1) & 1);
-      const int h = HB + small_col(small_slot(i), lane);
+      const int h = small_col(small_slot(i), lane);
       *(uint16_t *)(stage + h * kOutPitch + dim * 2) =
           (uint16_t)(sm90_pack_bf16x2(o[m][i] * fac[small_slot(i)], 0.f) & 0xffffu);
     }
@@ -605,15 +605,14 @@ __device__ __forceinline__ void small_copy_out(const SmallArgs &args, const uint
 
 /* The consumer of N <= 32 (one consumer WG, all N kernel columns): per tile S^T = K Q^T, mask, online
  * softmax per column, P -> the P tile, O^T [512 x N] += V^T P; then the epilogue. t = thread index in
- * the WG. (NW, HB: the helpers' column count and first column, here all N columns from 0.) */
+ * the WG. (NW: the accumulators' column count, here all N columns.) */
 template <int NB, int N>
 __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
   typedef SmallSmem<NB, N> L;
-  constexpr int NW = N, HB = 0;
+  constexpr int NW = N;
   constexpr int kStages = L::kStages;
   constexpr int NR = NW / 2; /* accumulator registers per thread of one m64nNW tile */
   constexpr int NC = NW / 4; /* distinct columns (heads) per thread */
-  constexpr int kBarMaxW = kBarMax, kBarPW = kBarP; /* this WG's named barriers */
   static_assert(NW % 8 == 0 && NW >= 8 && NW <= kMaxNOneWG, "one consumer WG owns every column");
   const uint8_t *valid = smem + L::kValid;
   float *red_max = (float *)(smem + L::kRed);    /* [4 warps][N columns] */
@@ -642,9 +641,8 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
 
   sm90_mbar_wait(q_full, 0);
   sm90_fence_proxy_async();
-  /* this WG's rows of Q and of P: row HB of a 64-column block sits HB * 128 B in (a multiple of 1024) */
-  const uint32_t sq = sm90_smem_addr(smem + L::kQ) + HB * 128;
-  const uint32_t sp = sm90_smem_addr(smem + L::kP) + HB * 128;
+  const uint32_t sq = sm90_smem_addr(smem + L::kQ);
+  const uint32_t sp = sm90_smem_addr(smem + L::kP);
 
   for (int n = 0; n < ntiles; ++n) {
     const int s = n % kStages;
@@ -665,13 +663,13 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     float alpha[NC];
     float *x = sacc; /* P in place of S^T: sacc is rewritten by the next tile's S^T only */
     const uint8_t *vmask = valid + (L::kRing ? n & 1 : s) * kBlockK;
-    const bool moved = small_softmax<NW, N, HB>(sacc, vmask, args.scale_log2, warp, lane, red_max, kBarMaxW, col_max,
+    const bool moved = small_softmax<N>(sacc, vmask, args.scale_log2, warp, lane, red_max, kBarMax, col_max,
                                                 col_sum, alpha, x, tmax);
     /* WAR on the P tile (this WG's rows only): every warp passed its wait on the previous P V before
      * the kBarMax barrier inside small_softmax. */
     small_store_p<NW>(sp, x, warp, lane);
     sm90_fence_proxy_async(); /* stmatrix (generic proxy) -> wgmma (async proxy) */
-    sm90_named_bar_sync(kBarPW, 128);
+    sm90_named_bar_sync(kBarP, 128);
 
     if (moved) small_rescale_o<NW, kDVBlocks>(o, alpha); /* the frame moved: O follows (WG-uniform branch) */
     if constexpr (L::kRing) {
@@ -689,11 +687,11 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
 
   /* ---- epilogue. After small_col_factors' barrier every warp has also finished its last P V. */
   float fac[NC];
-  small_col_factors<NW, N, HB>(args, col_max, col_sum, tmax, red_sum, kBarMaxW, warp, lane, fac, nullptr);
+  small_col_factors<N>(args, col_max, col_sum, tmax, red_sum, kBarMax, warp, lane, fac, nullptr);
   uint8_t *stage = smem + L::kKV;
-  small_stage_out<NW, kDVBlocks, HB, 0>(stage, o, fac, warp, lane);
-  sm90_named_bar_sync(kBarPW, 128);
-  small_copy_out<64>(args, stage, t, HB, HB + NW, 0);
+  small_stage_out<NW, kDVBlocks, 0>(stage, o, fac, warp, lane);
+  sm90_named_bar_sync(kBarP, 128);
+  small_copy_out<64>(args, stage, t, 0, NW, 0);
 }
 
 /* ---- SPLIT (N = 40..64): two consumer WGs split the 512 value dims. WG 0 computes S^T [64 keys x N]
@@ -762,7 +760,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
 
     float alpha[NC];
     float *x = sacc; /* P in place of S^T: sacc is rewritten by the next tile's S^T only */
-    const bool moved = small_softmax<N, N, 0, kLazy>(sacc, valid + s * kBlockK, args.scale_log2, warp, lane, red,
+    const bool moved = small_softmax<N, kLazy>(sacc, valid + s * kBlockK, args.scale_log2, warp, lane, red,
                                                      kBarMax, col_max, col_sum, alpha, x, tmax);
     /* P and alpha -> shared memory. WAR: one buffer: wait until WG 1 has finished P V(n - 1) (it read
      * P(n - 1) and alpha(n - 1) before issuing it); two: WG 1 finished P V(n - 2) before the producer
@@ -787,7 +785,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
   if (ntiles > 0) sm90_mbar_arrive(&empty[(ntiles - 1) % kStages]);
 
   float fac[NC];
-  small_col_factors<N, N, 0>(args, col_max, col_sum, kLazy ? tmax : nullptr, red, kBarMax, warp, lane, fac, fac_s);
+  small_col_factors<N>(args, col_max, col_sum, kLazy ? tmax : nullptr, red, kBarMax, warp, lane, fac, fac_s);
   /* -> WG 1: fac_s written and every P V of this WG done (WG 1 may overwrite the KV stages with its
    * staged half). <- WG 1: its last P V done (the empty barrier of the last tile; it completes
    * every P V of WG 1, which retires them in order). An mbarrier, not a named barrier, so that
@@ -795,7 +793,7 @@ __device__ __forceinline__ void split_s_consumer(const SmallArgs &args, uint8_t 
   sm90_mbar_arrive(fac_full);
   if (ntiles > 0) sm90_mbar_wait(&empty[(ntiles - 1) % kStages], (uint32_t)((ntiles - 1) / kStages) & 1);
   uint8_t *stage = smem + L::kKV;
-  small_stage_out<N, kHalf, 0, 0>(stage, o, fac, warp, lane);
+  small_stage_out<N, kHalf, 0>(stage, o, fac, warp, lane);
   sm90_named_bar_sync(kBarP, 128);
   small_copy_out<8 * kHalf>(args, stage, t, 0, N, 0);
 }
@@ -845,7 +843,7 @@ __device__ __forceinline__ void split_pv_consumer(const SmallArgs &args, uint8_t
 #pragma unroll
   for (int c = 0; c < NC; ++c) fac[c] = fac_s[small_col(c, lane)];
   uint8_t *stage = smem + L::kKV;
-  small_stage_out<N, kHalf, 0, 64 * kMB0>(stage, o, fac, warp, lane);
+  small_stage_out<N, kHalf, 64 * kMB0>(stage, o, fac, warp, lane);
   sm90_named_bar_sync(kBarP + 2, 128);
   small_copy_out<8 * kHalf>(args, stage, t, 0, N, 8 * kMB0);
 }

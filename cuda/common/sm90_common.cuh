@@ -569,31 +569,24 @@ __device__ __forceinline__ void sm90_cp_async16_hint(uint32_t dst, const void *s
                : "memory");
 }
 
-/* Issues the cp.asyncs of this thread's rows, 64-column blocks [B0, B1), into the SW128 tile at skv
- * (block b at + b * 8192) and, when VALID, writes the validity byte of each row (thread j == 0). An
- * invalid slot (idx < 0 or >= num_kv) copies 0 bytes (zero fill) from `harmless`, a readable
- * address, since kv may be NULL when num_kv = 0. */
-template <int B0, int B1, bool VALID>
-__device__ __forceinline__ void sm90_gather_kv_blocks(uint32_t skv, uint8_t *valid, const int32_t idxs[4],
-                                                      int g, int j, const uint16_t *kv, int64_t kv_stride,
-                                                      int64_t num_kv, const uint16_t *harmless, uint64_t pol) {
+/* Issues the cp.asyncs of this thread's rows, all NB 64-column blocks, into the SW128 tile at skv
+ * (block b at + b * 8192) and writes the validity byte of each row (thread j == 0). An invalid slot
+ * (idx < 0 or >= num_kv) copies 0 bytes (zero fill) from `harmless`, a readable address, since kv may
+ * be NULL when num_kv = 0. */
+template <int NB>
+__device__ __forceinline__ void sm90_gather_kv_rows(uint32_t skv, uint8_t *valid, const int32_t idxs[4],
+                                                    int g, int j, const uint16_t *kv, int64_t kv_stride,
+                                                    int64_t num_kv, const uint16_t *harmless, uint64_t pol) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int r = g + 16 * i;
     bool ok;
     const uint16_t *src = sm90_gather_src(idxs[i], j, kv, kv_stride, num_kv, harmless, &ok);
 #pragma unroll
-    for (int b = B0; b < B1; ++b)
+    for (int b = 0; b < NB; ++b)
       sm90_cp_async16_hint(skv + b * 8192 + sm90_sw128_chunk_off(r, j), src + b * 64, ok ? 16u : 0u, pol);
-    if (VALID && j == 0) valid[r] = ok ? 1 : 0;
+    if (j == 0) valid[r] = ok ? 1 : 0;
   }
-}
-/* All NB blocks of the rows, validity bytes written. */
-template <int NB>
-__device__ __forceinline__ void sm90_gather_kv_rows(uint32_t skv, uint8_t *valid, const int32_t idxs[4],
-                                                    int g, int j, const uint16_t *kv, int64_t kv_stride,
-                                                    int64_t num_kv, const uint16_t *harmless, uint64_t pol) {
-  sm90_gather_kv_blocks<0, NB, true>(skv, valid, idxs, g, j, kv, kv_stride, num_kv, harmless, pol);
 }
 
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL || !__CUDA_ARCH__ */

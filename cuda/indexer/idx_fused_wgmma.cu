@@ -14,8 +14,8 @@
  *                                                        B = Q_c [256 x 128] (K-major SW128)
  * Column n of consumer c's N = 256 is (query c G + n / HP, head n % HP), HP = H_idx rounded up to
  * 32 or 64 (one instantiation each, and a padded one for H_idx < HP), G = 256 / HP queries per
- * consumer (8 / 4). H_idx <= 16 runs as HP = 32 too (an HP = 16 instantiation, 16 queries per
- * consumer, spilled at 232 registers; small H_idx is not a fast path). Accumulator
+ * consumer (8 / 4). H_idx <= 16 runs as HP = 32 too (16 queries per consumer would need more
+ * registers than a consumer has; small H_idx is not a fast path). Accumulator
  * map (docs/hopper.md section 2): register i of thread (warp w, lane l) is key row 16w + l/4 + 8((i >> 1) & 1),
  * column 8(i >> 2) + 2(l % 4) + (i & 1); so the HP columns of one query are registers
  * [4 HP/8 g, 4 HP/8 (g + 1)) of the 4 lanes of a quad: ReLU (max.NaN keeps NaN, as idx_relu) and the
@@ -69,10 +69,7 @@ constexpr int kBlockK = 64;            /* keys per tile: the wgmma M */
 constexpr int kStages = 4;             /* 4 x 16 KB; a tile lasts ~2048 tensor clocks (two WGs) */
 constexpr int kConsumers = 2;          /* two Q slabs share every key tile */
 constexpr int kThreads = 128 * (kConsumers + 1);
-#ifndef IDX9_TILES_PER_CTA
-#define IDX9_TILES_PER_CTA 32          /* 2048 keys per CTA: the Q load (128 KB) is ~3% of its work */
-#endif
-constexpr int kTilesPerCta = IDX9_TILES_PER_CTA;
+constexpr int kTilesPerCta = 32;       /* 2048 keys per CTA: the Q load (128 KB) is ~3% of its work */
 /* -DDSA_IDX_TURN_AT_ISSUE=1 (an experiment, Makefile EXPERIMENTS; docs/indexer-fwd-vs-cudnn.md step
  * 3): a consumer hands the tensor cores' turn to the other WG right after committing its wgmma, not
  * after waiting for it, so that the other WG's wgmma queues behind it instead of starting only once
