@@ -9,7 +9,7 @@ Issue 16: a ratio is only a same-run ratio. This program loads build/libdsa.so w
   indexer+topk  libdsa dsa_indexer_topk (engine DEFAULT)  vs  cuDNN indexer_forward_wrapper + IndexerTopK
   topk          libdsa dsa_topk  vs  cuDNN IndexerTopK (deterministic False and True; causal lengths)
                 and vs torch.topk (full rows)
-  indexer train (issue 21; opt-in: --shapes train-glm-4k,train-glm-cp8,train-32k, not in the default
+  indexer train (opt-in: --shapes train-glm-4k,train-glm-cp8,train-32k, not in the default
                 run, see below) on the idx-glm-4k / idx-glm-cp8 / idx-32k shapes, indices from
                 dsa_indexer_topk (H_idx = 32, bf16 weights), attention q [T, 64, 576] / kv random:
     slot target libdsa dsa_attn_slot_target  vs  cuDNN sparse_attn_score_recompute_wrapper (SM90;

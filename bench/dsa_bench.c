@@ -787,8 +787,8 @@ static void bench_bwd(bench *b, const shape *sh) {
   }
   printf("done\n");
 
-  /* passes: det0, det1, det0 with the slot target (dsa_attn_bwd_params.slot_target, issue 21:
-   * what the fused target costs the backward), and, where some row holds fewer than K keys, det0
+  /* passes: det0, det1, det0 with the slot target (dsa_attn_bwd_params.slot_target: what the
+   * fused target costs the backward), and, where some row holds fewer than K keys, det0
    * without topk_length: the same lists read as -1-padded (how a caller that passes no lengths
    * sees them; the kernels then walk every slot of every row) */
   int padded = 0;

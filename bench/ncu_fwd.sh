@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ncu side-by-side of the sparse MLA forward (issue 22): libdsa's 64-head sm_90a kernel
+# ncu side-by-side of the sparse MLA forward: libdsa's 64-head sm_90a kernel
 # (cuda/attn_fwd/fwd_sm90_h64.cu, attn_fwd_sm90_h64_kernel<9, false>) and FlashMLA 9241ae3's SM90 sparse
 # prefill kernel (csrc/sm90/prefill/sparse/phase1.cuh, sm90::fwd::sparse_attn_fwd_kernel<KernelTemplate<576,
 # false>, TmaParams<...>>), profiled in ONE dsa_bench process: dsa_bench times libdsa (warm-up + --reps), then

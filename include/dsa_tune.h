@@ -64,9 +64,9 @@ typedef enum dsa_option {
   /* Keys per GEMM of the indexer's cuBLAS engine: 1..2^30, default 32768. */
   DSA_OPTION_INDEXER_KEY_TILE = 12,
   /* The indexer-training kernels of dsa_attn_slot_target and dsa_indexer_bwd (and of the backward's
-   * slot target after a backward kernel that does not sum it itself), and of dsa_indexer_slot_scores,
-   * whose sm_90a kernel runs only when forced (SM90; AUTO keeps its CUDA-core kernel): a
-   * dsa_train_kernel value. Default DSA_TRAIN_KERNEL_AUTO. */
+   * slot target after a backward kernel that does not sum it itself), and of dsa_indexer_slot_scores
+   * (AUTO: the sm_90a kernels on cc 9.0, the CUDA-core ones elsewhere): a dsa_train_kernel value.
+   * Default DSA_TRAIN_KERNEL_AUTO. */
   DSA_OPTION_TRAIN_KERNEL = 13,
   /* dsa_indexer_topk's query chunks as a pipeline: 1 = chunks of a quarter of the scored queries (at
    * least 256 of them), grown to fill 32 MiB of scores at the widest window (a smaller chunk's scoring

@@ -1,7 +1,7 @@
 /* compact.c - index compaction (docs/contract.md section 8) and attention head padding (section 3):
  * the argument checks shared by the GPU ops and their CPU references, the references themselves,
- * the public entry points, and dsa_padded_head_count. The kernels are in cuda/compact.cu and
- * cuda/pad_heads.cu. */
+ * the public entry points, and dsa_padded_head_count. The kernels are in cuda/layout/compact.cu and
+ * cuda/layout/pad_heads.cu. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

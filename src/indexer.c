@@ -1,5 +1,5 @@
 /* indexer.c - public entry point dsa_indexer_topk: the lightning indexer with segmented causal
- * top-k; two scoring engines (cuBLAS, fused) sharing the chunking and the radix top-k.
+ * top-k; two scoring engines (cuBLAS, fused) sharing the chunking and the top-k (cuda/topk/).
  *
  * Only host scalars of the plan are read (the device view's pointers are never dereferenced here):
  * a valid query at global position g sees keys [starts, starts + causal_length) with
@@ -10,7 +10,7 @@
  *    [max(0, g0 - max_seqlen_k + 1), min(g1, T_k)), at most t1 - t0 + max_seqlen_k - 1 keys.
  * Per chunk: for each GEMM sub-chunk of queries and key tile, cublasGemmEx (bf16 in, fp32 out,
  * CUBLAS_COMPUTE_32F) writes logits[(q, h), s] = q[q, h, :] . k[s, :], the reduction kernel folds
- * the heads (weights, ReLU) into the chunk's fp32 scores [chunk, window], then the radix top-k
+ * the heads (weights, ReLU) into the chunk's fp32 scores [chunk, window], then the top-k
  * (cuda/topk/) selects each row's keys from its own columns (offset starts[t] - window start)
  * and writes global key indices and lengths.
  *

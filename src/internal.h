@@ -216,7 +216,7 @@ DSA_HIDDEN dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn
  * the same workspace layout (deterministic mode: below); DSA_ERROR_UNSUPPORTED for anything else. */
 DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                void *workspace, cudaStream_t stream);
-/* The warp-specialised variant of the 64-head sm_90a kernel (cuda/attn_bwd/bwd_sm90_ws.cu, issue 19):
+/* The warp-specialised variant of the 64-head sm_90a kernel (cuda/attn_bwd/bwd_sm90_ws.cu):
  * both modes, D = 576 / 512, H 1..128, cc 9.0, the same checks, workspace and small passes as
  * dsa_launch_attn_bwd_sm90 (the deterministic mode: its chunked layout, the chunk's rows stored in
  * sorted order); DSA_ERROR_UNSUPPORTED before any launch otherwise. The automatic choice

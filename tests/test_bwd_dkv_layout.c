@@ -58,7 +58,8 @@ Test(bwd_dkv_layout, quad_writes_64_contiguous_bytes) {
   cr_assert_eq(dsa_bwd_dkv_col(38), 42);
 }
 
-/* Layout 2 (cuda/attn_bwd_sm90.cu, kLay == 2): layout 1's memory order, written by quad pairs. A model
+/* The quad-pair writes (bwd_sm90_dkv_red in cuda/attn_bwd/bwd_sm90_shared.cuh, sm90_red_block_lay1 in
+ * cuda/common/sm90_common.cuh): layout 1's memory order, written by quad pairs. A model
  * of the kernel's lane exchange for one warp and one 64-column block: lane l (quad q = l / 4, j = l % 4,
  * odd = q & 1, peer l ^ 4) holds the accumulator fragment of rows q and q + 8; per row half hr and
  * 32-column pair G it writes, in instruction A, row (odd ? q - 1 : q) and in instruction B row

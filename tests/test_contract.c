@@ -1038,7 +1038,7 @@ Test(gpu_contract, layer_in_a_cuda_graph_replays_bitwise, .timeout = 300) {
 /* =============================================================================================
  * Regressions found by the fuzzers (tests/fuzz/). Each keeps the input that failed.
  * =========================================================================================== */
-/* fuzz_validate, 2026-11-29: dsa_sparse_attn_bwd with num_tokens = 0 still writes dkv (num_kv > 0)
+/* fuzz_validate: dsa_sparse_attn_bwd with num_tokens = 0 still writes dkv (num_kv > 0)
  * and dsink (zeros), but src/validate.c checks no pointer for zero-token work, so a misaligned
  * dkv or dsink was accepted: the reference then stored to it misaligned (UBSan:
  * src/reference.c:502 "store to misaligned address ... for type 'float'"), and the GPU op would

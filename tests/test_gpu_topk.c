@@ -225,7 +225,7 @@ Test(gpu_topk, constant_and_nan_rows) {
   tk_close(&e);
 }
 
-/* Variant 4 (a sampled threshold, one filtering read, the exact select on the candidates; its
+/* The filter kernel (DSA_TOPK_KERNEL_FILTER: a sampled threshold, one filtering read, the exact select on the candidates; its
  * candidate capacity is 8192) on rows longer than that capacity, one row per pattern: uniform
  * [-1, 1] (the filter path, as dsa_bench); columns 128 c .. 128 c + 3 (the sampled vectors of an
  * aligned row of these lengths) high, so the sample overestimates the threshold (too few candidates

@@ -5,7 +5,8 @@
  * source definition: the files include this header, and each compiles its own copy of the kernels it
  * uses (anonymous namespace, no relocatable device code, so no symbol crosses a translation unit).
  * The launchers therefore run the very same arithmetic for L', the dsink partials (bwd_row_stats;
- * the warp-specialised kernel sums its own Delta in its prologue), the fp32 -> bf16 conversion, dsink
+ * with -DDSA_BWD_PROLOGUE_STATS the warp-specialised kernel sums its own Delta in its prologue), the
+ * fp32 -> bf16 conversion, dsink
  * and the deterministic modes' key lists (and the two sm_90a ones the same deterministic dKV reduction
  * and workspace layout).
  *

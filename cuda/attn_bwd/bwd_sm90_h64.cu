@@ -16,8 +16,9 @@
  * launcher's own, defined once in cuda/attn_bwd/bwd_common.cuh (same layout: delta, lp, part, acc, each
  * 256-B aligned); only the main pass (and the deterministic mode's reduction) differ.
  * The tile constants, Smem map, MainArgs and its fill, P / dS, the dKV reductions, Q / dO and L' /
- * Delta loads, dQ wgmmas and store, and the launch checks are shared with the warp-specialised kernel
- * (bwd_sm90_ws.cu) through cuda/attn_bwd/bwd_sm90_shared.cuh.
+ * Delta loads, dQ store and the launch checks are shared with the warp-specialised kernel
+ * (bwd_sm90_ws.cu) through cuda/attn_bwd/bwd_sm90_shared.cuh, which also holds this kernel's dKV
+ * reductions and dQ wgmmas.
  *
  * Head dims: D = 576 and D = 512, one instantiation each of a template parameter NBT = D / 64 (9 or
  * 8 64-column blocks per q / kv row). At D = 512 there is no rope part: the KV tile is V itself, S
@@ -203,7 +204,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
     bwd_sm90_p_ds<4>(sacc, dpacc, tidx, key0, lane, lp2, dl, scale, scale_log2, pv, dsv);
     /* stmatrix x4 per k16 slice kk of this WG's 32 keys: register q = the pair (8 kk + 2 q, +1);
      * lane l addresses row 16 warp + l % 8 + 8 ((l / 8) % 2), 16-B chunk 2 (key0 / 16 + kk) + l / 16
-     * of the K-major SW128 tile (docs/hopper.md section 2, probe test F). */
+     * of the K-major SW128 tile (docs/hopper.md section 2, its test F). */
     {
       const int r = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
 #pragma unroll
@@ -257,7 +258,7 @@ __device__ __forceinline__ void bwd_sm90_consumer(const MainArgs &args, uint8_t 
 
     /* ---- 5. dKV rows of this tile, per 64-dim block b: keys on M. A = dS / P tile read M-major
      * (tA = 1: +2048 B per k16 of heads, SBO 1024, LBO 8192 unused for one 64-key block), B = Q / dO
-     * block b read MN-major (tB = 1), probe test G. Register i: key row 16 warp + lane / 4 +
+     * block b read MN-major (tB = 1; docs/hopper.md section 8, its test G). Register i: key row 16 warp + lane / 4 +
      * 8 ((i >> 1) & 1), dim 64 b + 8 (i >> 2) + 2 (lane % 4) + (i & 1). */
     const int32_t kr0 = tidx[r0], kr1 = tidx[r0 + 8];
     int32_t kp0 = 0, kp1 = 0; /* non-deterministic: the peer quad's rows (lane ^ 4) */

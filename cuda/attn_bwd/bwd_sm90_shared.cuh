@@ -1,8 +1,9 @@
 /*
- * bwd_sm90_shared.cuh - the pieces of the 64-head sm_90a backward that both of its kernels use:
- * cuda/attn_bwd/bwd_sm90_h64.cu (lockstep, both modes) and cuda/attn_bwd/bwd_sm90_ws.cu
- * (warp-specialised, non-deterministic). One source definition, moved here from bwd_sm90_h64.cu;
- * each translation unit compiles its own copy (anonymous namespace, no relocatable device code).
+ * bwd_sm90_shared.cuh - the pieces of the 64-head sm_90a backward's two kernels:
+ * cuda/attn_bwd/bwd_sm90_h64.cu (lockstep) and cuda/attn_bwd/bwd_sm90_ws.cu (warp-specialised),
+ * both modes each. Each translation unit compiles its own copy (anonymous namespace, no relocatable
+ * device code). bwd_sm90_dkv_red and bwd_sm90_dq_ss serve the lockstep kernel only (the
+ * warp-specialised one reduces with sm90_red_block_lay1 and issues its dQ wgmmas itself).
  * The small passes both launchers run (prep, convert, dsink, workspace regions) are in
  * cuda/attn_bwd/bwd_common.cuh.
  *
@@ -10,7 +11,7 @@
  *  - MainArgs, the kernels' argument block;
  *  - bwd_sm90_p_ds: P and dS of an S / dP accumulator pair (heads on M, keys on N);
  *  - bwd_sm90_dkv_red: the fp32 dKV reductions of one 64-dim block (keys on M) into the permuted
- *    accumulator, 128-B row segments per warp instruction (the non-deterministic mode; was "layout 2");
+ *    accumulator, 128-B row segments per warp instruction (the non-deterministic mode);
  *  - bwd_sm90_load_q_do: the token's Q / dO rows into smem (cp.async, 256 threads);
  *  - bwd_sm90_load_lp_delta: the head block's L' log2e and Delta into smem;
  *  - bwd_sm90_dq_ss: the SS wgmmas of dQ += dS K over a range of 64-dim blocks;

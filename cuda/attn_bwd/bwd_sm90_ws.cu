@@ -16,8 +16,8 @@
  * Same math, workspace, small passes and checks as dsa_launch_attn_bwd_sm90 in the non-deterministic
  * mode (prep: Delta, L', dsink partials; memset of acc; main; bwd_convert_lay1_kernel; dsink; all from
  * cuda/attn_bwd/bwd_common.cuh), so dsa_attn_bwd_workspace_size holds. Pieces shared with that kernel
- * (tile constants, Smem map, MainArgs and its fill, P / dS, the dKV reductions, Q / dO and L' / Delta
- * loads, dQ SS wgmmas, dq store, launch checks) are in cuda/attn_bwd/bwd_sm90_shared.cuh.
+ * (tile constants, Smem map, MainArgs and its fill, P / dS, Q / dO and L' / Delta loads, dq store,
+ * launch checks) are in cuda/attn_bwd/bwd_sm90_shared.cuh.
  * Experiment -DDSA_BWD_PROLOGUE_STATS=1 (A/B switch, Makefile EXPERIMENTS): no
  * prep pass; each CTA sums its rows' Delta from out and the dO it loads and computes L' and the dsink
  * partials (bwd_row_stats) in its prologue (ws_stats_issue / ws_stats_finish), which spares a pass
@@ -130,7 +130,7 @@
  * allocation): D = 576 254 registers, D = 512 250; 0 spill
  * bytes, no C7510 / C7511 / C7515 / C7519 (no serialised wgmma, no injected warpgroup.arrive), 6 named
  * barriers. 254 of 255 leaves no headroom at D = 576: recheck spills after any change to WG1's loop
- * (the dq store re-reads %ctaid instead of keeping token / head live: that alone was a 4-B spill).
+ * (the dq store re-reads %ctaid instead of keeping token / head live, which would spill 4 B).
  * Live fp32 at the peak: WG1 dQ 160 + 2 x 32 dKV = 224 (D = 512: 192); WG0 dQ 128 + S 32 + dP 32 = 192.
  *
  * What sets the tile time: the larger of WG1's instruction stream (one warp per SM sub-partition,
@@ -533,7 +533,7 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
 
     /* ---- P, dS -> smem (K-major SW128 [64 heads][64 keys]) for WG1, once WG1's wgmmas on P(n - 1),
      * dS(n - 1) have completed. stmatrix x4 per k16 slice kk: lane l addresses row 16 warp + l % 8 +
-     * 8 ((l / 8) % 2), 16-B chunk 2 kk + l / 16 (docs/hopper.md section 2, probe test F). */
+     * 8 ((l / 8) % 2), 16-B chunk 2 kk + l / 16 (docs/hopper.md section 2, its test F). */
     if (n > 0) sm90_named_bar_sync_any(kBarPdSFree, kThreads);
     {
       const int r = 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
@@ -876,7 +876,8 @@ inline MainArgs ws_chunk_args(const MainArgs &a, int64_t t0, int64_t nt) {
 static_assert(kBlockM == kBwdDetHeadBlock, "contrib head blocks are this kernel's 64-head CTAs");
 static_assert(kBlockN == kBwdDetDumpRows, "a partial last tile's slots store to the dump rows");
 
-/* The sequence: the prep (lengths only, without topk_length), memset of the fp32 accumulator, the
+/* The sequence: the prep (Delta, L', the dsink partials and, without topk_length, the row lengths;
+ * with -DDSA_BWD_PROLOGUE_STATS the lengths only), memset of the fp32 accumulator, the
  * main kernel (deterministic: per chunk of tokens, after the chunk's sort and before its fixed-order
  * reduction), the convert of the permuted accumulator, dsink. */
 template <int NBT>

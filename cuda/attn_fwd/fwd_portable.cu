@@ -1,5 +1,5 @@
 /*
- * attn_fwd.cu - sparse MLA attention forward, the portable kernel (dsa_launch_attn_fwd_simple).
+ * fwd_portable.cu - sparse MLA attention forward, the portable kernel (dsa_launch_attn_fwd_simple).
  *
  * What it computes (dsa.h dsa_attn_fwd_params, docs/contract.md section 9.2): for every token t and head h,
  * over the valid top-k slots j (j < clamp(topk_length[t], 0, K) and 0 <= idx < T_kv; duplicates

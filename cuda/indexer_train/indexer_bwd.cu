@@ -1,6 +1,6 @@
 /*
  * indexer_bwd.cu - the indexer's side of indexer training (docs/indexer-training.md sections 2 and 4):
- * dsa_indexer_slot_scores' kernel (dsa_launch_indexer_slot_scores) and dsa_indexer_backward's
+ * dsa_indexer_slot_scores' kernel (dsa_launch_indexer_slot_scores) and dsa_indexer_bwd's
  * (dsa_launch_indexer_bwd). One file because both recompute the same per-(slot, head) logit
  * x = q_idx[t, h] . k_idx[s_j] with the same code (head_dot: fp32 fma in dimension order), so the
  * backward's ReLU' = [x > 0] decisions are those of the forward scores and are identical in all of
