@@ -344,7 +344,7 @@ inline dsa_status bwd_launch_sorted_keys(const dsa_attn_bwd_params *p, int64_t t
  * (bwd_det_sort_reduce); the warp-specialised kernel runs after the sort and stores entry i's rows at
  * contrib[pos[i] * NHB + head_block], pos[i] = i's rank (bwd_det_sort_pos), so the reduction reads
  * each kv row's rows as one run (bwd_det_reduce_sorted). */
-constexpr size_t kBwdDetContribBudget = (size_t)2 << 30; /* contrib bytes per chunk */
+constexpr size_t kBwdDetContribBudget = (size_t)2 << 30; /* contrib bytes (per chunk; split in two with the overlap) */
 constexpr int kBwdDetHeadBlock = 64;                      /* heads per contrib head block */
 constexpr int kBwdDetRedBatch = 8;                        /* entries whose loads are in flight together */
 constexpr int kBwdDetDumpRows = 64; /* contrib rows after the entries' (the sorted layout's partial-tile slots) */

@@ -63,8 +63,9 @@
  * SASS per CTA (D = 576): 136 HGMMA.64x32x16 (S, dP), 8 HGMMA.64x256x16 + 4 HGMMA.64x64x16 (dQ), 16
  * HGMMA.64x64x16 with tnspA.tnspB (dKV), STSM, LDGSTS, REDG (both warpgroups' code).
  * Deterministic mode (same main kernel, template kDet = true; all five products on wgmma):
- *   tokens are processed in chunks of C (C = 2 GiB / (ceil(H / 64) * K * D * 4), clamped to
- *   1..T; DSA_OPTION_BWD_DET_CHUNK_TOKENS > 0 overrides it: tests force many chunks). Per
+ *   tokens are processed in chunks of C (C = 2 GiB / (ceil(H / 64) * K * D * 4), 1 GiB with
+ *   -DDSA_BWD_DET_OVERLAP, clamped to 1..T; DSA_OPTION_BWD_DET_CHUNK_TOKENS > 0 overrides it: tests
+ *   force many chunks). Per
  *   chunk starting at token t0:
  *   1. main kernel over the chunk's CTAs (blockIdx.x = token_in_chunk * ceil(H / 64) + head block):
  *      step 5 stores each valid slot's fp32 dKV row (64 x D per tile, as computed for the

@@ -697,13 +697,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
   uint8_t *smem = sm90_smem_align1024(smem_raw);
   const dsa_attn_bwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7;
-#if DSA_BWD_DET_OVERLAP
-  /* the overlapped loop launches this kernel programmatically beside the previous chunk's reduction
-   * (ws_det_main): the grid's last CTA waits for that reduction to complete, so that this grid's
-   * completion implies the reduction's, which the stream's later launches and records (and a captured
-   * graph's edges out of this node) rely on; a CTA that runs last keeps one SM for it at most */
-  if (kDet && blockIdx.x == gridDim.x - 1 && tid == 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
 #if DSA_BWD_SPLIT_TAIL
   int64_t tok;
   int h0, half, si;
@@ -790,6 +783,13 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
 #endif
   else
     ws_back<NBT, kDet>(args, smem, ntiles);
+#if DSA_BWD_DET_OVERLAP
+  /* the overlapped loop launches this kernel programmatically beside the previous chunk's reduction
+   * (ws_det_main): the grid's last CTA, its work done, waits for that reduction to complete before it
+   * exits, so that this grid's completion implies the reduction's, which the stream's later launches
+   * and records (and a captured graph's edges out of this node) rely on */
+  if (kDet && blockIdx.x == gridDim.x - 1 && tid == 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
 #endif
@@ -976,8 +976,8 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
     /* On the call's stream, per chunk c > 0: wait for chunk c's sort (done[c % 2]), chunk c - 1's
      * reduction (buffer (c - 1) % 2, region (c - 1) % 3; a normal launch: it starts once chunk c - 1's
      * main kernel and chunk c - 2's reduction are done), chunk c's main kernel (buffer c % 2, ranks
-     * of region c % 3; programmatic: it starts beside that reduction, and its last CTA waits for the
-     * reduction to complete, so that its own completion implies the reduction's). Then chunk c + 2's sort goes to
+     * of region c % 3; programmatic: it starts beside that reduction, and its last CTA waits, after
+     * its work, for the reduction to complete, so that its own completion implies the reduction's). Then chunk c + 2's sort goes to
      * the side stream once everything so far on the call's stream is done (ready), into region
      * (c + 2) % 3 = (c - 1) % 3, whose readers (chunk c - 1's main kernel and reduction) are then
      * done; main kernel c + 1 writes buffer (c + 1) % 2 only after reduction c - 1, its reader, is
