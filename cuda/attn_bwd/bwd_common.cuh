@@ -591,27 +591,38 @@ inline dsa_status bwd_det_sort_pos(const dsa_attn_bwd_params *p, const BwdSortLa
 }
 
 /* The sorted layout's reduction, after a chunk's main kernel: acc += each kv row's contiguous run of
- * rows (off from bwd_det_sort_pos's sort in region S). */
-template <int D, int NHB>
+ * rows (off from bwd_det_sort_pos's sort in region S); nhb = ceil(H / 64) head blocks (1 or 2). */
+template <int D>
 inline dsa_status bwd_det_reduce_sorted(const dsa_attn_bwd_params *p, const BwdSortLayout &S, unsigned char *ws,
-                                        const float *contrib, float *acc, cudaStream_t stream) {
-  bwd_det_reduce_kernel<D, NHB, true><<<bwd_grid_for(p->num_kv, 1, kBwdGridCap), D / 4, 0, stream>>>(
-      contrib, (const int64_t *)(ws + S.off), nullptr, acc, p->num_kv, p->topk);
+                                        const float *contrib, float *acc, int nhb, cudaStream_t stream) {
+  const unsigned grid = bwd_grid_for(p->num_kv, 1, kBwdGridCap);
+  const int64_t *off = (const int64_t *)(ws + S.off);
+  if (nhb == 1)
+    bwd_det_reduce_kernel<D, 1, true><<<grid, D / 4, 0, stream>>>(contrib, off, nullptr, acc, p->num_kv, p->topk);
+  else
+    bwd_det_reduce_kernel<D, 2, true><<<grid, D / 4, 0, stream>>>(contrib, off, nullptr, acc, p->num_kv, p->topk);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
 
 #if DSA_BWD_DET_OVERLAP
 /* The same on `ctas` SMs (bwd_det_reduce_ov_kernel), allowing the launch after it to start early. */
 template <int D, int NHB>
-inline dsa_status bwd_det_reduce_ov(const dsa_context *ctx, const dsa_attn_bwd_params *p, const BwdSortLayout &S,
-                                    unsigned char *ws, const float *contrib, float *acc, int ctas,
-                                    cudaStream_t stream) {
+inline dsa_status bwd_det_reduce_ov_nhb(const dsa_context *ctx, const dsa_attn_bwd_params *p, const int64_t *off,
+                                        const float *contrib, float *acc, int ctas, cudaStream_t stream) {
   static int attr_set[DSA_TRACKED_DEVICES];
   DSA_TRY(dsa_kernel_smem_once((const void *)bwd_det_reduce_ov_kernel<D, NHB>, kBwdDetOvSmem, 0, ctx->device,
                                attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute"));
   bwd_det_reduce_ov_kernel<D, NHB><<<ctas, kBwdDetOvGroups * bwd_det_ov_group_threads<D>(), kBwdDetOvSmem, stream>>>(
-      contrib, (const int64_t *)(ws + S.off), acc, p->num_kv, p->topk);
+      contrib, off, acc, p->num_kv, p->topk);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
+}
+template <int D>
+inline dsa_status bwd_det_reduce_ov(const dsa_context *ctx, const dsa_attn_bwd_params *p, const BwdSortLayout &S,
+                                    unsigned char *ws, const float *contrib, float *acc, int nhb, int ctas,
+                                    cudaStream_t stream) {
+  const int64_t *off = (const int64_t *)(ws + S.off);
+  return nhb == 1 ? bwd_det_reduce_ov_nhb<D, 1>(ctx, p, off, contrib, acc, ctas, stream)
+                  : bwd_det_reduce_ov_nhb<D, 2>(ctx, p, off, contrib, acc, ctas, stream);
 }
 #endif
 

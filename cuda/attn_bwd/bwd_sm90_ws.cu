@@ -851,6 +851,21 @@ dsa_status ws_det_main(const MainArgs &ca, unsigned grid, bool pdl, cudaStream_t
 }
 #endif
 
+#if DSA_BWD_DET_SORT_AHEAD || DSA_BWD_DET_OVERLAP
+/* A chunk's sort (tokens [t0, t0 + nt), region S, ranks at pos) on the context's side stream, once
+ * everything so far on `stream` is done (ready), then done recorded there; *forked is set once the
+ * handoff to the side stream succeeded (the caller joins it at the end only then). */
+inline dsa_status ws_det_sort_on_side(const dsa_context *ctx, const dsa_attn_bwd_params *p, const BwdSortLayout &S,
+                                      size_t pos, unsigned char *ws, int64_t t0, int64_t nt, cudaEvent_t ready,
+                                      cudaEvent_t done, cudaStream_t stream, int *forked) {
+  static const char fn[] = "dsa_sparse_attn_bwd";
+  DSA_TRY(dsa_stream_after(ready, stream, ctx->side, fn));
+  *forked = 1;
+  DSA_TRY(bwd_det_sort_pos(p, S, pos, ws, t0, nt, ctx->side));
+  return dsa_cuda_status((int)cudaEventRecord(done, ctx->side), fn);
+}
+#endif
+
 /* The deterministic mode's arguments for the chunk of nt tokens from t0: every per-token operand
  * the main kernel reads or writes starts at token t0 (q, dout, out, lse, indices, the row lengths, dq,
  * the slot target, the dsink partials), so the kernel sees tokens 0..nt-1 and carries no chunk offset (a register WG1
@@ -995,16 +1010,12 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
     };
     const auto reduce = [&](int64_t c) {
       if (p->num_kv == 0) return DSA_SUCCESS; /* every slot invalid: dq only */
-      return num_hblocks == 1 ? bwd_det_reduce_ov<kD, 1>(ctx, p, *sr[c % 3], ws, cb[c & 1], R.acc, red_ctas, stream)
-                              : bwd_det_reduce_ov<kD, 2>(ctx, p, *sr[c % 3], ws, cb[c & 1], R.acc, red_ctas, stream);
+      return bwd_det_reduce_ov<kD>(ctx, p, *sr[c % 3], ws, cb[c & 1], R.acc, num_hblocks, red_ctas, stream);
     };
     int forked = 0; /* the side stream is joined at the end once a handoff to it succeeded */
     const auto sort_ahead = [&](int64_t c, cudaEvent_t ready, cudaEvent_t done) { /* chunk c's, on the side */
-      dsa_status s2 = dsa_stream_after(ready, stream, ctx->side, fn);
-      forked |= s2 == DSA_SUCCESS;
-      if (s2 == DSA_SUCCESS) s2 = bwd_det_sort_pos(p, *sr[c % 3], pr[c % 3], ws, chunk_t0(c), chunk_nt(c), ctx->side);
-      if (s2 == DSA_SUCCESS) s2 = dsa_cuda_status((int)cudaEventRecord(done, ctx->side), fn);
-      return s2;
+      return ws_det_sort_on_side(ctx, p, *sr[c % 3], pr[c % 3], ws, chunk_t0(c), chunk_nt(c), ready, done, stream,
+                                 &forked);
     };
     dsa_status st = bwd_det_sort_pos(p, *sr[0], pr[0], ws, 0, first, stream);
     if (st == DSA_SUCCESS && nchunks > 1) st = sort_ahead(1, ctx->ev_ready[1], ctx->ev_done[1]);
@@ -1021,8 +1032,7 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
     /* the last chunk's reduction: nothing runs beside it, so on every SM (the same sums) */
     const int64_t cl = nchunks - 1;
     if (st == DSA_SUCCESS && p->num_kv > 0)
-      st = num_hblocks == 1 ? bwd_det_reduce_sorted<kD, 1>(p, *sr[cl % 3], ws, cb[cl & 1], R.acc, stream)
-                            : bwd_det_reduce_sorted<kD, 2>(p, *sr[cl % 3], ws, cb[cl & 1], R.acc, stream);
+      st = bwd_det_reduce_sorted<kD>(p, *sr[cl % 3], ws, cb[cl & 1], R.acc, num_hblocks, stream);
     DSA_TRY(forked ? dsa_side_join(ctx, stream, st, fn) : st);
 #elif !DSA_BWD_DET_SORT_AHEAD
     for (int64_t t0 = 0, nt = first; t0 < p->num_tokens; t0 += nt, nt = C) {
@@ -1031,10 +1041,7 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
       attn_bwd_sm90_ws_kernel<NBT, true><<<(unsigned)(nt * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(ca);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
       if (p->num_kv == 0) continue; /* every slot invalid: dq only */
-      if (num_hblocks == 1)
-        DSA_TRY((bwd_det_reduce_sorted<kD, 1>(p, DL.sort, ws, args.contrib, R.acc, stream)));
-      else
-        DSA_TRY((bwd_det_reduce_sorted<kD, 2>(p, DL.sort, ws, args.contrib, R.acc, stream)));
+      DSA_TRY(bwd_det_reduce_sorted<kD>(p, DL.sort, ws, args.contrib, R.acc, num_hblocks, stream));
     }
 #else
     /* chunk c's sort and ranks in region c % 2; chunk c + 1's sort runs on the context's side stream
@@ -1060,16 +1067,11 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
       st = dsa_cuda_status((int)cudaGetLastError(), fn);
       if (st == DSA_SUCCESS && t0 + nt < p->num_tokens) { /* chunk c + 1's sort, beside this reduction */
         const int64_t nt1 = C < p->num_tokens - (t0 + nt) ? C : p->num_tokens - (t0 + nt);
-        st = dsa_stream_after(ctx->ev_ready[r], stream, ctx->side, fn);
-        forked |= st == DSA_SUCCESS;
-        if (st == DSA_SUCCESS) st = bwd_det_sort_pos(p, *sr[r ^ 1], pr[r ^ 1], ws, t0 + nt, nt1, ctx->side);
-        if (st == DSA_SUCCESS) st = dsa_cuda_status((int)cudaEventRecord(ctx->ev_done[r ^ 1], ctx->side), fn);
+        st = ws_det_sort_on_side(ctx, p, *sr[r ^ 1], pr[r ^ 1], ws, t0 + nt, nt1, ctx->ev_ready[r],
+                                 ctx->ev_done[r ^ 1], stream, &forked);
       }
       if (st != DSA_SUCCESS || p->num_kv == 0) continue; /* every slot invalid: dq only */
-      if (num_hblocks == 1)
-        st = bwd_det_reduce_sorted<kD, 1>(p, *sr[r], ws, args.contrib, R.acc, stream);
-      else
-        st = bwd_det_reduce_sorted<kD, 2>(p, *sr[r], ws, args.contrib, R.acc, stream);
+      st = bwd_det_reduce_sorted<kD>(p, *sr[r], ws, args.contrib, R.acc, num_hblocks, stream);
     }
     DSA_TRY(forked ? dsa_side_join(ctx, stream, st, fn) : st);
 #endif
