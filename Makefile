@@ -207,16 +207,11 @@ run: $(BUILD)/bench/dsa_layer
 # The kernels' compile-time experiment switches (A/B builds for the GPU machine: docs/perf.md "How to
 # run"), entries file.cu:-DSWITCH=value (several switches joined by commas): each file compiled once
 # more with its switches, so they keep compiling (CI runs this). The list is empty when no experiment is pending; the target then does nothing.
-EXPERIMENTS := cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_PROLOGUE_STATS=1 cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_TOKEN_DESC=1 \
-  cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_CONVERT_V16=1 cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_SPLIT_TAIL=1 \
-  cuda/attn_bwd/bwd_portable.cu:-DDSA_BWD_SPLIT_TAIL=1 cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_RED_EVICT_NORMAL=1 \
-  cuda/topk/topk_filter.cu:-DDSA_TOPK_LOAD_ALL=1 cuda/attn_fwd/fwd_sm90_h64.cu:-DDSA_FWD_CLUSTER_SHARE=1 \
+EXPERIMENTS := cuda/topk/topk_filter.cu:-DDSA_TOPK_LOAD_ALL=1 cuda/attn_fwd/fwd_sm90_h64.cu:-DDSA_FWD_CLUSTER_SHARE=1 \
   cuda/topk/topk_filter.cu:-DDSA_TOPK_SHORT_BISECT=1 cuda/attn_fwd/fwd_sm90_small.cu:-DDSA_FWD_SMALL_RING=1 \
   cuda/attn_fwd/fwd_sm90_small.cu:-DDSA_FWD_SMALL_TWO32=1 \
   cuda/attn_fwd/fwd_sm90_small.cu:-DDSA_FWD_SMALL_TWO32=1,-DDSA_FWD_SMALL_RING=1 \
-  cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_DET_SORT_AHEAD=1 cuda/attn_bwd/bwd_sm90_h64.cu:-DDSA_BWD_DET_SORT_AHEAD=1 \
-  cuda/indexer/idx_fused_wgmma.cu:-DDSA_IDX_TURN_AT_ISSUE=1 \
-  cuda/attn_bwd/bwd_sm90_ws.cu:-DDSA_BWD_DET_OVERLAP=24 cuda/attn_bwd/bwd_sm90_h64.cu:-DDSA_BWD_DET_OVERLAP=24
+  cuda/indexer/idx_fused_wgmma.cu:-DDSA_IDX_TURN_AT_ISSUE=1
 experiments:
 	@rm -rf $(BUILD)/experiments
 	@for e in $(EXPERIMENTS); do f=$${e%%:*}; d=$$(echo "$${e#*:}" | tr , ' '); echo "nvcc $$d $$f"; mkdir -p $(BUILD)/experiments; \

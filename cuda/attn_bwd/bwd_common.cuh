@@ -5,8 +5,7 @@
  * source definition: the files include this header, and each compiles its own copy of the kernels it
  * uses (anonymous namespace, no relocatable device code, so no symbol crosses a translation unit).
  * The launchers therefore run the very same arithmetic for L', the dsink partials (bwd_row_stats;
- * with -DDSA_BWD_PROLOGUE_STATS the warp-specialised kernel sums its own Delta in its prologue), the
- * fp32 -> bf16 conversion, dsink
+ * the warp-specialised kernel sums its own Delta in its prologue), the fp32 -> bf16 conversion, dsink
  * and the deterministic modes' key lists (and the two sm_90a ones the same deterministic dKV reduction
  * and workspace layout).
  *
@@ -34,20 +33,6 @@
  */
 #ifndef DSA_ATTN_BWD_COMMON_CUH
 #define DSA_ATTN_BWD_COMMON_CUH
-
-/* -DDSA_BWD_DET_SORT_AHEAD=1 (an experiment, Makefile EXPERIMENTS): the deterministic layout gets a
- * second sort region and rank array (bwd_det_layout), so that the warp-specialised launcher sorts
- * chunk c + 1 on the context's side stream while chunk c's dKV rows are reduced (bwd_sm90_ws.cu). */
-#ifndef DSA_BWD_DET_SORT_AHEAD
-#define DSA_BWD_DET_SORT_AHEAD 0
-#endif
-/* -DDSA_BWD_DET_OVERLAP=R (an experiment, Makefile EXPERIMENTS; R > 0 SMs): the deterministic layout
- * splits its contrib budget into two buffers and gets three sort regions and rank arrays
- * (bwd_det_layout), so that the warp-specialised launcher reduces chunk c - 1 on R SMs while chunk c's
- * main kernel runs on the others (bwd_sm90_ws.cu, bwd_det_reduce_ov). */
-#ifndef DSA_BWD_DET_OVERLAP
-#define DSA_BWD_DET_OVERLAP 0
-#endif
 
 #include <stdint.h>
 #include <math.h>
@@ -105,9 +90,9 @@ __device__ __forceinline__ void bwd_row_stats(float L, float sk, bool any, float
 
 /* ---- prep: Delta, L', dsink partials ---------------------------------------------------------- */
 /* len_out (non-NULL only without topk_length): each row's last valid slot + 1 (0 for none), a
- * length under which the row's valid slots all lie, for a main kernel to skip the -1 tail. With
- * -DDSA_BWD_PROLOGUE_STATS=1 (experiment) a NULL delta asks for the lengths only (the warp-specialised
- * kernel then computes Delta, L' and the partials itself). */
+ * length under which the row's valid slots all lie, for a main kernel to skip the -1 tail. A NULL
+ * delta asks for the lengths only (the warp-specialised kernel computes Delta, L' and the partials
+ * itself, in its prologue). */
 __global__ void __launch_bounds__(kBwdSmallThreads) bwd_prep_kernel(const __grid_constant__ dsa_attn_bwd_params p,
                                                                     float *delta, float *lp, float *part,
                                                                     int32_t *len_out) {
@@ -132,9 +117,7 @@ __global__ void __launch_bounds__(kBwdSmallThreads) bwd_prep_kernel(const __grid
       for (int j = tid; j < len && !any; j += kBwdSmallThreads) any = bwd_slot_row(p, t, j, len) >= 0;
       any = __syncthreads_or(any);
     }
-#if DSA_BWD_PROLOGUE_STATS
     if (delta == nullptr) continue; /* lengths only */
-#endif
     for (int h = warp; h < p.num_heads; h += kBwdSmallThreads / 32) {
       const uint16_t *o = p.out + t * p.out_stride_token + (int64_t)h * p.out_stride_head;
       const uint16_t *g = p.dout + t * p.dout_stride_token + (int64_t)h * p.dout_stride_head;
@@ -168,23 +151,11 @@ __global__ void bwd_convert_kernel(const __grid_constant__ dsa_attn_bwd_params p
  * dsa_bwd_dkv_slot): dkv[r][c] = bf16(src[r][slot(c)]). The permutation stays inside aligned
  * 16-column groups, so a warp's reads still cover the same 128 B as layout 0's. D (576 / 512) is a
  * template constant; a template so that only the launchers that run layout 1 instantiate it.
- * Experiment -DDSA_BWD_CONVERT_V16=1 (A/B switch, Makefile EXPERIMENTS): one thread per 16-column group, four
- * 16-B loads, the permutation in registers (compile-time indices), two 16-B stores (the op's checks
- * require 16-B aligned dkv rows) instead of one 4-B load and one 2-B store per element. */
-#ifndef DSA_BWD_CONVERT_V16
-#define DSA_BWD_CONVERT_V16 0
-#endif
-constexpr int kBwdConvertPerThread = DSA_BWD_CONVERT_V16 ? 16 : 1; /* columns per work item */
+ * One thread per 16-column group: four 16-B loads, the permutation in registers (compile-time
+ * indices), two 16-B stores (the op's checks require 16-B aligned dkv rows). */
+constexpr int kBwdConvertPerThread = 16; /* columns per work item */
 template <int D>
 __global__ void bwd_convert_lay1_kernel(const __grid_constant__ dsa_attn_bwd_params p, const float *src) {
-#if !DSA_BWD_CONVERT_V16
-  const int64_t n = p.num_kv * D;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t r = i / D;
-    const int d = (int)(i - r * D);
-    p.dkv[r * p.dkv_stride + d] = f2bf(src[r * D + dsa_bwd_dkv_slot(d)]);
-  }
-#else
   constexpr int kG = D / 16; /* groups per row */
   const int64_t n = p.num_kv * kG;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -208,7 +179,6 @@ __global__ void bwd_convert_lay1_kernel(const __grid_constant__ dsa_attn_bwd_par
     d4[0] = make_uint4(w[0], w[1], w[2], w[3]);
     d4[1] = make_uint4(w[4], w[5], w[6], w[7]);
   }
-#endif
 }
 
 /* ---- dsink: one CTA per head, fixed-order reduction of the per-token partials ------------------ */
@@ -424,41 +394,14 @@ __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *cont
     bwd_det_reduce_row<D, NHB, kSorted, kBwdDetRedBatch>(contrib, off, vals, acc, r, K, d4);
 }
 
-#if DSA_BWD_DET_OVERLAP
-/* The overlapped chunk loop's reduction (sorted layout): a grid of R CTAs that each fill an SM
- * (kBwdDetOvSmem of shared memory, unused: no second CTA and no main-kernel CTA shares the SM), each
- * kBwdDetOvGroups groups of D / 4 threads rounded up to whole warps; group g of CTA b sums the rows
- * b G + g + k R G with bwd_det_reduce_row, 16 / NHB entries in flight (the same bits as
- * bwd_det_reduce_kernel). Every CTA first allows the dependent launch: the next chunk's main kernel,
- * launched after it with programmatic stream serialization, then starts on the other SMs while this
- * runs (it reads nothing this writes). */
-constexpr int kBwdDetOvGroups = 4;
-constexpr int kBwdDetOvSmem = 116 << 10; /* over half an SM's 228 KB: one CTA per SM */
-template <int D>
-constexpr int bwd_det_ov_group_threads() { return (D / 4 + 31) / 32 * 32; }
-template <int D, int NHB>
-__global__ void __launch_bounds__(kBwdDetOvGroups * bwd_det_ov_group_threads<D>(), 1)
-    bwd_det_reduce_ov_kernel(const float *contrib, const int64_t *off, float *acc, int64_t T_kv, int K) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-  constexpr int kGT = bwd_det_ov_group_threads<D>();
-  const int g = (int)threadIdx.x / kGT, d4 = (int)threadIdx.x % kGT;
-  if (d4 >= D / 4) return;
-  const int64_t step = (int64_t)gridDim.x * kBwdDetOvGroups;
-  for (int64_t r = (int64_t)blockIdx.x * kBwdDetOvGroups + g; r < T_kv; r += step)
-    bwd_det_reduce_row<D, NHB, true, 16 / NHB>(contrib, off, nullptr, acc, r, K, d4);
-}
-#endif
 
 /* Deterministic-mode workspace (offsets from the 256-B aligned base; every region 256-B aligned):
  * delta, lp, part [T, H] f32 and acc [T_kv, D] f32 exactly as in the non-deterministic layout,
  * then contrib [C * ceil(H / 64) * K + 64 (dump rows), D] f32, keys0, keys1 [C * K] u32, vals0,
  * vals1 [C * K] i32, off [T_kv + 1] i64, CUB radix-sort temp for C * K items, pos [C * K] i32; C = tokens per chunk (at most 2 GiB
  * of contrib; chunk_tokens > 0, DSA_OPTION_BWD_DET_CHUNK_TOKENS, overrides it; clamped to 1..T and to
- * int32 entry ids). The experiments append: -DDSA_BWD_DET_SORT_AHEAD or _OVERLAP a second sort region
- * and rank array, _OVERLAP a third and a second contrib (the 2 GiB then split between the two). Both
- * sm_90a launchers and the op's size query (dsa_attn_bwd_sm90_det_workspace_size) compute this one
+ * int32 entry ids), then a second sort region and rank array (the warp-specialised launcher sorts
+ * chunk c + 1 on the context's side stream while chunk c is reduced). Both sm_90a launchers and the op's size query (dsa_attn_bwd_sm90_det_workspace_size) compute this one
  * layout. */
 /* The caller's workspace pointer aligned up to kBwdAlign (every size query counts that slack). */
 inline unsigned char *bwd_align_workspace(void *workspace) {
@@ -468,9 +411,7 @@ inline unsigned char *bwd_align_workspace(void *workspace) {
 /* The regions every backward workspace starts with, at the same offsets in cuda/attn_bwd/bwd_portable.cu's
  * make_layout and in bwd_det_layout: delta, lp, part ([T x H] fp32 each), len ([T] int32: the prep's
  * row lengths when topk_length is NULL), then the fp32 dKV accumulator; ws is the aligned workspace. */
-#if DSA_BWD_SPLIT_TAIL
-/* Experiment -DDSA_BWD_SPLIT_TAIL=1 (A/B switch, Makefile EXPERIMENTS): the warp-specialised kernel's
- * non-deterministic mode runs its last tokens (in CTA order) as two CTAs each, one per half of the
+/* The warp-specialised kernel's non-deterministic mode runs its last tokens (in CTA order) as two CTAs each, one per half of the
  * row's tiles, so that the last wave holds half-length CTAs; each half stores its fp32 dQ to a
  * partial [2][S][H][D] that bwd_sm90_ws.cu's combine sums (half 0 + half 1) into dq. S tokens: about
  * one wave of CTAs (kBwdSplitCtas, independent of the device so that the size query needs none). */
@@ -483,7 +424,6 @@ inline int64_t bwd_split_tokens(const dsa_attn_bwd_params *p) {
 inline size_t bwd_split_bytes(const dsa_attn_bwd_params *p) {
   return bwd_align_up((size_t)2 * (size_t)bwd_split_tokens(p) * (size_t)p->num_heads * (size_t)p->head_dim * 4);
 }
-#endif
 
 struct BwdBaseRegions {
   float *delta, *lp, *part, *acc;
@@ -511,10 +451,8 @@ inline dsa_status bwd_zero_tokens(const dsa_attn_bwd_params *p, const float *par
 struct BwdDetLayout {
   size_t delta, lp, part, acc, contrib, pos;
   BwdSortLayout sort; /* keys0 .. temp */
-  size_t pos2;        /* DSA_BWD_DET_SORT_AHEAD or _OVERLAP: the second rank array and sort region */
+  size_t pos2;        /* the second rank array and sort region (the sort ahead) */
   BwdSortLayout sort2;
-  size_t pos3, contrib2; /* DSA_BWD_DET_OVERLAP: the third rank array and sort region, the second contrib */
-  BwdSortLayout sort3;
   size_t total;
   int64_t chunk; /* C */
 };
@@ -524,8 +462,7 @@ inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, int64_t chunk_tok
   const size_t D = (size_t)p->head_dim;
   const int nhb = (p->num_heads + kBwdDetHeadBlock - 1) / kBwdDetHeadBlock;
   const size_t per_tok = (size_t)nhb * (size_t)p->topk * D * 4;
-  constexpr int kContribBuffers = DSA_BWD_DET_OVERLAP ? 2 : 1; /* the budget is split between them */
-  int64_t C = chunk_tokens > 0 ? chunk_tokens : (int64_t)(kBwdDetContribBudget / kContribBuffers / per_tok);
+  int64_t C = chunk_tokens > 0 ? chunk_tokens : (int64_t)(kBwdDetContribBudget / per_tok);
   if (C < 1) C = 1;
   if (C > (int64_t)INT32_MAX / p->topk) C = (int64_t)INT32_MAX / p->topk; /* entry ids are int32 */
   if (C > p->num_tokens) C = p->num_tokens;
@@ -540,15 +477,8 @@ inline dsa_status bwd_det_layout(const dsa_attn_bwd_params *p, int64_t chunk_tok
   L->contrib = o; o += bwd_align_up((size_t)C * per_tok + (size_t)kBwdDetDumpRows * D * 4);
   DSA_TRY(bwd_sort_layout(C * (int64_t)p->topk, p->num_kv, &o, &L->sort));
   L->pos = o; o += bwd_align_up((size_t)C * (size_t)p->topk * 4);
-#if DSA_BWD_DET_SORT_AHEAD || DSA_BWD_DET_OVERLAP
   DSA_TRY(bwd_sort_layout(C * (int64_t)p->topk, p->num_kv, &o, &L->sort2));
   L->pos2 = o; o += bwd_align_up((size_t)C * (size_t)p->topk * 4);
-#endif
-#if DSA_BWD_DET_OVERLAP
-  DSA_TRY(bwd_sort_layout(C * (int64_t)p->topk, p->num_kv, &o, &L->sort3));
-  L->pos3 = o; o += bwd_align_up((size_t)C * (size_t)p->topk * 4);
-  L->contrib2 = o; o += bwd_align_up((size_t)C * per_tok + (size_t)kBwdDetDumpRows * D * 4);
-#endif
   L->total = o + kBwdAlign; /* slack: the caller's pointer is aligned up inside */
   return DSA_SUCCESS;
 }
@@ -604,27 +534,6 @@ inline dsa_status bwd_det_reduce_sorted(const dsa_attn_bwd_params *p, const BwdS
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
 }
 
-#if DSA_BWD_DET_OVERLAP
-/* The same on `ctas` SMs (bwd_det_reduce_ov_kernel), allowing the launch after it to start early. */
-template <int D, int NHB>
-inline dsa_status bwd_det_reduce_ov_nhb(const dsa_context *ctx, const dsa_attn_bwd_params *p, const int64_t *off,
-                                        const float *contrib, float *acc, int ctas, cudaStream_t stream) {
-  static int attr_set[DSA_TRACKED_DEVICES];
-  DSA_TRY(dsa_kernel_smem_once((const void *)bwd_det_reduce_ov_kernel<D, NHB>, kBwdDetOvSmem, 0, ctx->device,
-                               attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute"));
-  bwd_det_reduce_ov_kernel<D, NHB><<<ctas, kBwdDetOvGroups * bwd_det_ov_group_threads<D>(), kBwdDetOvSmem, stream>>>(
-      contrib, off, acc, p->num_kv, p->topk);
-  return dsa_cuda_status((int)cudaGetLastError(), "dsa_sparse_attn_bwd");
-}
-template <int D>
-inline dsa_status bwd_det_reduce_ov(const dsa_context *ctx, const dsa_attn_bwd_params *p, const BwdSortLayout &S,
-                                    unsigned char *ws, const float *contrib, float *acc, int nhb, int ctas,
-                                    cudaStream_t stream) {
-  const int64_t *off = (const int64_t *)(ws + S.off);
-  return nhb == 1 ? bwd_det_reduce_ov_nhb<D, 1>(ctx, p, off, contrib, acc, ctas, stream)
-                  : bwd_det_reduce_ov_nhb<D, 2>(ctx, p, off, contrib, acc, ctas, stream);
-}
-#endif
 
 }  // namespace
 

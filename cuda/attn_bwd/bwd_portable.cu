@@ -334,9 +334,7 @@ dsa_status make_layout(const dsa_attn_bwd_params *p, Layout *L) {
      * kernel reduces, bwd_zero_tokens) */
     const int64_t rows = p->num_kv + (p->num_tokens > 0 ? kBwdSpareRows : 0);
     L->acc = o; o += bwd_align_up((size_t)rows * (size_t)p->head_dim * 4);
-#if DSA_BWD_SPLIT_TAIL
     o += bwd_split_bytes(p); /* the ws kernel's split dQ partials, right after acc */
-#endif
   } else {
     if (p->num_tokens > INT32_MAX)
       return dsa_fail(DSA_ERROR_UNSUPPORTED,
@@ -384,13 +382,6 @@ cudaError_t launch_main(const BwdArgs &a, const float *delta, const float *lp, f
 }
 
 }  // namespace
-
-#if DSA_BWD_SPLIT_TAIL
-/* The size query above counts the split dQ partials: bwd_sm90_ws.cu references this under the
- * same switch, so that a build setting it for that file and not this one (a workspace without the
- * partials the kernel writes) fails to link. */
-extern "C" DSA_HIDDEN const int dsa_bwd_split_tail_sized = 1;
-#endif
 
 extern "C" dsa_status dsa_attn_bwd_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes) {
   Layout L;

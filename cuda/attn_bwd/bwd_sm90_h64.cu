@@ -63,8 +63,7 @@
  * SASS per CTA (D = 576): 136 HGMMA.64x32x16 (S, dP), 8 HGMMA.64x256x16 + 4 HGMMA.64x64x16 (dQ), 16
  * HGMMA.64x64x16 with tnspA.tnspB (dKV), STSM, LDGSTS, REDG (both warpgroups' code).
  * Deterministic mode (same main kernel, template kDet = true; all five products on wgmma):
- *   tokens are processed in chunks of C (C = 2 GiB / (ceil(H / 64) * K * D * 4), 1 GiB with
- *   -DDSA_BWD_DET_OVERLAP, clamped to 1..T; DSA_OPTION_BWD_DET_CHUNK_TOKENS > 0 overrides it: tests
+ *   tokens are processed in chunks of C (C = 2 GiB / (ceil(H / 64) * K * D * 4), clamped to 1..T; DSA_OPTION_BWD_DET_CHUNK_TOKENS > 0 overrides it: tests
  *   force many chunks). Per
  *   chunk starting at token t0:
  *   1. main kernel over the chunk's CTAs (blockIdx.x = token_in_chunk * ceil(H / 64) + head block):
@@ -457,19 +456,6 @@ extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa
   return p->head_dim == 576 ? launch_impl<9>(ctx, p, workspace, stream, num_hblocks)
                             : launch_impl<8>(ctx, p, workspace, stream, num_hblocks);
 }
-
-#if DSA_BWD_DET_SORT_AHEAD
-/* The size query below counts the second sort region and rank array: bwd_sm90_ws.cu references
- * this under the same switch, so that a build setting it for that file and not this one (a workspace
- * without the regions its chunk loop writes) fails to link. */
-extern "C" DSA_HIDDEN const int dsa_bwd_det_sort_ahead_sized = 1;
-#endif
-#if DSA_BWD_DET_OVERLAP
-/* The same for the overlapped loop's second contrib buffer and third sort region, both ways. */
-extern "C" DSA_HIDDEN const int dsa_bwd_det_overlap_sized = 1;
-extern "C" DSA_HIDDEN const int dsa_bwd_det_overlap_loop; /* bwd_sm90_ws.cu */
-__attribute__((used)) static const int *const kOverlapLoop = &dsa_bwd_det_overlap_loop;
-#endif
 
 extern "C" dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, int64_t chunk_tokens,
                                                            size_t *bytes) {

@@ -73,13 +73,11 @@ struct MainArgs {
   int64_t tok0;            /* deterministic mode: first token of this chunk (0 otherwise) */
   float scale, scale_log2;
   int num_hblocks;
-  float *part;             /* warp-specialised kernel with DSA_BWD_PROLOGUE_STATS: the dsink partials
-                              * [T, H] it writes (NULL without dsink); it computes Delta and L' itself */
-#if DSA_BWD_SPLIT_TAIL
-  float *dq_part;          /* warp-specialised kernel, DSA_BWD_SPLIT_TAIL: [2][split_tokens][H][D] fp32 */
+  float *part;             /* warp-specialised kernel: the dsink partials [T, H] it writes (NULL without
+                              * dsink); it computes Delta and L' itself */
+  float *dq_part;          /* warp-specialised kernel, the split tail: [2][split_tokens][H][D] fp32 */
   int64_t split_cta0;      /* first CTA of the split tokens' halves (the grid size: none) */
   int split_tokens;
-#endif
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
@@ -275,11 +273,9 @@ inline MainArgs bwd_sm90_main_args(const dsa_attn_bwd_params *p, const BwdBaseRe
   args.scale = p->softmax_scale;
   args.scale_log2 = p->softmax_scale * kLog2e;
   args.num_hblocks = num_hblocks;
-#if DSA_BWD_SPLIT_TAIL
   args.dq_part = nullptr; /* no token split (the warp-specialised launcher sets these) */
   args.split_cta0 = INT64_MAX;
   args.split_tokens = 0;
-#endif
   return args;
 }
 

@@ -14,17 +14,16 @@
  * gathers, computes S / dP / softmax / dS and the lower part of dQ underneath.
  *
  * Same math, workspace, small passes and checks as dsa_launch_attn_bwd_sm90 in the non-deterministic
- * mode (prep: Delta, L', dsink partials; memset of acc; main; bwd_convert_lay1_kernel; dsink; all from
- * cuda/attn_bwd/bwd_common.cuh), so dsa_attn_bwd_workspace_size holds. Pieces shared with that kernel
- * (tile constants, Smem map, MainArgs and its fill, P / dS, Q / dO and L' / Delta loads, dq store,
- * launch checks) are in cuda/attn_bwd/bwd_sm90_shared.cuh.
- * Experiment -DDSA_BWD_PROLOGUE_STATS=1 (A/B switch, Makefile EXPERIMENTS): no
- * prep pass; each CTA sums its rows' Delta from out and the dO it loads and computes L' and the dsink
- * partials (bwd_row_stats) in its prologue (ws_stats_issue / ws_stats_finish), which spares a pass
- * over out and dout before the main kernel; the prep then runs only without topk_length, for the row
- * lengths. Experiment -DDSA_BWD_SPLIT_TAIL=1 (non-deterministic mode): the last S tokens of the CTA
- * order (bwd_split_tokens: about one wave of CTAs) run as two CTAs each, one per half of the row's
- * tiles, so that the last wave's CTAs are half as long; each half stores its fp32 dQ partial
+ * mode (memset of acc; main; bwd_convert_lay1_kernel; dsink; all from cuda/attn_bwd/bwd_common.cuh),
+ * so dsa_attn_bwd_workspace_size holds. Pieces shared with that kernel (tile constants, Smem map,
+ * MainArgs and its fill, P / dS, Q / dO and L' / Delta loads, dq store, launch checks) are in
+ * cuda/attn_bwd/bwd_sm90_shared.cuh.
+ * No prep pass for the row statistics: each CTA sums its rows' Delta from out and the dO it loads and
+ * computes L' and the dsink partials (bwd_row_stats) in its prologue (ws_stats_issue /
+ * ws_stats_finish), which spares a pass over out and dout before the main kernel; the prep runs only
+ * without topk_length, for the row lengths. Split tail (non-deterministic mode): the last S tokens of
+ * the CTA order (bwd_split_tokens: about one wave of CTAs) run as two CTAs each, one per half of the
+ * row's tiles, so that the last wave's CTAs are half as long; each half stores its fp32 dQ partial
  * (ws_dq_out) and ws_dq_combine_kernel writes their sum to dq.
  * Declined with DSA_ERROR_UNSUPPORTED before any launch: everything bwd_sm90_check declines (a device
  * other than cc 9.0, D not 576 / 512, H outside 1..128, unaligned rows, too many tokens, smem above
@@ -45,13 +44,6 @@
  * the slot target (at most two adds per slot, which commute) and dsink are those of the
  * non-deterministic mode, which are reproducible already. The rows' DRAM traffic (2304 B per valid
  * slot and head block written, then read back) bounds the mode.
- * Experiment -DDSA_BWD_DET_OVERLAP=R (A/B switch, Makefile EXPERIMENTS): chunk c - 1's reduction runs
- * on R SMs (bwd_det_reduce_ov) while chunk c's main kernel runs on the others (launched with
- * programmatic stream serialization right after it: ws_det_main), so the reduction's reads overlap
- * the main kernel's row stores instead of following them; chunks are whole waves of the SMs left,
- * contrib is double-buffered (chunk c in buffer c % 2) and the sorts run two chunks ahead on the
- * context's side stream in three regions (chunk c in region c % 3). The same sums in the same order:
- * bitwise the results of the default loop.
  *
  * Grid: one CTA per (token, block of 64 heads), non-persistent, blockIdx order = token order (H = 128:
  * the two head blocks of a token adjacent); heads past H are zero rows with L' = +inf (P = dS = 0,
@@ -182,47 +174,12 @@ __device__ __forceinline__ void ws_bar_arrive(int id, int count) {
   asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-#if DSA_BWD_TOKEN_DESC
-/* Experiment -DDSA_BWD_TOKEN_DESC=1 (A/B switch, Makefile EXPERIMENTS): CTA b = i nhb + hb runs head block hb
- * of token T - 1 - i (the default: token i), the last tokens first, whose rows are the longest under a
- * causal mask, so that the short rows fill the last wave (H = 128: a token's two head blocks still
- * adjacent). */
-__device__ __forceinline__ void ws_token_of(uint32_t b, int num_hblocks, int64_t num_tokens, int64_t *tok, int *hb) {
-  const uint32_t i = b / (uint32_t)num_hblocks;
-  *hb = (int)(b - i * (uint32_t)num_hblocks);
-  *tok = num_tokens - 1 - (int64_t)i;
-}
-#endif
 
-#if !DSA_BWD_SPLIT_TAIL
-/* The CTA's (token, first head) for the dq store after the tile loop, re-derived from %ctaid there
- * (asm volatile: not merged with the kernel's first read): keeping them live across the loop costs WG1
- * a spilled register at D = 576. */
-__device__ __forceinline__ void ws_cta_token_head(int num_hblocks, int64_t num_tokens, int64_t *tok, int *h0) {
-  uint32_t b;
-  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(b));
-#if DSA_BWD_TOKEN_DESC
-  int hb;
-  ws_token_of(b, num_hblocks, num_tokens, tok, &hb);
-  *h0 = hb * kBlockM;
-#else
-  (void)num_tokens;
-  *tok = (int64_t)(b / (uint32_t)num_hblocks);
-  *h0 = (int)(b % (uint32_t)num_hblocks) * kBlockM;
-#endif
-}
-#endif /* !DSA_BWD_SPLIT_TAIL */
 
-#if DSA_BWD_SPLIT_TAIL
-/* Experiment -DDSA_BWD_SPLIT_TAIL=1 (bwd_split_tokens, cuda/attn_bwd/bwd_common.cuh): the S split
- * tokens are the last S of the CTA order; split index i -> its token. */
+/* The split tail (bwd_split_tokens, cuda/attn_bwd/bwd_common.cuh): the S split tokens are the last S
+ * of the CTA order; split index i -> its token. */
 __device__ __forceinline__ int64_t ws_split_token(int64_t i, int64_t S, int64_t T) {
-#if DSA_BWD_TOKEN_DESC
-  (void)T;
-  return S - 1 - i;
-#else
   return T - S + i;
-#endif
 }
 
 /* CTA b -> (token, first head, half, split index): CTAs from split_cta0 are half h = 0 (tiles [0,
@@ -242,14 +199,8 @@ __device__ __forceinline__ void ws_cta_decode(const MainArgs &args, uint32_t b, 
   }
   *half = -1;
   *si = 0;
-#if DSA_BWD_TOKEN_DESC
-  int hb;
-  ws_token_of(b, nhb, args.p.num_tokens, tok, &hb);
-  *h0 = hb * kBlockM;
-#else
   *tok = (int64_t)(b / (uint32_t)nhb);
   *h0 = (int)(b % (uint32_t)nhb) * kBlockM;
-#endif
 }
 
 /* A warpgroup's dQ accumulator out after the tile loop (the CTA re-derived from %ctaid, as
@@ -282,7 +233,6 @@ __device__ __forceinline__ void ws_dq_out(const MainArgs &args, const float *dq,
     }
   }
 }
-#endif /* DSA_BWD_SPLIT_TAIL */
 
 /* The slot target's share of one tile (p.slot_target non-NULL): WG0's P summed over the CTA's 64 head
  * rows per key column, added to target[tok][64 n + c] for the valid slots (the launcher zeroes the
@@ -308,7 +258,6 @@ __device__ __forceinline__ void ws_target_tile(const dsa_attn_bwd_params &p, con
   }
 }
 
-#if DSA_BWD_PROLOGUE_STATS
 /* The prologue's row statistics (no prep pass): Delta = out . dO over the 512 value dims of each of
  * the CTA's 64 head rows, L' and the dsink partial (bwd_row_stats), for a row with a valid slot in
  * [0, klen). Thread (r = tid / 4, q = tid % 4) takes the 16-B chunks q + 4 i (i < 16) of head row
@@ -378,7 +327,6 @@ __device__ __forceinline__ void ws_stats_finish(const MainArgs &args, uint8_t *s
     if (args.part != nullptr && live && write_part) args.part[tok * p.num_heads + h] = pt;
   }
 }
-#endif /* DSA_BWD_PROLOGUE_STATS */
 
 /* WG0's gather of one 64-key tile into the SW128 KV tile at skv (rows g, g + 16, g + 32, g + 48 of
  * thread (g = t / 8, j = t % 8), 4 NBT cp.async per thread, zero fill for invalid slots: idxs -1 past
@@ -420,9 +368,7 @@ __device__ __forceinline__ void ws_dkv_chunk(float *acc, uint32_t b4, int c) {
 template <int NBT>
 __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, int ntiles, int64_t tok, int h0,
                                          int klen
-#if DSA_BWD_SPLIT_TAIL
                                          , int k0 /* first slot of this CTA's tiles (a multiple of 64) */
-#endif
 ) {
   typedef Smem<NBT> L;
   const dsa_attn_bwd_params &p = args.p;
@@ -435,9 +381,7 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
   float *spart = (float *)(smem + kWsTgt<NBT>);
   const float *slp = (const float *)(smem + L::kLp), *sdelta = (const float *)(smem + L::kDelta);
   const int32_t *irow = p.indices + tok * p.indices_stride;
-#if DSA_BWD_SPLIT_TAIL
   irow += k0;
-#endif
   const float scale = args.scale, scale_log2 = args.scale_log2;
   const int r0 = 16 * warp + (lane >> 2);
   const float lp2[2] = {slp[r0], slp[r0 + 8]};
@@ -500,11 +444,7 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
      * k16 slice kk (docs/hopper.md section 2). */
     float pv[32], dsv[32];
     bwd_sm90_p_ds<8>(sacc, dpacc, sidx + s * kBlockN, 0, lane, lp2, dl, scale, scale_log2, pv, dsv);
-#if DSA_BWD_SPLIT_TAIL
     if (p.slot_target) ws_target_tile(p, pv, spart, sidx + s * kBlockN, tok, n + (k0 >> 6), t, warp, lane);
-#else
-    if (p.slot_target) ws_target_tile(p, pv, spart, sidx + s * kBlockN, tok, n, t, warp, lane);
-#endif
     uint32_t pp[16], dsp[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -556,11 +496,7 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
       ws_gather<NBT>(p, skv, sidx + (s ^ 1) * kBlockN, nidx, g, j);
     }
   }
-#if DSA_BWD_SPLIT_TAIL
   ws_dq_out<128, 0, 64 * NBT>(args, dq, warp, lane);
-#else
-  bwd_sm90_store_dq<128, 0>(p, dq, tok, h0, warp, lane);
-#endif
 }
 
 /* WG1 ("back"): dQ dims [256, 64 NBT) by SS wgmma, then the NBT 64-dim dKV chunks with two alternating
@@ -580,14 +516,8 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
   const int32_t *sidx = (const int32_t *)(smem + L::kIdx);
   const int r0 = 16 * warp + (lane >> 2), odd = (lane >> 2) & 1;
   float *const rowp = (kDet ? args.contrib : args.acc) + 16 * odd + 4 * (lane & 3);
-  /* reductions: evict_last; the deterministic mode's rows: evict_first. Experiment
-   * -DDSA_BWD_RED_EVICT_NORMAL=1 (A/B switch, Makefile EXPERIMENTS): reductions evict_normal, as cuDNN's
-   * (no hint), which misses L2 on 37% fewer reduction sectors at bwd-glm-32k (75 MB accumulator) */
-#if DSA_BWD_RED_EVICT_NORMAL
-  const uint64_t pol = kDet ? sm90_l2_policy_evict_first() : sm90_l2_policy(false);
-#else
+  /* reductions: evict_last; the deterministic mode's rows: evict_first */
   const uint64_t pol = kDet ? sm90_l2_policy_evict_first() : sm90_l2_policy(true);
-#endif
   /* no T_kv rows: nothing to reduce (the spare rows aside); contrib rows exist whenever T > 0. A
    * runtime test in both modes: with a constant the reductions leave their branch region and ptxas
    * hoists their shuffles further, which spills at D = 576 */
@@ -608,14 +538,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
        * det_pos[slot] nhb + hb (bwd_det_sort_pos); a slot past K stores to a dump row after the
        * chunk's T K nhb entry rows. Loaded here, arranged after the dQ wgmmas (their latency under
        * them). */
-#if DSA_BWD_TOKEN_DESC
-      const int nhb = args.num_hblocks;
-      int64_t tl;
-      int hb;
-      ws_token_of(blockIdx.x, nhb, p.num_tokens, &tl, &hb);
-#else
       const int nhb = args.num_hblocks, tl = (int)blockIdx.x / nhb, hb = (int)blockIdx.x - tl * nhb;
-#endif
       const int32_t *pp = args.det_pos + (int64_t)tl * p.topk;
       const int32_t dump = (int32_t)p.num_tokens * p.topk * nhb;
 #pragma unroll
@@ -678,14 +601,7 @@ __device__ __forceinline__ void ws_back(const MainArgs &args, uint8_t *smem, int
     if (n + 1 < ntiles) ws_bar_arrive(kBarPdSFree, kThreads);
     if (red_on) sm90_red_block_lay1<kD, true, kDet>(rowp, last, NBT - 1, odd, ka, kb, pol);
   }
-#if DSA_BWD_SPLIT_TAIL
   ws_dq_out<kDQ, 4, kD>(args, dq, warp, lane);
-#else
-  int64_t tok_e;
-  int h0_e;
-  ws_cta_token_head(args.num_hblocks, p.num_tokens, &tok_e, &h0_e);
-  bwd_sm90_store_dq<kDQ, 4>(p, dq, tok_e, h0_e, warp, lane);
-#endif
 }
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
@@ -697,22 +613,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
   uint8_t *smem = sm90_smem_align1024(smem_raw);
   const dsa_attn_bwd_params &p = args.p;
   const int tid = threadIdx.x, wg = tid >> 7;
-#if DSA_BWD_SPLIT_TAIL
   int64_t tok;
   int h0, half, si;
   ws_cta_decode(args, blockIdx.x, &tok, &h0, &half, &si);
-#elif DSA_BWD_TOKEN_DESC
-  int64_t tok;
-  int hb;
-  ws_token_of(blockIdx.x, args.num_hblocks, p.num_tokens, &tok, &hb);
-  const int h0 = hb * kBlockM;
-#else
-  const int64_t tok = blockIdx.x / args.num_hblocks;
-  const int h0 = (int)(blockIdx.x % args.num_hblocks) * kBlockM;
-#endif
   int klen = p.topk; /* slots [0, klen) may be valid */
   if (p.topk_length) klen = min(max(p.topk_length[tok], 0), p.topk);
-#if DSA_BWD_SPLIT_TAIL
   /* a split token's half: tiles [0, ceil(n / 2)) or the rest, as slots [k0, k0 + klen) */
   const int klen_row = klen;
   int k0 = 0;
@@ -727,75 +632,40 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
   }
   (void)si;
   (void)klen_row;
-#endif
   const int ntiles = (klen + kBlockN - 1) / kBlockN;
 
   if (ntiles > 0) {
     /* Q and dO rows by all 256 threads (thread (g, j): rows g, g + 32, chunk j; heads past H: zero
-     * rows), tile 0's KV by WG0 (ws_gather), L' log2e and Delta by threads 0..63 (the prep's); with
-     * DSA_BWD_PROLOGUE_STATS the row statistics' loads (ws_stats_issue) under them, then Delta, L'
-     * log2e and the dsink partials from the landed dO (ws_stats_finish) */
+     * rows), tile 0's KV by WG0 (ws_gather), the row statistics' loads (ws_stats_issue) under them,
+     * then Delta, L' log2e and the dsink partials from the landed dO (ws_stats_finish) */
     const int g = tid >> 3, j = tid & 7;
     bwd_sm90_load_q_do<NBT>(p, sm90_smem_addr(smem + L::kQ), sm90_smem_addr(smem + L::kDO), tok, h0, g, j);
     if (wg == 0) {
       int32_t idxs[4];
-#if DSA_BWD_SPLIT_TAIL
       sm90_gather_read_indices(p.indices + tok * p.indices_stride + k0, 0, tid >> 3, klen, idxs);
-#else
-      sm90_gather_read_indices(p.indices + tok * p.indices_stride, 0, tid >> 3, klen, idxs);
-#endif
       ws_gather<NBT>(p, sm90_smem_addr(smem + L::kKV), (int32_t *)(smem + L::kIdx), idxs, tid >> 3, tid & 7);
     }
-#if DSA_BWD_PROLOGUE_STATS
     WsStats st;
-#if DSA_BWD_SPLIT_TAIL
     ws_stats_issue(args, tok, h0, klen_row, st); /* the whole row's slots decide L' */
     const bool write_part = half <= 0;            /* one half of a split token adds to dsink */
-#else
-    ws_stats_issue(args, tok, h0, klen, st);
-    const bool write_part = true;
-#endif
     sm90_cp_async_wait_all();
     sm90_fence_proxy_async();
     const bool any = __syncthreads_or(st.any) != 0;
     ws_stats_finish<NBT>(args, smem, tok, h0, any, write_part, st);
-#else
-    bwd_sm90_load_lp_delta<NBT>(args, smem, tid, tok, h0);
-    sm90_cp_async_wait_all();
-    sm90_fence_proxy_async();
-#endif
     __syncthreads();
   }
-#if DSA_BWD_PROLOGUE_STATS
-#if DSA_BWD_SPLIT_TAIL
   else if (args.part != nullptr && half <= 0 && tid < kBlockM && h0 + tid < p.num_heads) {
-#else
-  else if (args.part != nullptr && tid < kBlockM && h0 + tid < p.num_heads) {
-#endif
     args.part[tok * p.num_heads + h0 + tid] = 0.f; /* no slot: the row adds nothing to dsink */
   }
-#endif
   if (wg == 0)
-#if DSA_BWD_SPLIT_TAIL
     ws_front<NBT>(args, smem, ntiles, tok, h0, klen, k0);
-#else
-    ws_front<NBT>(args, smem, ntiles, tok, h0, klen);
-#endif
   else
     ws_back<NBT, kDet>(args, smem, ntiles);
-#if DSA_BWD_DET_OVERLAP
-  /* the overlapped loop launches this kernel programmatically beside the previous chunk's reduction
-   * (ws_det_main): the grid's last CTA, its work done, waits for that reduction to complete before it
-   * exits, so that this grid's completion implies the reduction's, which the stream's later launches
-   * and records (and a captured graph's edges out of this node) rely on */
-  if (kDet && blockIdx.x == gridDim.x - 1 && tid == 0) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
 #elif defined(__CUDA_ARCH__)
   __trap(); /* built without sm_90a machine code: never run (the launcher checks cc 9.0) */
 #endif
 }
 
-#if DSA_BWD_SPLIT_TAIL
 /* dq rows of the S split tokens = bf16(half 0's partial + half 1's) (fixed order: reproducible), 8
  * dims per work item: two 16-B loads of each partial, one 16-B store (the op's checks require 16-B
  * aligned dq rows). */
@@ -821,7 +691,6 @@ __global__ void ws_dq_combine_kernel(const __grid_constant__ dsa_attn_bwd_params
   __trap();
 #endif
 }
-#endif /* DSA_BWD_SPLIT_TAIL */
 
 /* The kernel's max-dynamic-smem attribute, once per (head dim, mode, device). */
 template <int NBT, bool kDet>
@@ -831,27 +700,7 @@ dsa_status ws_prepare(int dev) {
   return dsa_kernel_smem_once(fn, kWsBytes<NBT>, 0, dev, attr_set, "dsa_sparse_attn_bwd: cudaFuncSetAttribute");
 }
 
-#if DSA_BWD_DET_OVERLAP
-/* The deterministic main kernel of one chunk; pdl: with programmatic stream serialization, so that it
- * starts once the reduction launched just before it on the stream has started (its CTAs allow the
- * dependent launch at entry), not finished: it reads nothing the reduction writes. */
-template <int NBT>
-dsa_status ws_det_main(const MainArgs &ca, unsigned grid, bool pdl, cudaStream_t stream) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kWsBytes<NBT>;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return dsa_cuda_status((int)cudaLaunchKernelEx(&cfg, attn_bwd_sm90_ws_kernel<NBT, true>, ca), "dsa_sparse_attn_bwd");
-}
-#endif
 
-#if DSA_BWD_DET_SORT_AHEAD || DSA_BWD_DET_OVERLAP
 /* A chunk's sort (tokens [t0, t0 + nt), region S, ranks at pos) on the context's side stream, once
  * everything so far on `stream` is done (ready), then done recorded there; *forked is set once the
  * handoff to the side stream succeeded (the caller joins it at the end only then). */
@@ -864,7 +713,6 @@ inline dsa_status ws_det_sort_on_side(const dsa_context *ctx, const dsa_attn_bwd
   DSA_TRY(bwd_det_sort_pos(p, S, pos, ws, t0, nt, ctx->side));
   return dsa_cuda_status((int)cudaEventRecord(done, ctx->side), fn);
 }
-#endif
 
 /* The deterministic mode's arguments for the chunk of nt tokens from t0: every per-token operand
  * the main kernel reads or writes starts at token t0 (q, dout, out, lse, indices, the row lengths, dq,
@@ -891,8 +739,7 @@ inline MainArgs ws_chunk_args(const MainArgs &a, int64_t t0, int64_t nt) {
 static_assert(kBlockM == kBwdDetHeadBlock, "contrib head blocks are this kernel's 64-head CTAs");
 static_assert(kBlockN == kBwdDetDumpRows, "a partial last tile's slots store to the dump rows");
 
-/* The sequence: the prep (Delta, L', the dsink partials and, without topk_length, the row lengths;
- * with -DDSA_BWD_PROLOGUE_STATS the lengths only), memset of the fp32 accumulator, the
+/* The sequence: the prep (only without topk_length: the row lengths), memset of the fp32 accumulator, the
  * main kernel (deterministic: per chunk of tokens, after the chunk's sort and before its fixed-order
  * reduction), the convert of the permuted accumulator, dsink. */
 template <int NBT>
@@ -907,10 +754,8 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
     return dsa_fail(DSA_ERROR_UNSUPPORTED, "%s: the warp-specialised sm_90a kernel needs %d bytes of shared memory, "
                     "device has %d", fn, kWsBytes<NBT>, ctx->max_smem_optin);
   const bool det = p->deterministic != 0;
-#if DSA_BWD_SPLIT_TAIL
   const int64_t split_s = bwd_split_tokens(p); /* 0 in the deterministic mode */
   DSA_TRY(dsa_sm90_check_grid(p->num_tokens + split_s, num_hblocks, fn));
-#endif
   BwdDetLayout DL = BwdDetLayout();
   if (det) {
     DSA_TRY(bwd_det_layout(p, ctx->options[DSA_OPTION_BWD_DET_CHUNK_TOKENS], &DL));
@@ -922,11 +767,7 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
    * up to it: a -1-padded list then costs what its valid prefix costs (the kernel tests every slot's
    * index either way, so the results are those of the whole row) */
   int32_t *const found_len = p->topk_length ? nullptr : R.len;
-#if DSA_BWD_PROLOGUE_STATS
   if (found_len) DSA_TRY(bwd_launch_prep(p, nullptr, nullptr, nullptr, stream, found_len)); /* lengths only */
-#else
-  DSA_TRY(bwd_launch_prep(p, R.delta, R.lp, R.part, stream, found_len));
-#endif
   /* the T_kv rows, and the spare rows that the non-deterministic mode's invalid slots reduce into
    * (ws_gather) */
   const int64_t acc_rows = p->num_kv + (det ? 0 : kBwdSpareRows);
@@ -937,7 +778,6 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
                             fn));
   MainArgs args = bwd_sm90_main_args(p, R, num_hblocks);
   if (found_len) args.p.topk_length = found_len;
-#if DSA_BWD_SPLIT_TAIL
   /* the last S tokens as two half CTAs each (det0 only: bwd_split_tokens is 0 in the deterministic
    * mode); their dQ partials right after acc (make_layout, cuda/attn_bwd/bwd_portable.cu) */
   if (!det) {
@@ -945,25 +785,16 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
     args.split_cta0 = (p->num_tokens - split_s) * num_hblocks;
     args.dq_part = R.acc + bwd_align_up((size_t)acc_rows * kD * 4) / 4;
   }
-#endif
-#if DSA_BWD_PROLOGUE_STATS
   args.part = p->dsink ? R.part : nullptr;
-#endif
   if (!det) {
-#if DSA_BWD_SPLIT_TAIL
     const unsigned grid = (unsigned)((p->num_tokens + split_s) * num_hblocks);
-#else
-    const unsigned grid = (unsigned)(p->num_tokens * num_hblocks);
-#endif
     attn_bwd_sm90_ws_kernel<NBT, false><<<grid, kThreads, kWsBytes<NBT>, stream>>>(args);
     DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-#if DSA_BWD_SPLIT_TAIL
     if (split_s > 0) {
       ws_dq_combine_kernel<kD><<<bwd_grid_for(split_s * p->num_heads * (kD / 8), kBwdSmallThreads, kBwdGridCap),
                                  kBwdSmallThreads, 0, stream>>>(*p, args.dq_part, (int)split_s);
       DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
     }
-#endif
   } else {
     /* chunks of C tokens in ascending order: the chunk's (token, slot) entries are stably sorted by kv
      * row first (the keys kernel's validity test is the gather's: index in [0, T_kv), slot below
@@ -972,78 +803,14 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
      * at their ranks (every kv row's rows one contiguous run), in the permuted column order; the
      * reduction adds each run into acc row by row in order, column by column, so acc keeps the
      * permuted order the convert undoes. */
-    /* one CTA per SM (kWsBytes): a wave is sm_count / num_hblocks tokens (with the overlap, the SMs
-     * the reduction leaves) */
-#if DSA_BWD_DET_OVERLAP
-    const int red_ctas = ctx->sm_count > 2 * DSA_BWD_DET_OVERLAP ? DSA_BWD_DET_OVERLAP : (ctx->sm_count + 3) / 4;
-    const int64_t C = bwd_det_run_chunk(DL, ctx->options[DSA_OPTION_BWD_DET_CHUNK_TOKENS],
-                                        (ctx->sm_count - red_ctas) / num_hblocks);
-#else
+    /* one CTA per SM (kWsBytes): a wave is sm_count / num_hblocks tokens */
     const int64_t C = bwd_det_run_chunk(DL, ctx->options[DSA_OPTION_BWD_DET_CHUNK_TOKENS],
                                         ctx->sm_count / num_hblocks);
-#endif
     args.contrib = (float *)(ws + DL.contrib);
     args.det_pos = (const int32_t *)(ws + DL.pos);
     /* the part-filled chunk (T mod C tokens) runs first: under a causal mask the first tokens are
      * the shortest, so its part-filled last wave costs least there */
     const int64_t first = p->num_tokens % C != 0 ? p->num_tokens % C : C;
-#if DSA_BWD_DET_OVERLAP
-    /* On the call's stream, per chunk c > 0: wait for chunk c's sort (done[c % 2]), chunk c - 1's
-     * reduction (buffer (c - 1) % 2, region (c - 1) % 3; a normal launch: it starts once chunk c - 1's
-     * main kernel and chunk c - 2's reduction are done), chunk c's main kernel (buffer c % 2, ranks
-     * of region c % 3; programmatic: it starts beside that reduction, and its last CTA waits, after
-     * its work, for the reduction to complete, so that its own completion implies the reduction's). Then chunk c + 2's sort goes to
-     * the side stream once everything so far on the call's stream is done (ready), into region
-     * (c + 2) % 3 = (c - 1) % 3, whose readers (chunk c - 1's main kernel and reduction) are then
-     * done; main kernel c + 1 writes buffer (c + 1) % 2 only after reduction c - 1, its reader, is
-     * done (reduction c starts after it). Chunk 0's sort runs on the call's stream, chunk 1's on the
-     * side stream from the start; a single chunk never forks the side stream. The last chunk's
-     * reduction runs on every SM. dev/bwd_det_overlap_model.py checks this schedule. */
-    const BwdSortLayout *sr[3] = {&DL.sort, &DL.sort2, &DL.sort3};
-    const size_t pr[3] = {DL.pos, DL.pos2, DL.pos3};
-    float *const cb[2] = {(float *)(ws + DL.contrib), (float *)(ws + DL.contrib2)};
-    const int64_t nchunks = 1 + (p->num_tokens - first + C - 1) / C;
-    const auto chunk_t0 = [&](int64_t c) { return c == 0 ? (int64_t)0 : first + (c - 1) * C; };
-    const auto chunk_nt = [&](int64_t c) {
-      const int64_t left = p->num_tokens - chunk_t0(c);
-      return c == 0 ? first : (C < left ? C : left);
-    };
-    const auto reduce = [&](int64_t c) {
-      if (p->num_kv == 0) return DSA_SUCCESS; /* every slot invalid: dq only */
-      return bwd_det_reduce_ov<kD>(ctx, p, *sr[c % 3], ws, cb[c & 1], R.acc, num_hblocks, red_ctas, stream);
-    };
-    int forked = 0; /* the side stream is joined at the end once a handoff to it succeeded */
-    const auto sort_ahead = [&](int64_t c, cudaEvent_t ready, cudaEvent_t done) { /* chunk c's, on the side */
-      return ws_det_sort_on_side(ctx, p, *sr[c % 3], pr[c % 3], ws, chunk_t0(c), chunk_nt(c), ready, done, stream,
-                                 &forked);
-    };
-    dsa_status st = bwd_det_sort_pos(p, *sr[0], pr[0], ws, 0, first, stream);
-    if (st == DSA_SUCCESS && nchunks > 1) st = sort_ahead(1, ctx->ev_ready[1], ctx->ev_done[1]);
-    for (int64_t c = 0; c < nchunks && st == DSA_SUCCESS; ++c) {
-      if (c > 0) st = dsa_cuda_status((int)cudaStreamWaitEvent(stream, ctx->ev_done[c & 1], 0), fn);
-      if (st == DSA_SUCCESS && c > 0) st = reduce(c - 1);
-      if (st != DSA_SUCCESS) break;
-      MainArgs ca = ws_chunk_args(args, chunk_t0(c), chunk_nt(c));
-      ca.det_pos = (const int32_t *)(ws + pr[c % 3]);
-      ca.contrib = cb[c & 1];
-      st = ws_det_main<NBT>(ca, (unsigned)(chunk_nt(c) * num_hblocks), c > 0 && p->num_kv > 0, stream);
-      if (st == DSA_SUCCESS && c + 2 < nchunks) st = sort_ahead(c + 2, ctx->ev_ready[c & 1], ctx->ev_done[c & 1]);
-    }
-    /* the last chunk's reduction: nothing runs beside it, so on every SM (the same sums) */
-    const int64_t cl = nchunks - 1;
-    if (st == DSA_SUCCESS && p->num_kv > 0)
-      st = bwd_det_reduce_sorted<kD>(p, *sr[cl % 3], ws, cb[cl & 1], R.acc, num_hblocks, stream);
-    DSA_TRY(forked ? dsa_side_join(ctx, stream, st, fn) : st);
-#elif !DSA_BWD_DET_SORT_AHEAD
-    for (int64_t t0 = 0, nt = first; t0 < p->num_tokens; t0 += nt, nt = C) {
-      DSA_TRY(bwd_det_sort_pos(p, DL.sort, DL.pos, ws, t0, nt, stream));
-      const MainArgs ca = ws_chunk_args(args, t0, nt);
-      attn_bwd_sm90_ws_kernel<NBT, true><<<(unsigned)(nt * num_hblocks), kThreads, kWsBytes<NBT>, stream>>>(ca);
-      DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-      if (p->num_kv == 0) continue; /* every slot invalid: dq only */
-      DSA_TRY(bwd_det_reduce_sorted<kD>(p, DL.sort, ws, args.contrib, R.acc, num_hblocks, stream));
-    }
-#else
     /* chunk c's sort and ranks in region c % 2; chunk c + 1's sort runs on the context's side stream
      * once chunk c's main kernel is done (so beside chunk c's reduction, which reads region c % 2,
      * not under the main kernels, which leave no room on an SM); it overwrites region (c + 1) % 2,
@@ -1074,7 +841,6 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
       st = bwd_det_reduce_sorted<kD>(p, *sr[r], ws, args.contrib, R.acc, num_hblocks, stream);
     }
     DSA_TRY(forked ? dsa_side_join(ctx, stream, st, fn) : st);
-#endif
   }
   if (p->num_kv > 0) DSA_TRY(bwd_launch_convert_lay1<kD>(p, R.acc, stream));
   if (p->dsink) DSA_TRY(bwd_launch_dsink(p, R.part, stream));
@@ -1082,24 +848,6 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
 }
 
 }  // namespace
-
-/* Link-time guards of the switches that grow the workspace: the size query lives in another file,
- * which defines the symbol under the same switch; a build setting the switch for this file only
- * fails to link instead of writing past the workspace. */
-#if DSA_BWD_SPLIT_TAIL
-extern "C" DSA_HIDDEN const int dsa_bwd_split_tail_sized; /* bwd_portable.cu: its size query counts dq_part */
-__attribute__((used)) static const int *const kSplitTailSized = &dsa_bwd_split_tail_sized;
-#endif
-#if DSA_BWD_DET_SORT_AHEAD
-extern "C" DSA_HIDDEN const int dsa_bwd_det_sort_ahead_sized; /* bwd_sm90_h64.cu: its size query counts sort2 */
-__attribute__((used)) static const int *const kSortAheadSized = &dsa_bwd_det_sort_ahead_sized;
-#endif
-#if DSA_BWD_DET_OVERLAP
-extern "C" DSA_HIDDEN const int dsa_bwd_det_overlap_sized; /* bwd_sm90_h64.cu: its size query counts contrib2 */
-__attribute__((used)) static const int *const kOverlapSized = &dsa_bwd_det_overlap_sized;
-/* and the other way: a size query with the switch (the halved chunk) beside this loop without it */
-extern "C" DSA_HIDDEN const int dsa_bwd_det_overlap_loop = 1;
-#endif
 
 extern "C" dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
                                                   void *workspace, cudaStream_t stream) {
