@@ -4,7 +4,9 @@
 Issue 16: a ratio is only a same-run ratio. This program loads build/libdsa.so with ctypes
 (python/libdsa/_capi.py) and times libdsa and its peers on the same torch CUDA tensors:
 
-  sparse bwd    libdsa dsa_sparse_attn_bwd det0 / det1  vs  cuDNN FE SparseAttentionBackward (SM90);
+  sparse bwd    libdsa dsa_sparse_attn_bwd det0 / det1  vs  cuDNN FE SparseAttentionBackward (SM90),
+                GLM shapes on two index distributions: uniform causal subsets (rows det0 / det1)
+                and the indices dsa_indexer_topk chooses (rows det0,indexer / det1,indexer);
                 bwd-tp-h16 also against cuDNN on q padded to 64 heads (zero heads, -inf sinks)
   indexer+topk  libdsa dsa_indexer_topk (engine DEFAULT)  vs  cuDNN indexer_forward_wrapper + IndexerTopK
   topk          libdsa dsa_topk  vs  cuDNN IndexerTopK (deterministic False and True; causal lengths)
@@ -372,6 +374,10 @@ def cudnn_bwd(q, kv, out, dout, lse, sink, idx, lengths, scale):
 
 
 def bench_bwd(sh, check):
+    """Both index distributions of a GLM shape, each against cuDNN in this process: rows det0 / det1
+    on uniform causal indices (a random ascending K-subset of 0..g per row, as cuDNN's and FlashMLA's
+    tests draw them), rows det0,indexer / det1,indexer on the indices dsa_indexer_topk chooses
+    (H_idx = 32, random inputs, as dsa_bench's rows). V3.2 shapes: random distinct indices only."""
     T, H, K, S = sh["T"], sh["H"], sh["K"], sh["S"]
     gen = torch.Generator(device=DEV)
     gen.manual_seed(0xD5A0 + S + H)
@@ -382,22 +388,48 @@ def bench_bwd(sh, check):
     if sh["v32"]:
         idx, lengths = random_distinct_indices(T, S, K, gen), None
         sink = uniform((H,), -1, 1, torch.float32, gen)
-        scale, slots = 576 ** -0.5, float(T * K)
+        scale = 576 ** -0.5
         note = "random distinct indices (unsorted), random sink, scale 576^-0.5"
     else:
         idx, lengths = causal_indices(T, S, K, gen)
         sink = None  # libdsa: no sink; cuDNN requires one: -inf
-        scale, slots = 0.0625, float(lengths.double().sum().item())
-        note = "random causal indices (torch), topk_length, no sink (cuDNN: -inf), scale 0.0625"
+        scale = 0.0625
+        note = "uniform causal indices (torch), topk_length, no sink (cuDNN: -inf), scale 0.0625"
+    log("done")
+    bwd_one_distribution(sh, check, q, kv, dout, sink, scale, idx, lengths, note, "")
+    if not sh["v32"]:
+        try:
+            log(f"[setup] {sh['name']}: indices from dsa_indexer_topk ...", end=" ")
+            ig = torch.Generator(device=DEV)
+            ig.manual_seed(0x1D0 + S + 32)
+            iq = uniform((T, 32, 128), -1, 1, torch.bfloat16, ig)
+            ik = uniform((S, 128), -1, 1, torch.bfloat16, ig)
+            sw = (32 * 128) ** -0.5
+            w = uniform((T, 32), -sw, sw, torch.float32, ig)
+            iidx, ilen = dsa_indexer_indices(iq, ik, w, T, S, 32, K)
+            del iq, ik, w
+            log("done")
+            bwd_one_distribution(sh, check, q, kv, dout, sink, scale, iidx, ilen,
+                                 "indices from dsa_indexer_topk (H_idx=32, random inputs), topk_length, "
+                                 "no sink (cuDNN: -inf), scale 0.0625", ",indexer")
+        except Exception as e:
+            traceback.print_exc()
+            add_row(sh, "det0,indexer", 0.0, False, "indices from dsa_indexer_topk", status=error_text(e))
+
+
+def bwd_one_distribution(sh, check, q, kv, dout, sink, scale, idx, lengths, note, suffix):
+    """libdsa det0 / det1 and cuDNN on one set of indices; rows det0<suffix>, det1<suffix> (and, for
+    H < 64 on the uniform set, det0,peer-pad64)."""
+    T, H, K, S = sh["T"], sh["H"], sh["K"], sh["S"]
+    slots = float(T * K) if lengths is None else float(lengths.double().sum().item())
     out, lse = dsa_fwd(q, kv, idx, lengths, sink, scale, K)
     note += "; out, lse from dsa_sparse_attn_fwd"
-    log("done")
     work = 2.0 * H * slots * 2752
     lib, ctx, stream = RUN["lib"], RUN["ctx"], RUN["stream"]
 
     rows, results = [], {}
     for det in (0, 1):
-        variant = f"det{det}"
+        variant = f"det{det}{suffix}"
         log(f"[{sh['name']}] libdsa {variant} ...")
         dq = torch.empty_like(q)
         dkv = torch.empty_like(kv)
@@ -444,7 +476,7 @@ def bench_bwd(sh, check):
         for row in rows:
             set_peer(row, name, error=error_text(e))
 
-    if H < 64 and 0 in results:
+    if H < 64 and 0 in results and not suffix:
         # cuDNN on q padded to 64 heads: zero q and dout heads, -inf sinks; out / lse of the padded
         # heads from libdsa's forward on the padded q. Credited with the useful heads' FLOP only.
         # libdsa's det0 measurement, shown against the padded peer
