@@ -192,9 +192,8 @@ $(BUILD)/bench/%: bench/%.c $(BENCH_COMMON) bench/bench_common.h $(LIB_A)
 
 # ---- dev/: standalone research programs (CUDA runtime only, never part of libdsa) ---------------
 # dev/atomic_probe.cu: fp32 reduction throughput by access pattern (docs/bwd-sm90-next.md, P0);
-# dev/barrier_probe.cu: racecheck on a named-barrier arrive / sync hand-off (docs/reliability.md 3c);
-# dev/cluster_push_probe.cu: the 2-CTA cluster's shared gather by DSMEM push (docs/fwd-sm90-vs-flashmla.md, A6).
-DEV_BIN := $(BUILD)/dev/atomic_probe $(BUILD)/dev/barrier_probe $(BUILD)/dev/cluster_push_probe
+# dev/barrier_probe.cu: racecheck on a named-barrier arrive / sync hand-off (docs/reliability.md 3c).
+DEV_BIN := $(BUILD)/dev/atomic_probe $(BUILD)/dev/barrier_probe
 .PHONY: dev
 dev: $(DEV_BIN)
 $(BUILD)/dev/%: dev/%.cu
@@ -203,21 +202,6 @@ $(BUILD)/dev/%: dev/%.cu
 
 run: $(BUILD)/bench/dsa_layer
 	$(BUILD)/bench/dsa_layer $(RUN_ARGS)
-
-# The kernels' compile-time experiment switches (A/B builds for the GPU machine: docs/perf.md "How to
-# run"), entries file.cu:-DSWITCH=value (several switches joined by commas): each file compiled once
-# more with its switches, so they keep compiling (CI runs this). The list is empty when no experiment is pending; the target then does nothing.
-EXPERIMENTS := cuda/topk/topk_filter.cu:-DDSA_TOPK_LOAD_ALL=1 cuda/attn_fwd/fwd_sm90_h64.cu:-DDSA_FWD_CLUSTER_SHARE=1 \
-  cuda/topk/topk_filter.cu:-DDSA_TOPK_SHORT_BISECT=1 cuda/attn_fwd/fwd_sm90_small.cu:-DDSA_FWD_SMALL_RING=1 \
-  cuda/attn_fwd/fwd_sm90_small.cu:-DDSA_FWD_SMALL_TWO32=1 \
-  cuda/attn_fwd/fwd_sm90_small.cu:-DDSA_FWD_SMALL_TWO32=1,-DDSA_FWD_SMALL_RING=1 \
-  cuda/indexer/idx_fused_wgmma.cu:-DDSA_IDX_TURN_AT_ISSUE=1
-experiments:
-	@rm -rf $(BUILD)/experiments
-	@for e in $(EXPERIMENTS); do f=$${e%%:*}; d=$$(echo "$${e#*:}" | tr , ' '); echo "nvcc $$d $$f"; mkdir -p $(BUILD)/experiments; \
-	  $(NVCC) $(NVCCFLAGS) $$d -c $$f -o $(BUILD)/experiments/$$(basename $$f .cu)$$(echo "$$d" | tr -c 'A-Za-z0-9\n' _).o || exit 1; done
-	@if [ -d $(BUILD)/experiments ]; then bash tests/sass/check.sh $(BUILD)/experiments; fi
-.PHONY: experiments
 
 bench: $(BUILD)/bench/dsa_bench
 	$(BUILD)/bench/dsa_bench $(if $(SHAPES),--shapes $(SHAPES))

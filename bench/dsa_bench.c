@@ -57,9 +57,9 @@ static int parse_handoff_list(const char *s) {
  * DSA_FWD_SMALL_AUTO_MAX -> DSA_OPTION_FWD_SMALL_AUTO_MAX (0..63; ",sam<N>"),
  * DSA_TOPK_KERNEL -> DSA_OPTION_TOPK_KERNEL (1 radix, 2 filter; ",radix" / ",filter"). The idx rows
  * "fused,mma" / "fused,wgmma" set DSA_OPTION_INDEXER_FUSED_KERNEL themselves.
- * DSA_INDEXER_PIPELINE -> DSA_OPTION_INDEXER_PIPELINE and DSA_INDEXER_SCORES_BUDGET ->
- * DSA_OPTION_INDEXER_SCORES_BUDGET (bytes) leave the variant as it is (printed only), so that
- * bench/ab_multi.sh pairs the rows of processes run with and without them. */
+ * DSA_INDEXER_SCORES_BUDGET -> DSA_OPTION_INDEXER_SCORES_BUDGET (bytes, below 2^31) leaves the
+ * variant as it is (printed only), so that bench/ab_multi.sh pairs the rows of processes run with
+ * and without it. */
 static int bwd_variant_forced = -1, fwd_l2_hint_forced = -1, fwd_small_max_forced = -1, topk_kernel_forced = -1;
 /* Sets option `opt` on ctx from the environment variable `name` when it is set: prints it and
  * returns the value, -1 when unset; exits on a value the library rejects. */
@@ -1247,10 +1247,8 @@ int main(int argc, char **argv) {
   fwd_small_max_forced = env_option(b.ctx, "DSA_FWD_SMALL_AUTO_MAX", DSA_OPTION_FWD_SMALL_AUTO_MAX,
                                     "automatic forward: largest H mod 64 on the small-H kernel");
   topk_kernel_forced = env_option(b.ctx, "DSA_TOPK_KERNEL", DSA_OPTION_TOPK_KERNEL, "top-k kernel (1 radix, 2 filter)");
-  (void)env_option(b.ctx, "DSA_INDEXER_PIPELINE", DSA_OPTION_INDEXER_PIPELINE,
-                   "indexer chunks as a pipeline (0 serial, 1 top-k on a side stream)");
   (void)env_option(b.ctx, "DSA_INDEXER_SCORES_BUDGET", DSA_OPTION_INDEXER_SCORES_BUDGET,
-                   "indexer scores budget per buffer (bytes)");
+                   "indexer scores budget (bytes)");
   bc_timer_init(&b.timer, reps);
   printf("libdsa %s bench on %s, commit %s, %d reps (median), L2 flush %.0f MiB\n", dsa_version_string(),
          b.card, b.commit, reps, (double)b.timer.flush_bytes / (1 << 20));

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""fwd_small_ring_model.py - a model check of the small-H forward's block ring (-DDSA_FWD_SMALL_RING=1,
-cuda/attn_fwd/fwd_sm90_small.cu, N <= 16, and N = 24 / 32 with -DDSA_FWD_SMALL_TWO32=1, where P lives in
-the RoPE block and that block comes last): the synchronisation of its producer WG and its consumer
-WG over one KV stage whose 64-column blocks are refilled one by one, run under random interleavings
-of every thread group's next step, of the cp.async landings and of the wgmma retirements.
+"""fwd_small_ring_model.py - a model check of the small-H forward's block ring
+(cuda/attn_fwd/fwd_sm90_small.cu, N <= 32; at N = 24 / 32 and D = 576 P lives in the RoPE block and
+that block comes last): the synchronisation of its producer WG and its consumer WG over one KV
+stage whose 64-column blocks are refilled one by one, run under random interleavings of every
+thread group's next step, of the cp.async landings and of the wgmma retirements.
 
     python3 dev/fwd_small_ring_model.py [--runs N] [--seed S] [--self-test]
 
@@ -58,7 +58,7 @@ def group_last(nb, o):
 class Model:
     def __init__(self, ntiles, nb, rng, mutant=None, rl=False):
         self.ntiles, self.nb, self.rng, self.mutant = ntiles, nb, rng, mutant
-        self.rl = rl and nb > 8  # P in the RoPE block (DSA_FWD_SMALL_TWO32): the RoPE block comes last
+        self.rl = rl and nb > 8  # P in the RoPE block (N = 24 / 32): the RoPE block comes last
         self.order_rl = self.rl and mutant != "p_rope_early"
         self.full = [Bar(f"full{g}", 128 + (128 if g == 0 else 0)) for g in range(3)]
         self.empty = [Bar(f"empty{b}", 1 if mutant == "one_warp_empty" else NW) for b in range(nb)]

@@ -1,5 +1,5 @@
-"""protocol_model.py - what the kernels' protocol models share (dev/fwd_cluster_model.py,
-dev/fwd_small_ring_model.py): an mbarrier with its phases, the scheduler that runs thread groups
+"""protocol_model.py - what the kernels' protocol models share (dev/fwd_small_ring_model.py,
+dev/bwd_ws_model.py): an mbarrier with its phases, the scheduler that runs thread groups
 (generators) and asynchronous completions in a random interleaving, and the command line that runs
 the correct protocol many times and each broken one until it is caught.
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""topk_bisect_model.py - an emulation of the short-row bisection top-k (-DDSA_TOPK_SHORT_BISECT=1,
-tkb_kernel in cuda/topk/topk_filter.cu) against the contract's selection (the K largest keys, ties
-to the smaller column, ascending output; NaN below -inf, -0 == +0).
+"""topk_bisect_model.py - an emulation of the bisection top-k (tkb_kernel in cuda/topk/topk_filter.cu,
+the launches whose rows all have at most 4096 columns) against the contract's selection (the K
+largest keys, ties to the smaller column, ascending output; NaN below -inf, -0 == +0).
 
     python3 dev/topk_bisect_model.py [ROWS]
 

@@ -57,8 +57,13 @@ typedef enum dsa_option {
    * engine): a dsa_indexer_fused_kernel value. Default DSA_INDEXER_FUSED_AUTO. */
   DSA_OPTION_INDEXER_FUSED_KERNEL = 9,
   /* Workspace budgets of the indexer, in bytes: the fp32 scores of one query chunk (both engines;
-   * default 128 MiB) and the cuBLAS engine's fp32 logits of one GEMM (default 64 MiB); 1..2^62. A
-   * budget is exceeded only when one query's row alone does not fit. For tests: many chunks. */
+   * default 256 MiB) and the cuBLAS engine's fp32 logits of one GEMM (default 64 MiB); 1..2^62. A
+   * budget is exceeded only when one query's row alone does not fit (the scores: and by each row's
+   * padding to a multiple of 4 columns). They bound dsa_indexer_topk's workspace whatever T_q (with
+   * the cuBLAS engine's packed q copy and 768 bytes of alignment): a caller that must bound that
+   * memory lowers them (smaller chunks, more of them: slower at long windows); a larger scores budget
+   * takes fewer chunks. The workspace size query reads them from the ctx it is given (without a ctx:
+   * the defaults). For tests: many chunks. */
   DSA_OPTION_INDEXER_SCORES_BUDGET = 10,
   DSA_OPTION_INDEXER_LOGITS_BUDGET = 11,
   /* Keys per GEMM of the indexer's cuBLAS engine: 1..2^30, default 32768. */
@@ -67,16 +72,7 @@ typedef enum dsa_option {
    * slot target after a backward kernel that does not sum it itself), and of dsa_indexer_slot_scores
    * (AUTO: the sm_90a kernels on cc 9.0, the CUDA-core ones elsewhere): a dsa_train_kernel value.
    * Default DSA_TRAIN_KERNEL_AUTO. */
-  DSA_OPTION_TRAIN_KERNEL = 13,
-  /* dsa_indexer_topk's query chunks as a pipeline: 1 = chunks of a quarter of the scored queries (at
-   * least 256 of them), grown to fill 32 MiB of scores at the widest window (a smaller chunk's scoring
-   * launch would leave SMs idle) and cut to half the scores budget, in two buffers, taken where that
-   * gives two or more chunks and needs no more workspace than 0 (else the serial chunks of 0); the
-   * top-k of chunk i on the context's side stream while chunk i + 1 is scored on the call's stream (fork and join by events: the call stays ordered on its stream and can be
-   * captured in a graph), so that only the last chunk's top-k runs alone. 0 = chunks as large as the budget allows in one
-   * buffer, each scored then selected on the call's stream. Default 0. The workspace size query
-   * reads it from the ctx it is given. */
-  DSA_OPTION_INDEXER_PIPELINE = 14
+  DSA_OPTION_TRAIN_KERNEL = 13
 } dsa_option;
 
 typedef enum dsa_fwd_kernel {

@@ -73,14 +73,13 @@ DSA_API dsa_status dsa_context_create(dsa_context **ctx, int device) {
     }
   }
   {
-    /* the side stream at the device's highest priority: a selection's CTAs take the SMs that a
-     * scoring kernel frees before the next scoring kernel's do */
+    /* the side stream at the device's highest priority: its CTAs (the deterministic backward's
+     * sorts) take the SMs that free up ahead of the call stream's waiting CTAs */
     int lo = 0, hi = 0;
-    cudaEvent_t *evs[6] = {&c->ev_fork, &c->ev_join, &c->ev_ready[0], &c->ev_ready[1], &c->ev_done[0],
-                           &c->ev_done[1]};
+    cudaEvent_t *evs[5] = {&c->ev_join, &c->ev_ready[0], &c->ev_ready[1], &c->ev_done[0], &c->ev_done[1]};
     e = cudaDeviceGetStreamPriorityRange(&lo, &hi);
     if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, hi);
-    for (int i = 0; i < 6 && e == cudaSuccess; ++i) e = cudaEventCreateWithFlags(evs[i], cudaEventDisableTiming);
+    for (int i = 0; i < 5 && e == cudaSuccess; ++i) e = cudaEventCreateWithFlags(evs[i], cudaEventDisableTiming);
     if (e != cudaSuccess) {
       dsa_context_destroy(c);
       return dsa_cuda_status(e, "dsa_context_create");
@@ -94,9 +93,8 @@ DSA_API void dsa_context_destroy(dsa_context *ctx) {
   if (ctx == NULL) return;
   if (ctx->cublas != NULL) cublasDestroy((cublasHandle_t)ctx->cublas);
   {
-    cudaEvent_t evs[6] = {ctx->ev_fork, ctx->ev_join, ctx->ev_ready[0], ctx->ev_ready[1], ctx->ev_done[0],
-                          ctx->ev_done[1]};
-    for (int i = 0; i < 6; ++i)
+    cudaEvent_t evs[5] = {ctx->ev_join, ctx->ev_ready[0], ctx->ev_ready[1], ctx->ev_done[0], ctx->ev_done[1]};
+    for (int i = 0; i < 5; ++i)
       if (evs[i] != NULL) cudaEventDestroy(evs[i]);
   }
   if (ctx->side != NULL) cudaStreamDestroy(ctx->side);

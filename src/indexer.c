@@ -15,16 +15,14 @@
  * and writes global key indices and lengths.
  *
  * Workspace (fixed budget, independent of T_q; DSA_OPTION_INDEXER_SCORES_BUDGET / _LOGITS_BUDGET /
- * _KEY_TILE, defaults below): scores <= 128 MiB, logits <= 64 MiB, plus a packed
+ * _KEY_TILE, defaults below): scores <= 256 MiB, logits <= 64 MiB, plus a packed
  * copy of q for layouts cuBLAS cannot read directly, plus 256 bytes of alignment slack (any
- * workspace alignment is accepted). With DSA_OPTION_INDEXER_PIPELINE = 1, where its rule below
- * (IDX_PIPE_*) gives two or more chunks and the layout is no larger than without it (plan_layout),
- * two scores buffers within the budget: chunk i is scored into buffer i % 2 on the call's stream
- * while the top-k of chunk i - 1 runs on the context's side stream (events: the side stream forks from the call's
- * stream after the no-score launch and joins it at the end; chunk i waits for the top-k of chunk
- * i - 2, the last reader of its buffer), so that the two kernels' partial waves overlap. The budget is exceeded only when a single query's visible
- * window is so long that one scores row (window * 4 bytes) or one query's logits for one key tile
- * (H_idx * 32768 * 4 bytes = 8 MiB at H_idx = 64) does not fit.
+ * workspace alignment is accepted). One scores buffer: every chunk is scored, then selected, on the
+ * call's stream. The budget is exceeded only when a single query's visible window is so long that
+ * one scores row (window * 4 bytes) or one query's logits for one key tile (H_idx * 32768 * 4 bytes
+ * = 8 MiB at H_idx = 64) does not fit. 256 MiB holds 2048 rows of a 32768-key window (idx-32k's
+ * 30720 scored queries in 15 chunks); fewer, larger chunks cost fewer launch tails between a
+ * chunk's scoring and its top-k (docs/perf.md has the measurements).
  *
  * Fused engine (DSA_INDEXER_ENGINE_FUSED): per chunk one kernel writes
  * the head-summed scores [chunk, window] straight from tensor-core accumulators (no logits, no
@@ -45,23 +43,12 @@
 #include <cublas_v2.h>
 #include "internal.h"
 
-/* The budgets (bytes) and the GEMM key tile of a call (its context's options; defaults 128 MiB of fp32
+/* The budgets (bytes) and the GEMM key tile of a call (its context's options; defaults 256 MiB of fp32
  * scores [chunk, window], 64 MiB of fp32 logits [sub-chunk * H_idx, key tile], 32768 keys per GEMM). */
 typedef struct {
   int64_t scores, logits, key_tile;
 } idx_budget;
 #define IDX_MAX_CHUNK ((int64_t)65535)         /* rows of a chunk (grid.y of the reduction) */
-/* The pipeline's chunk (DSA_OPTION_INDEXER_PIPELINE): a 1 / IDX_PIPE_CHUNKS share of the scored
- * queries and at least IDX_PIPE_MIN_ROWS of them, so that only the last chunk's top-k runs alone;
- * grown to rows whose scores at the widest window fill IDX_PIPE_MIN_BYTES, and then cut to what half
- * the scores budget holds. 32 MiB is ~2 waves of the fused kernel's CTAs at their widest (one per SM,
- * 16 queries x 2048 keys of scores at H_idx = 32: 128 KB each, 256 CTAs): with smaller chunks the
- * SMs a scoring launch leaves idle cost more than the overlap gives (idx-glm-4k's 2048 scored rows as
- * four chunks would score in four launches of 64 CTAs instead of one of 256, so it stays serial).
- * Narrower windows (a causal sequence's first chunks) give smaller launches either way. */
-#define IDX_PIPE_CHUNKS ((int64_t)4)
-#define IDX_PIPE_MIN_ROWS ((int64_t)256)
-#define IDX_PIPE_MIN_BYTES ((int64_t)32 << 20)
 #define IDX_ALIGN ((int64_t)256)
 
 typedef struct {
@@ -74,8 +61,6 @@ typedef struct {
   int64_t logits_ld;   /* row stride of the logits buffer */
   int pack;            /* q is copied into a plain [cg * H, 128] matrix first */
   int64_t q_ld;        /* leading dimension of q when not packed */
-  int nbuf;            /* scores buffers: 2 when the chunks run as a pipeline */
-  int64_t scores_buf;  /* bytes per scores buffer (buffer b at scores_off + b * scores_buf) */
   int64_t scores_off, logits_off, pack_off, total; /* byte layout (after aligning the base) */
 } idx_layout;
 
@@ -98,8 +83,7 @@ static int64_t chunk_rows(const idx_layout *l, int64_t tk, int64_t n, int64_t bu
   return c;
 }
 
-static void plan_layout_n(const dsa_indexer_params *p, int fused, const idx_budget *bud, int pipeline,
-                          idx_layout *l) {
+static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget *bud, idx_layout *l) {
   const dsa_plan_view *v = p->plan;
   const int64_t tq = v->num_queries, tk = v->total_key_tokens, qs = v->query_start;
   const int64_t H = p->num_heads, K = p->topk;
@@ -112,28 +96,14 @@ static void plan_layout_n(const dsa_indexer_params *p, int fused, const idx_budg
   l->cq = l->cg = l->key_tile = l->scores_ld = l->logits_ld = 0;
   l->pack = 0;
   l->q_ld = 0;
-  l->nbuf = 1;
-  l->scores_buf = 0;
   l->scores_off = l->logits_off = l->pack_off = 0;
   l->total = 1;
   if (n_score <= 0) return;
-  c = chunk_rows(l, tk, n_score, bud->scores);
-  if (pipeline && n_score > IDX_PIPE_MIN_ROWS) { /* two buffers sharing the budget */
-    int64_t c2 = max64(IDX_PIPE_MIN_ROWS, (n_score + IDX_PIPE_CHUNKS - 1) / IDX_PIPE_CHUNKS);
-    const int64_t w = window_cap(l, tk, c2);
-    c2 = max64(c2, (IDX_PIPE_MIN_BYTES / 4 + w - 1) / w);
-    c2 = min64(c2, chunk_rows(l, tk, n_score, max64(1, bud->scores / 2)));
-    if (n_score > c2) {
-      l->nbuf = 2;
-      c = c2;
-    }
-  }
-  l->cq = c;
-  wcap = window_cap(l, tk, c);
+  l->cq = chunk_rows(l, tk, n_score, bud->scores);
+  wcap = window_cap(l, tk, l->cq);
   l->scores_ld = round_up(wcap, 4);
-  l->scores_buf = round_up(l->cq * l->scores_ld * 4, IDX_ALIGN);
   if (fused) { /* scores only: the logits never leave the chip */
-    l->total = l->nbuf * l->scores_buf + IDX_ALIGN;
+    l->total = round_up(l->cq * l->scores_ld * 4, IDX_ALIGN) + IDX_ALIGN;
     return;
   }
   /* largest GEMM sub-chunk whose logits over its own (narrower) window fit the budget */
@@ -154,42 +124,27 @@ static void plan_layout_n(const dsa_indexer_params *p, int fused, const idx_budg
     l->q_ld = DSA_INDEX_HEAD_DIM;
   }
   l->scores_off = 0;
-  l->logits_off = l->nbuf * l->scores_buf;
+  l->logits_off = round_up(l->cq * l->scores_ld * 4, IDX_ALIGN);
   l->pack_off = l->logits_off + round_up(l->cg * H * l->logits_ld * 4, IDX_ALIGN);
   l->total = l->pack_off + (l->pack ? l->cg * H * DSA_INDEX_HEAD_DIM * 2 : 0) + IDX_ALIGN;
 }
 
-/* The layout: the pipeline's (two buffers) where it asks for no more bytes than the serial one (few
- * scored queries over long windows would otherwise take two near-half-budget buffers where one
- * small chunk fits), else the serial one, so that the size query without a context (option
- * defaults) covers every context. */
-static void plan_layout(const dsa_indexer_params *p, int fused, const idx_budget *bud, int pipeline,
-                        idx_layout *l) {
-  plan_layout_n(p, fused, bud, 0, l);
-  if (pipeline) {
-    idx_layout two;
-    plan_layout_n(p, fused, bud, 1, &two);
-    if (two.nbuf == 2 && two.total <= l->total) *l = two;
-  }
-}
-
-/* The layout for a context's budgets and pipeline option. */
+/* The layout for a context's budgets. */
 static void plan_layout_ctx(const dsa_context *ctx, const dsa_indexer_params *p, int fused, idx_layout *l) {
   idx_budget bud;
   bud.scores = ctx->options[DSA_OPTION_INDEXER_SCORES_BUDGET];
   bud.logits = ctx->options[DSA_OPTION_INDEXER_LOGITS_BUDGET];
   bud.key_tile = ctx->options[DSA_OPTION_INDEXER_KEY_TILE];
-  plan_layout(p, fused, &bud, (int)ctx->options[DSA_OPTION_INDEXER_PIPELINE], l);
+  plan_layout(p, fused, &bud, l);
 }
 
 dsa_status dsa_indexer_layout(const dsa_context *ctx, const dsa_indexer_params *p, int fused, int64_t *total,
-                              int *nbuf, int64_t *chunk) {
+                              int64_t *chunk) {
   dsa_indexer_params r;
   idx_layout l;
   DSA_TRY(dsa_check_indexer(p, "dsa_indexer_layout", &r));
   plan_layout_ctx(ctx, &r, fused, &l);
   *total = l.total;
-  *nbuf = l.nbuf;
   *chunk = l.cq;
   return DSA_SUCCESS;
 }
@@ -260,17 +215,13 @@ static dsa_status score_chunk(dsa_context *ctx, const dsa_indexer_params *p, con
 
 static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, const idx_layout *l,
                              int fused, char *ws, cudaStream_t stream) {
-  static const char fn[] = "dsa_indexer_topk";
   const dsa_plan_view *v = p->plan;
   const int64_t tq = v->num_queries, tk = v->total_key_tokens, qs = v->query_start;
   const int64_t K = p->topk;
-  const int pipe = l->nbuf == 2;
-  cudaStream_t sel = pipe ? ctx->side : stream; /* the selections' stream */
-  dsa_status st = DSA_SUCCESS;
   dsa_topk_launch a;
   void *hv;
   cublasHandle_t h = NULL;
-  float *logits;
+  float *scores, *logits;
   uint16_t *qpack;
 
   if (!fused && l->t_skip < tq && (p->k_stride > 0x7fffffff || l->q_ld > 0x7fffffff))
@@ -295,6 +246,7 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
   if (l->t_skip >= tq) return DSA_SUCCESS;
 
   ws = (char *)(((uintptr_t)ws + IDX_ALIGN - 1) / IDX_ALIGN * IDX_ALIGN);
+  scores = (float *)(ws + l->scores_off);
   logits = (float *)(ws + l->logits_off);
   qpack = (uint16_t *)(ws + l->pack_off);
   if (!fused) {
@@ -302,20 +254,11 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
     h = (cublasHandle_t)hv;
     DSA_TRY(cublas_status(cublasSetStream(h, stream), "cublasSetStream"));
   }
-  /* the side stream starts after everything the call's stream holds so far */
-  if (pipe) DSA_TRY(dsa_stream_after(ctx->ev_fork, stream, ctx->side, fn));
 
-  int64_t ci = 0;
-  for (int64_t t0 = l->t_skip; t0 < tq && st == DSA_SUCCESS; t0 += l->cq, ++ci) {
+  for (int64_t t0 = l->t_skip; t0 < tq; t0 += l->cq) {
     const int64_t t1 = min64(tq, t0 + l->cq);
     const int64_t wstart = max64(0, qs + t0 - l->msk + 1), wend = min64(qs + t1, tk);
-    const int b = pipe ? (int)(ci & 1) : 0;
-    float *scores = (float *)(ws + l->scores_off + b * l->scores_buf);
-    /* buffer b's last reader: the selection of chunk ci - 2 */
-    if (pipe && ci >= 2) st = dsa_cuda_status(cudaStreamWaitEvent(stream, ctx->ev_done[b], 0), fn);
-    if (st == DSA_SUCCESS) st = score_chunk(ctx, p, l, fused, h, logits, qpack, t0, t1, wstart, wend, scores, stream);
-    if (st == DSA_SUCCESS && pipe) st = dsa_stream_after(ctx->ev_ready[b], stream, ctx->side, fn);
-    if (st != DSA_SUCCESS) break;
+    DSA_TRY(score_chunk(ctx, p, l, fused, h, logits, qpack, t0, t1, wstart, wend, scores, stream));
     a.rows = t1 - t0;
     a.columns = wend - wstart;
     a.scores = scores;
@@ -325,10 +268,9 @@ static dsa_status run_engine(dsa_context *ctx, const dsa_indexer_params *p, cons
     a.start_base = wstart;
     a.indices = p->indices + t0 * p->indices_stride;
     a.out_lengths = p->lengths + t0;
-    st = dsa_launch_topk(ctx, &a, sel);
-    if (st == DSA_SUCCESS && pipe) st = dsa_cuda_status(cudaEventRecord(ctx->ev_done[b], ctx->side), fn);
+    DSA_TRY(dsa_launch_topk(ctx, &a, stream));
   }
-  return pipe ? dsa_side_join(ctx, stream, st, fn) : st; /* joined after an error too */
+  return DSA_SUCCESS;
 }
 
 DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *p, void *workspace,
@@ -347,8 +289,7 @@ DSA_API dsa_status dsa_indexer_topk(dsa_context *ctx, const dsa_indexer_params *
     bud.scores = dsa_option_default(DSA_OPTION_INDEXER_SCORES_BUDGET);
     bud.logits = dsa_option_default(DSA_OPTION_INDEXER_LOGITS_BUDGET);
     bud.key_tile = dsa_option_default(DSA_OPTION_INDEXER_KEY_TILE);
-    plan_layout(&r, r.engine == DSA_INDEXER_ENGINE_FUSED, &bud,
-                (int)dsa_option_default(DSA_OPTION_INDEXER_PIPELINE), &l);
+    plan_layout(&r, r.engine == DSA_INDEXER_ENGINE_FUSED, &bud, &l);
     *workspace_bytes = (size_t)l.total;
     return DSA_SUCCESS;
   }

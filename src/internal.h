@@ -18,7 +18,7 @@ extern "C" {
 #define DSA_HIDDEN __attribute__((visibility("hidden")))
 
 /* One past the largest dsa_option id (include/dsa_tune.h). */
-#define DSA_OPTION_COUNT 15
+#define DSA_OPTION_COUNT 14
 
 struct dsa_context {
   int device;
@@ -28,13 +28,13 @@ struct dsa_context {
   int l2_bytes;
   void *cublas;        /* cublasHandle_t, created on first use */
   /* a side stream (highest priority, non-blocking) for work that runs beside the call's stream, and
-   * its events: fork and join, and per double-buffered region b, ready[b] (call stream -> side: the
-   * region holds what the side stream reads, or is free for it to write) and done[b] (side -> call
-   * stream: the side stream's work on the region finished). Created with the context. Users: the
-   * indexer's chunk pipeline (src/indexer.c), the deterministic backward's sort-ahead and overlap
-   * experiments (cuda/attn_bwd/bwd_sm90_ws.cu). */
+   * its events: the join, and per double-buffered region b, ready[b] (call stream -> side: the
+   * region holds what the side stream reads, or is free for it to write; the first one forks the
+   * side stream) and done[b] (side -> call stream: the side stream's work on the region finished).
+   * Created with the context. User: the deterministic backward's sort-ahead
+   * (cuda/attn_bwd/bwd_sm90_ws.cu). */
   cudaStream_t side;
-  cudaEvent_t ev_fork, ev_join, ev_ready[2], ev_done[2];
+  cudaEvent_t ev_join, ev_ready[2], ev_done[2];
   int64_t options[DSA_OPTION_COUNT]; /* options[opt]: the value of dsa_option opt (src/options.c) */
 };
 /* Sets every option of ctx to its default (dsa_context_create; src/options.c). */
@@ -140,12 +140,12 @@ DSA_HIDDEN dsa_status dsa_check_topk(const dsa_topk_params *p, const char *fn,
                                      dsa_topk_params *resolved);
 DSA_HIDDEN dsa_status dsa_check_indexer(const dsa_indexer_params *p, const char *fn,
                                         dsa_indexer_params *resolved);
-/* dsa_indexer_topk's workspace layout for the budgets and pipeline option of ctx (a device-free
- * context serves: only its options are read) and the engine `fused` (0: cuBLAS, else fused), as the
- * call plans it (src/indexer.c): its total bytes, its scores buffers (2: the chunk pipeline) and
- * queries per scored chunk (0 when nothing is scored). For host-side tests of the layout rules. */
+/* dsa_indexer_topk's workspace layout for the budgets of ctx (a device-free context serves: only its
+ * options are read) and the engine `fused` (0: cuBLAS, else fused), as the call plans it
+ * (src/indexer.c): its total bytes and queries per scored chunk (0 when nothing is scored). For
+ * host-side tests of the layout rules. */
 DSA_HIDDEN dsa_status dsa_indexer_layout(const dsa_context *ctx, const dsa_indexer_params *p, int fused,
-                                         int64_t *total, int *nbuf, int64_t *chunk);
+                                         int64_t *total, int64_t *chunk);
 DSA_HIDDEN dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const char *fn,
                                          dsa_attn_fwd_params *resolved);
 DSA_HIDDEN dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,

@@ -25,13 +25,12 @@ static const option_row option_table[DSA_OPTION_COUNT] = {
     [DSA_OPTION_INDEXER_FUSED_KERNEL] = {"DSA_OPTION_INDEXER_FUSED_KERNEL", DSA_INDEXER_FUSED_AUTO,
                                          DSA_INDEXER_FUSED_WGMMA, DSA_INDEXER_FUSED_AUTO},
     [DSA_OPTION_INDEXER_SCORES_BUDGET] = {"DSA_OPTION_INDEXER_SCORES_BUDGET", 1, (int64_t)1 << 62,
-                                          (int64_t)128 << 20},
+                                          (int64_t)256 << 20},
     [DSA_OPTION_INDEXER_LOGITS_BUDGET] = {"DSA_OPTION_INDEXER_LOGITS_BUDGET", 1, (int64_t)1 << 62,
                                           (int64_t)64 << 20},
     [DSA_OPTION_INDEXER_KEY_TILE] = {"DSA_OPTION_INDEXER_KEY_TILE", 1, (int64_t)1 << 30, 32768},
     [DSA_OPTION_TRAIN_KERNEL] = {"DSA_OPTION_TRAIN_KERNEL", DSA_TRAIN_KERNEL_AUTO,
                                        DSA_TRAIN_KERNEL_SM90, DSA_TRAIN_KERNEL_AUTO},
-    [DSA_OPTION_INDEXER_PIPELINE] = {"DSA_OPTION_INDEXER_PIPELINE", 0, 1, 0},
 };
 
 /* Ids 1 .. DSA_OPTION_COUNT - 1 have a row (every row has a name). */

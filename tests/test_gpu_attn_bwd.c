@@ -752,7 +752,7 @@ Test(gpu_attn_bwd, ws_det_chunks) {
 }
 
 /* The deterministic mode of the warp-specialised kernel captured in a CUDA graph, in one chunk and in
- * six (a build with the sort-ahead forks the context's side stream from the captured stream only
+ * six (the sort-ahead forks the context's side stream from the captured stream only
  * when there is a second chunk, and joins it back): the graph's replay equals the eager call
  * bitwise, outputs poisoned between them. */
 Test(gpu_attn_bwd, ws_det_graph_capture) {

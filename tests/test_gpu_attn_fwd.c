@@ -473,8 +473,8 @@ Test(gpu_attn_fwd, topk_above_2048) {
 Test(gpu_attn_fwd, topk_length_and_sink_modes) {
   TC_REQUIRE_GPU();
   tc_rng rng = tc_seed("gpu_attn_fwd/topk_length_and_sink_modes");
-  /* 3 and 32: the small-H kernel (its block ring and two-CTA experiments at N = 8 and 32); 128: two
-   * head blocks (a cluster under DSA_FWD_CLUSTER_SHARE) */
+  /* 3 and 32: the small-H kernel (its block ring at N = 8 and 32, P in the RoPE block at N = 32);
+   * 128: two head blocks of the 64-head kernel */
   static const int heads[] = {3, 32, 64, 128};
   for (int hi = 0; hi < 4; ++hi)
     for (int l = 0; l < LEN_MODES; ++l)
@@ -516,8 +516,8 @@ Test(gpu_attn_fwd, empty_and_invalid_rows) {
   c.len = LEN_RANDOM;
   c.sink = SINK_MIX;
   run_case(&c, &rng, "mostly invalid");
-  /* two head blocks, the second with 28 zero head rows (a 2-CTA cluster under DSA_FWD_CLUSTER_SHARE
-   * where the 64-head kernel takes the whole H), rows of 0 .. 3 tiles (odd counts: a last half-pair) */
+  /* two head blocks, the second with 28 zero head rows (where the 64-head kernel takes the whole H),
+   * rows of 0 .. 3 tiles (odd counts: a last half-pair) */
   c = base_case(21, 100, 150);
   c.p_invalid = 0.2;
   c.p_empty = 0.2;

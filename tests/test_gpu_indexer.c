@@ -10,11 +10,12 @@
  * length 1), padded storage, a context-parallel query range, a padding mask, T_q > 65535 (short
  * documents). H_idx in {1, 12, 20, 32, 40, 64}, K in {1, 7, 64, 100, 2048}, fp32 and bf16 weights, q layouts
  * cuBLAS reads directly and ones that are packed first, the default budgets and shrunken ones
- * (DSA_OPTION_INDEXER_*_BUDGET / _KEY_TILE: many chunks, key tiles, one-query GEMMs). The reference is slow, so rows that need scoring are sampled;
+ * (DSA_OPTION_INDEXER_*_BUDGET / _KEY_TILE: many chunks, also across documents and a CP range, key
+ * tiles, one-query GEMMs). The reference is slow, so rows that need scoring are sampled;
  * rows that select all their keys are all checked. Also: bitwise reruns, a row alone (a one-query
  * plan) equals the row inside the batch, the workspace contract (stable, >= 1, bounded at idx-32k
  * sizes, a 1-byte offset workspace is accepted), bad arguments (status, nothing written), CUDA graph
- * capture of both engines. */
+ * capture of both engines (one chunk and many). */
 #include "test_common.h"
 
 typedef struct {
@@ -313,7 +314,7 @@ static void set_budgets(ix_env *e, int64_t scores, int64_t logits, int64_t tile)
   TC_SET_OPTION(e->ctx, DSA_OPTION_INDEXER_KEY_TILE, tile);
 }
 /* the defaults of include/dsa_tune.h */
-static void default_budgets(ix_env *e) { set_budgets(e, (int64_t)128 << 20, (int64_t)64 << 20, 32768); }
+static void default_budgets(ix_env *e) { set_budgets(e, (int64_t)256 << 20, (int64_t)64 << 20, 32768); }
 
 /* ---- section 4 worked examples A-D, every row ---- */
 Test(gpu_indexer, worked_examples) {
@@ -382,41 +383,23 @@ Test(gpu_indexer, single_sequence_all_k) {
   ix_close(&e);
 }
 
-/* ---- DSA_OPTION_INDEXER_PIPELINE: chunks scored on the call's stream, selected on the side stream,
- * two buffers; many chunks (odd and even counts), documents, a CP range; the results are read after
- * a synchronisation of the call's stream only (the join) ---- */
-Test(gpu_indexer, pipelined_chunks) {
+/* ---- many chunks across documents and a CP range: chunk boundaries inside a document, in the
+ * middle of the local queries, each chunk's window its own ---- */
+Test(gpu_indexer, chunks_across_documents_and_cp_range) {
   TC_REQUIRE_GPU();
   ix_env e = ix_open();
-  tc_rng r = tc_seed("gpu_indexer.pipelined_chunks");
+  tc_rng r = tc_seed("gpu_indexer.chunks_across_documents_and_cp_range");
   static const int32_t cu[] = {0, 2600}, cuD[] = {0, 1200, 1201, 3100, 3400};
-  TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 1);
+  set_budgets(&e, 1 << 20, 1 << 20, 1000); /* ~128-row chunks over the documents, 100 over the CP range */
   {
-    /* the default budgets: 2536 scored rows of 2600 columns are 26 MB of scores, below the 32 MiB a
-     * pipelined chunk must hold: the option on, the call takes one serial chunk */
-    ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 32, 64, DSA_DTYPE_BF16, QL_PLAIN, 12, "pipeline declined"};
-    run_case(&e, &r, &c);
-  }
-  set_budgets(&e, 300 << 10, 200 << 10, 700);
-  {
-    ix_case c = {cu, NULL, 1, 2600, 0, -1, NULL, 32, 100, DSA_DTYPE_F32, QL_PADDED, 12, "pipeline, small budgets"};
-    run_case(&e, &r, &c);
-    c.K = 2048;
-    c.qlayout = QL_HEAD_MAJOR;
-    c.wdt = DSA_DTYPE_BF16;
-    run_case(&e, &r, &c);
-  }
-  set_budgets(&e, 1 << 20, 1 << 20, 1000); /* fewer, larger chunks */
-  {
-    ix_case c = {cuD, NULL, 4, 3400, 0, -1, NULL, 64, 64, DSA_DTYPE_F32, QL_PLAIN, 10, "pipeline, documents"};
+    ix_case c = {cuD, NULL, 4, 3400, 0, -1, NULL, 64, 64, DSA_DTYPE_F32, QL_PLAIN, 10, "chunks, documents"};
     run_case(&e, &r, &c);
   }
   {
-    ix_case c = {cu, NULL, 1, 2600, 900, 1500, NULL, 32, 64, DSA_DTYPE_BF16, QL_TOKEN_GAP, 10, "pipeline, CP range"};
+    ix_case c = {cu, NULL, 1, 2600, 900, 1500, NULL, 32, 64, DSA_DTYPE_BF16, QL_TOKEN_GAP, 10, "chunks, CP range"};
     run_case(&e, &r, &c);
   }
   default_budgets(&e);
-  TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 0);
   ix_close(&e);
 }
 
@@ -588,8 +571,10 @@ Test(gpu_indexer, deterministic_and_batch_independent) {
 Test(gpu_indexer, workspace_bounded) {
   TC_REQUIRE_GPU();
   ix_env e = ix_open();
+  /* the default budgets (include/dsa_tune.h): the scores of a chunk, and the cuBLAS engine's logits */
+  const size_t scores = (size_t)256 << 20, logits = (size_t)64 << 20;
   /* whole sequences of 4k / 32k / 128k, and 300 queries at the end of a 64k sequence (few scored
-   * rows over long windows: the pipeline's two buffers would outgrow one serial chunk) */
+   * rows over long windows: one chunk below the budget) */
   static const struct { int64_t len, nq; } shapes[] = {{4096, -1}, {32768, -1}, {131072, -1}, {65536, 300}};
   for (int i = 0; i < 4; ++i)
     for (int h = 32; h <= 64; h += 32) {
@@ -600,23 +585,19 @@ Test(gpu_indexer, workspace_bounded) {
       TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b1, e.stream));
       TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b2, e.stream));
       cr_assert(b1 >= 1 && b1 == b2, "size %zu then %zu", b1, b2);
-      cr_assert(b1 <= ((size_t)256 << 20), "T %lld H %d: workspace %zu above 256 MiB", (long long)len, h, b1);
+      cr_assert(b1 <= scores + logits + 768, "T %lld H %d: workspace %zu above the budgets", (long long)len, h, b1);
       for (int eng = 0; eng < 2; ++eng) {
         size_t b0 = 0;
         p.engine = eng ? DSA_INDEXER_ENGINE_FUSED : DSA_INDEXER_ENGINE_CUBLAS;
         TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b2, e.stream));
-        cr_assert(b2 >= 1 && b2 <= ((size_t)256 << 20), "engine %d: T %lld H %d: workspace %zu", eng,
-                  (long long)len, h, b2);
-        /* the pipeline's two buffers share the scores budget (128 MiB: within it plus alignment for
-         * the fused engine), and the size without a context (option defaults) covers it */
+        /* fused: the scores alone (at most the budget: these windows are multiples of 4 columns);
+         * cuBLAS: plus the logits (q is read in place, not packed) */
+        cr_assert(b2 >= 1 && b2 <= (eng ? scores + 512 : scores + logits + 768), "engine %d: T %lld H %d: workspace %zu",
+                  eng, (long long)len, h, b2);
+        /* the size without a context (the option defaults) is the default context's */
         TC_OK(dsa_indexer_topk(NULL, &p, NULL, &b0, e.stream));
-        TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 1);
-        TC_OK(dsa_indexer_topk(e.ctx, &p, NULL, &b1, e.stream));
-        TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 0);
-        cr_assert(b1 >= 1 && b1 <= b0, "pipeline, engine %d: T %lld Tq %lld H %d: workspace %zu, without a "
-                  "context %zu", eng, (long long)len, (long long)nq, h, b1, b0);
-        if (eng) cr_assert(b1 <= ((size_t)128 << 20) + 768, "pipeline: T %lld H %d: workspace %zu", (long long)len,
-                           h, b1);
+        cr_assert_eq(b0, b2, "engine %d: T %lld Tq %lld H %d: workspace %zu without a context, %zu with one", eng,
+                     (long long)len, (long long)nq, h, b0, b2);
       }
       dsa_plan_destroy(plan);
     }
@@ -696,11 +677,10 @@ Test(gpu_indexer, graph_capture) {
   ix_data x;
   data_make(&e, &r, &c, &x);
   for (int run = 0; run < 5; ++run) {
-    /* cuBLAS, fused mma.sync, fused wgmma; then both fused kernels as a pipeline of many chunks
-     * (the side stream forks from and joins the captured stream) */
-    const int en = run < 3 ? run : run - 2, pipe = run >= 3;
-    TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, pipe);
-    if (pipe) set_budgets(&e, 300 << 10, 200 << 10, 700);
+    /* cuBLAS, fused mma.sync, fused wgmma at the default budgets (one chunk); then both fused kernels
+     * over many chunks (one scores buffer, rewritten by each chunk) */
+    const int en = run < 3 ? run : run - 2, many = run >= 3;
+    if (many) set_budgets(&e, 300 << 10, 200 << 10, 700);
     else default_budgets(&e);
     dsa_indexer_params p = params_of(&c, &x, 1);
     const size_t in = (size_t)(x.Tq * x.ist);
@@ -735,10 +715,10 @@ Test(gpu_indexer, graph_capture) {
     TC_CUDA(cudaStreamSynchronize(e.stream));
     TC_CUDA(cudaMemcpy(got, di, in * 4, cudaMemcpyDeviceToHost));
     TC_CUDA(cudaMemcpy(glen, dl, (size_t)x.Tq * 4, cudaMemcpyDeviceToHost));
-    cr_assert(memcmp(got, a, in * 4) == 0, "engine %d pipeline %d: graph replay differs from the eager run", en,
-              pipe);
-    cr_assert(memcmp(glen, al, (size_t)x.Tq * 4) == 0, "engine %d pipeline %d: graph replay lengths differ", en,
-              pipe);
+    cr_assert(memcmp(got, a, in * 4) == 0, "engine %d, many chunks %d: graph replay differs from the eager run", en,
+              many);
+    cr_assert(memcmp(glen, al, (size_t)x.Tq * 4) == 0, "engine %d, many chunks %d: graph replay lengths differ", en,
+              many);
     TC_CUDA(cudaGraphExecDestroy(ge));
     TC_CUDA(cudaGraphDestroy(g));
     cudaFree(ws);
@@ -749,7 +729,6 @@ Test(gpu_indexer, graph_capture) {
     free(got);
     free(glen);
   }
-  TC_SET_OPTION(e.ctx, DSA_OPTION_INDEXER_PIPELINE, 0);
   default_budgets(&e);
   data_free(&x);
   ix_close(&e);

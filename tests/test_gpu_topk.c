@@ -7,7 +7,8 @@
  * capture; the indexer's launch interface (per-row column offsets, out_lengths). Every comparison
  * runs each kernel (DSA_OPTION_TOPK_KERNEL, include/dsa_tune.h: 1 = the radix kernel, 2 = the
  * sampled-threshold filter, which takes any row and has its own exact fallback, whose paths
- * sampled_filter_paths drives); messages name the kernel by that value. */
+ * sampled_filter_paths drives, and runs launches of rows of at most 4096 columns on its bisection
+ * kernel); messages name the kernel by that value. */
 #include "test_common.h"
 #include "internal.h" /* dsa_launch_topk: the indexer's launch interface */
 
@@ -199,7 +200,7 @@ Test(gpu_topk, constant_and_nan_rows) {
   tc_rng r = tc_seed("gpu_topk.constant_and_nan_rows");
   run_case(&e, &r, 16, 4099, 100, FILL_CONST, 1, 0, 0, "constant rows");
   run_case(&e, &r, 16, 4099, 2048, FILL_CONST, 0, 0, 0, "constant rows, k 2048");
-  /* the same at <= 4096 columns (the filter kernel's short-row build) */
+  /* the same at <= 4096 columns (DSA_TOPK_KERNEL_FILTER's bisection kernel) */
   run_case(&e, &r, 16, 4096, 100, FILL_CONST, 1, 0, 0, "constant rows, 4096 columns");
   run_case(&e, &r, 16, 4096, 2048, FILL_CONST, 0, 0, 0, "constant rows, 4096 columns, k 2048");
   run_case(&e, &r, 300, 4096, 2048, FILL_TIES, 1, 0, 0, "300 rows of 4096 columns, ties, k 2048");

@@ -25,11 +25,10 @@ static const struct {
     {DSA_OPTION_TOPK_KERNEL, 0, 2, DSA_TOPK_KERNEL_AUTO},
     {DSA_OPTION_TOPK_COMPACT_LONG_ROWS, 0, 1, 1},
     {DSA_OPTION_INDEXER_FUSED_KERNEL, 0, 2, DSA_INDEXER_FUSED_AUTO},
-    {DSA_OPTION_INDEXER_SCORES_BUDGET, 1, (int64_t)1 << 62, (int64_t)128 << 20},
+    {DSA_OPTION_INDEXER_SCORES_BUDGET, 1, (int64_t)1 << 62, (int64_t)256 << 20},
     {DSA_OPTION_INDEXER_LOGITS_BUDGET, 1, (int64_t)1 << 62, (int64_t)64 << 20},
     {DSA_OPTION_INDEXER_KEY_TILE, 1, (int64_t)1 << 30, 32768},
     {DSA_OPTION_TRAIN_KERNEL, 0, 2, DSA_TRAIN_KERNEL_AUTO},
-    {DSA_OPTION_INDEXER_PIPELINE, 0, 1, 0},
 };
 #define NOPT (sizeof kOptions / sizeof kOptions[0])
 
@@ -53,7 +52,6 @@ Test(options, ids_are_pinned) {
   cr_assert_eq(DSA_OPTION_INDEXER_LOGITS_BUDGET, 11);
   cr_assert_eq(DSA_OPTION_INDEXER_KEY_TILE, 12);
   cr_assert_eq(DSA_OPTION_TRAIN_KERNEL, 13);
-  cr_assert_eq(DSA_OPTION_INDEXER_PIPELINE, 14);
   cr_assert_eq(DSA_TRAIN_KERNEL_SM90, 2);
   cr_assert_eq(NOPT, DSA_OPTION_COUNT - 1, "every option id has a row in this test");
   cr_assert_eq(DSA_FWD_KERNEL_SM90_SPLIT, 4);

@@ -71,19 +71,6 @@
  * Template MB = true: the same kernel with the four hand-offs on mbarriers instead of named barriers
  * (hand_post below), kept because racecheck follows mbarriers but not barrier.arrive -> barrier.sync;
  * DSA_OPTION_FWD_SM90_HANDOFF selects it (the test suites do under racecheck).
- * Experiment -DDSA_FWD_CLUSTER_SHARE=1 (A/B switch, Makefile EXPERIMENTS; docs/fwd-sm90-vs-flashmla.md A6):
- * with two head blocks (H 65..128) a token's two CTAs run as a 2-CTA cluster and gather each tile
- * once between them: rank r's producer copies rows 32 r .. 32 r + 31 (its threads' rows g + 16 (2 r +
- * i), i < 2: one contiguous 4 KB piece per block at b 8192 + r 4096) and counts their landing on
- * landed[q] (q = the half's place in the refill order 0 L, 1 R, 0 R, 1 L); producer warp 0 pushes each
- * landed half's pieces into the same place in the peer (cp.async.bulk shared::cta -> shared::cluster,
- * completing on the peer's full barrier, whose thread 0 arrival carries expect_tx of those bytes),
- * polling the landed halves while it waits for a free one. A half is free when both CTAs' releasing
- * WGs left it (empty counts 128 local arrivals and the peer's 4 warps' remote ones). At D = 576 sP0
- * overlays buffer 0's block 8, whose own rows the push may still be reading: WG0 writes sP0 of pair
- * i only after the peer's WG0 saw buffer 0 R of tile 2 i full (ack, one remote arrival per pair).
- * Cluster barriers after the barrier init and before exit (remote arrivals and pushes target a live
- * CTA). Only head-block pairs; one head block keeps the plain kernel.
  * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, any other D, q / kv rows not 16-B
  * aligned, out rows not 4-B aligned, T * ceil(head_count / 64) above 2^31 - 1 CTAs, shared memory
  * above the device's opt-in limit.
@@ -114,11 +101,7 @@ struct Smem {
   static constexpr int kP0 = NB == 9 ? kKV + 8 * kBlkBytes : kP1 + kBlkBytes; /* WG0's P */
   static constexpr int kValid = kP1 + (NB == 9 ? 1 : 2) * kBlkBytes; /* [2][64] bytes */
   static constexpr int kBars = kValid + 2 * 64; /* q_full, full[2][2], empty[2][2], hand[4] (MB handoffs) */
-#if DSA_FWD_CLUSTER_SHARE
-  static constexpr int kMax = kBars + 192; /* + landed[4], ack (the cluster share) */
-#else
   static constexpr int kMax = kBars + 128;                      /* f32 [64] the chained row max */
-#endif
   static constexpr int kSum = kMax + 64 * 4;                    /* f32 [2][64] final row sums, [2][64] maxima */
   static constexpr int kBytes = kSum + 4 * 64 * 4 + 1024;
 };
@@ -161,75 +144,6 @@ template <bool MB>
 __device__ __forceinline__ void hand_wait(int id, uint64_t *hand, int i) {
   if constexpr (MB) sm90_mbar_wait(&hand[id - 1], (uint32_t)i & 1);
   else sm90_named_bar_sync_any(id, 256);
-}
-
-#if DSA_FWD_CLUSTER_SHARE
-/* ---- the cluster share (DSA_FWD_CLUSTER_SHARE): the two CTAs of a token, ranks 0 and 1 ---- */
-__device__ __forceinline__ uint32_t cl_peer() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r ^ 1u;
-}
-/* this CTA's shared address a as the peer's (shared::cluster window) */
-__device__ __forceinline__ uint32_t cl_map(uint32_t a, uint32_t peer) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(peer));
-  return r;
-}
-__device__ __forceinline__ void cl_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-/* arrives on the peer's copy of this CTA's mbarrier bar (the default release.cta semantics, as
- * CUTLASS's ClusterBarrier: .cluster scope costs a MEMBAR.GPU per arrival, and the arrivals here
- * only order reads of this CTA's own shared memory before the peer's next push into it) */
-__device__ __forceinline__ void cl_arrive_peer(uint64_t *bar, uint32_t peer) {
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cl_map(sm90_smem_addr(bar), peer)) : "memory");
-}
-/* thread 0's arrival on a full barrier: also expects the bytes the peer pushes into the half */
-__device__ __forceinline__ void cl_arrive_expect(uint64_t *bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sm90_smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-/* one test of a phase; suspends up to ~100 ns while it is incomplete */
-__device__ __forceinline__ bool cl_try(uint64_t *bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, 100;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(sm90_smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-__device__ __forceinline__ bool cl_test(uint64_t *bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(sm90_smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-/* a WG releases a half: its 128 local arrivals, and one remote arrival per warp on the peer's copy
- * (the peer's push writes into this CTA's half: it waits for both CTAs' consumers) */
-__device__ __forceinline__ void cl_release(uint64_t *bar, int lane) {
-  sm90_mbar_arrive(bar);
-  __syncwarp();
-  if (lane == 0) cl_arrive_peer(bar, cl_peer());
-}
-#endif
-
-/* A consumer WG releases a half of a KV buffer (CL: in both CTAs of the cluster). */
-template <bool CL>
-__device__ __forceinline__ void release_half(uint64_t *bar, int lane) {
-#if DSA_FWD_CLUSTER_SHARE
-  if constexpr (CL) {
-    cl_release(bar, lane);
-    return;
-  }
-#endif
-  (void)lane;
-  sm90_mbar_arrive(bar);
 }
 
 /* Every wgmma descriptor is b4 (the shared-memory base's address >> 4, one live register) plus a
@@ -342,22 +256,9 @@ __device__ __forceinline__ void wait_half(uint64_t *bar, uint32_t parity) {
   sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
 }
 
-/* CL at D = 576: WG0 saw buffer 0 R full, so the peer's push into it has read the peer's block 8,
- * which the peer's sP0 may now overwrite (its ack). */
-template <int NB, bool CL>
-__device__ __forceinline__ void ack_peer_p0(uint8_t *smem, int warp, int lane) {
-#if DSA_FWD_CLUSTER_SHARE
-  if constexpr (CL && NB == 9)
-    if (warp == 0 && lane == 0) cl_arrive_peer((uint64_t *)(smem + Smem<NB>::kBars) + 17, cl_peer());
-#endif
-  (void)smem;
-  (void)warp;
-  (void)lane;
-}
-
 /* WG0, pair i: S(2i) complete in sacc on entry, nothing in flight. NEXT: pair i + 1 exists; then
  * S(2i + 2) is complete on return. */
-template <int NB, bool NEXT, bool MB, bool CL>
+template <int NB, bool NEXT, bool MB>
 __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
                                          uint32_t b4,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
@@ -391,7 +292,7 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   sm90_wgmma_wait<0>();
   FENCE_ARR(o, 128);
   FENCE_PA(pa);
-  release_half<CL>(&empty[0][0], lane); /* buffer 0 L: S(2i) and this PV done, mask read */
+  sm90_mbar_arrive(&empty[0][0]); /* buffer 0 L: S(2i) and this PV done, mask read */
   /* the chain's max after WG1's tile: bring P0 (fp32) and O0 into that frame */
   hand_wait<MB>(kBarM1, hand, i);
   float sc[2];
@@ -413,10 +314,6 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
         pa[kk][q] = sm90_pack_bf16x2(x[e] * sc[(e >> 1) & 1], x[e + 1] * sc[(e >> 1) & 1]);
       }
   }
-#if DSA_FWD_CLUSTER_SHARE
-  /* sP0 overlays block 8 of buffer 0: its own rows' push to the peer has been read (ack) */
-  if constexpr (CL && NB == 9) sm90_mbar_wait((uint64_t *)(smem + L::kBars) + 17, (uint32_t)i & 1);
-#endif
   store_p(sm90_smem_addr(smem + L::kP0), pa, warp, lane);
   hand_post<MB>(kBarS0, hand);
   if (moved) rescale_o(o, sc);
@@ -437,9 +334,8 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
     sm90_wgmma_commit();
     sm90_wgmma_wait<1>(); /* the SS PV retired (groups retire in order); S half L may run on */
     FENCE_ARR(o, 128);
-    release_half<CL>(&empty[1][0], lane); /* buffer 1 L: S(2i + 1) and this PV done */
+    sm90_mbar_arrive(&empty[1][0]); /* buffer 1 L: S(2i + 1) and this PV done */
     wait_half(&full[0][1], par);
-    ack_peer_p0<NB, CL>(smem, warp, lane);
     sm90_wgmma_fence();
     issue_s<4, NB, false>(sacc, b4, L::kQ, kB0);
     sm90_wgmma_commit();
@@ -448,12 +344,12 @@ __device__ __forceinline__ void wg0_pair(int i, uint8_t *smem, uint64_t (*full)[
   } else {
     sm90_wgmma_wait<0>();
     FENCE_ARR(o, 128);
-    release_half<CL>(&empty[1][0], lane);
+    sm90_mbar_arrive(&empty[1][0]);
   }
 }
 
 /* WG1, pair i: nothing in flight on entry or return. */
-template <int NB, bool MB, bool CL>
+template <int NB, bool MB>
 __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand,
                                          uint32_t b4,
                                          float scale_log2, int warp, int lane, float *o, float *sacc,
@@ -510,10 +406,10 @@ __device__ __forceinline__ void wg1_pair(int i, uint8_t *smem, uint64_t (*full)[
   sm90_wgmma_commit();
   sm90_wgmma_wait<1>();
   FENCE_PA(pa);
-  release_half<CL>(&empty[1][1], lane); /* buffer 1 R: S(2i + 1), the RS PV, mask read */
+  sm90_mbar_arrive(&empty[1][1]); /* buffer 1 R: S(2i + 1), the RS PV, mask read */
   sm90_wgmma_wait<0>();
   FENCE_ARR(o, 128);
-  release_half<CL>(&empty[0][1], lane); /* buffer 0 R: S(2i) (WG0, done before kBarS0) and the SS PV */
+  sm90_mbar_arrive(&empty[0][1]); /* buffer 0 R: S(2i) (WG0, done before kBarS0) and the SS PV */
 }
 
 
@@ -542,32 +438,24 @@ __device__ __forceinline__ void bars_of(uint8_t *smem, uint64_t *&q_full, uint64
   hand = bars + 9;
 }
 
-template <bool CL>
 __device__ __forceinline__ void init_bars(uint64_t *q_full, uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand) {
   sm90_mbar_init(q_full, 256); /* the consumers' cp.async .noinc */
   for (int w = 0; w < 2; ++w)
     for (int h = 0; h < 2; ++h) {
       sm90_mbar_init(&full[w][h], 256); /* 128 cp.async .noinc + 128 plain (mask bytes) */
-      sm90_mbar_init(&empty[w][h], CL ? 132 : 128); /* the releasing WG (CL: + the peer's 4 warps) */
+      sm90_mbar_init(&empty[w][h], 128); /* the releasing WG */
     }
   for (int k = 0; k < 4; ++k) sm90_mbar_init(&hand[k], 128); /* the posting WG */
-#if DSA_FWD_CLUSTER_SHARE
-  if constexpr (CL) {
-    for (int q = 0; q < 4; ++q) sm90_mbar_init(hand + 4 + q, 128); /* landed[q]: the producer's cp.async */
-    sm90_mbar_init(hand + 8, 1);                                   /* ack: the peer's WG0 */
-  }
-#endif
   sm90_mbar_init_fence();
 }
 
-/* One half of a gathered tile from sources computed before: blocks [B0, B1) of the thread's NR rows
- * (dst: its chunk of its first row in the tile; rows 16 apart at + 2048 r), src-size 16 where bit 4 +
- * r of vbits is set, else 0 (zero fill). NR = 4: rows g + 16 r; the cluster share's NR = 2: this
- * CTA's piece. */
-template <int B0, int B1, int NR = 4>
-__device__ __forceinline__ void gather_half(uint32_t dst, const uint16_t *const src[NR], uint32_t vbits, uint64_t pol) {
+/* One half of a gathered tile from sources computed before: blocks [B0, B1) of the thread's rows g +
+ * 16 r, r < 4 (dst: its chunk of its first row in the tile; rows 16 apart at + 2048 r), src-size 16
+ * where bit 4 + r of vbits is set, else 0 (zero fill). */
+template <int B0, int B1>
+__device__ __forceinline__ void gather_half(uint32_t dst, const uint16_t *const src[4], uint32_t vbits, uint64_t pol) {
 #pragma unroll
-  for (int r = 0; r < NR; ++r) {
+  for (int r = 0; r < 4; ++r) {
     const uint32_t sz = (vbits >> r) & 16u;
 #pragma unroll
     for (int b = B0; b < B1; ++b) sm90_cp_async16_hint(dst + b * kBlkBytes + r * 2048, src[r] + b * 64, sz, pol);
@@ -640,124 +528,8 @@ __device__ __forceinline__ void producer_item(const FwdArgs &args, uint8_t *smem
   }
 }
 
-#if DSA_FWD_CLUSTER_SHARE
-/* CL, producer warp 0 (warp-uniform; lane 0 issues): pushes, in refill order (half q = n % 4 of the
- * n-th refill: 0 L, 1 R, 0 R, 1 L), every refill issued so far whose own rows have landed, each as
- * its 4 or 5 pieces of 4 KB into the same place in the peer, completing on the peer's full barrier;
- * block: waits for each landing, else stops at the first that has not landed. */
-template <int NB>
-__device__ __forceinline__ void cl_push_landed(uint8_t *smem, uint64_t (*full)[2], uint64_t *landed, int &npush,
-                                               int issued, bool block, int lane) {
-  typedef Smem<NB> L;
-  while (npush < issued) {
-    const int q = npush & 3, w = q & 1, h = (q ^ (q >> 1)) & 1;
-    const uint32_t par = (uint32_t)(npush >> 2) & 1;
-    if (block) sm90_mbar_wait(&landed[q], par);
-    else if (!__shfl_sync(0xffffffffu, (int)cl_test(&landed[q], par), 0)) return;
-    if (lane == 0) {
-      const uint32_t peer = cl_peer();
-      const uint32_t bar = cl_map(sm90_smem_addr(&full[w][h]), peer);
-      const uint32_t src0 = sm90_smem_addr(smem + L::kKV) + w * L::kTile + (peer ^ 1u) * (kBlkBytes / 2);
-      sm90_fence_proxy_async(); /* the landed cp.async data (generic proxy) -> the bulk copy's reads */
-      for (int b = h ? 4 : 0; b < (h ? NB : 4); ++b) {
-        const uint32_t src = src0 + b * kBlkBytes;
-        asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                     ::"r"(cl_map(src, peer)), "r"(src), "r"(kBlkBytes / 2), "r"(bar)
-                     : "memory");
-      }
-    }
-    __syncwarp();
-    ++npush;
-  }
-}
-
-/* CL: the producer's part of one item, each tile's rows 32 rank .. 32 rank + 31 gathered here and
- * pushed to the peer, the peer's pushed here (landed[4], the refill order's halves). */
-template <int NB>
-__device__ __forceinline__ void producer_item_cl(const FwdArgs &args, uint8_t *smem, uint64_t (*full)[2],
-                                                 uint64_t (*empty)[2], uint64_t *landed, int64_t tok, int klen,
-                                                 int npairs, int g, int j, int t) {
-  typedef Smem<NB> L;
-  const dsa_attn_fwd_params &p = args.p;
-  const int32_t *irow = p.indices + tok * p.indices_stride;
-  const uint32_t rank = cl_peer() ^ 1u;
-  const uint32_t sb0 = sm90_smem_addr(smem + L::kKV);
-  uint8_t *valid = smem + L::kValid;
-  const uint64_t pol = sm90_l2_policy(args.kv_evict_last != 0);
-  const int lane = t & 31;
-  constexpr uint32_t kPushL = 4 * (kBlkBytes / 2), kPushR = (NB - 4) * (kBlkBytes / 2); /* bytes per half */
-  int npush = 0; /* warp 0: refills pushed */
-  /* a free half (released by both CTAs' consumers); warp 0 first pushes the refills that have landed,
-   * then keeps pushing them while it waits */
-  auto wait_free = [&](uint64_t *bar, uint32_t par, int issued) {
-    if (t < 32) {
-      cl_push_landed<NB>(smem, full, landed, npush, issued, false, lane);
-      while (!__all_sync(0xffffffffu, cl_try(bar, par))) cl_push_landed<NB>(smem, full, landed, npush, issued, false, lane);
-    } else {
-      while (!cl_try(bar, par)) {
-      }
-    }
-  };
-  /* this thread's copies of a half have landed here (landed[q]) and, with the peer's push, fill it */
-  auto arrive_full = [&](uint64_t *bar, int q, uint32_t bytes) {
-    sm90_cp_async_mbar_arrive_noinc(bar);
-    sm90_cp_async_mbar_arrive_noinc(&landed[q]);
-    if (t == 0) cl_arrive_expect(bar, bytes);
-    else sm90_mbar_arrive(bar);
-  };
-  for (int i = 0; i < npairs; ++i) {
-    const uint32_t par = ((uint32_t)i & 1) ^ 1;
-    int32_t ia[4], ib[4];
-    sm90_gather_read_indices(irow, 2 * i, g, klen, ia);
-    sm90_gather_read_indices(irow, 2 * i + 1, g, klen, ib);
-    uint32_t dst = sb0 + sm90_sw128_chunk_off(g, j) + rank * (kBlkBytes / 2);
-    asm volatile("" : "+r"(dst));
-    const uint16_t *src[2][2];
-    uint32_t vbits = 0; /* bit 4 + 4 t + r: row r of tile t is a valid slot (all four rows: the mask) */
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      vbits |= (uint32_t)(ia[r] >= 0 && (int64_t)ia[r] < p.num_kv) << (4 + r);
-      vbits |= (uint32_t)(ib[r] >= 0 && (int64_t)ib[r] < p.num_kv) << (8 + r);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      bool ok;
-      src[0][r] = sm90_gather_src(rank ? ia[2 + r] : ia[r], j, p.kv, p.kv_stride, p.num_kv, p.q, &ok);
-      src[1][r] = sm90_gather_src(rank ? ib[2 + r] : ib[r], j, p.kv, p.kv_stride, p.num_kv, p.q, &ok);
-    }
-#pragma unroll
-    for (int t2 = 0; t2 < 2; ++t2)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) asm volatile("" : "+l"(src[t2][r]));
-    asm volatile("" : "+r"(vbits));
-    const uint32_t v0 = vbits >> (2 * rank), v1 = vbits >> (4 + 2 * rank); /* the piece's rows at bits 4, 5 */
-    wait_free(&empty[0][0], par, 4 * i);
-    gather_half<0, 4, 2>(dst, src[0], v0, pol);
-    if (j == 0) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) valid[g + 16 * r] = (vbits >> (4 + r)) & 1;
-    }
-    arrive_full(&full[0][0], 0, kPushL);
-    wait_free(&empty[1][1], par, 4 * i + 1);
-    gather_half<4, NB, 2>(dst + L::kTile, src[1], v1, pol);
-    if (j == 0) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) valid[64 + g + 16 * r] = (vbits >> (8 + r)) & 1;
-    }
-    arrive_full(&full[1][1], 1, kPushR);
-    wait_free(&empty[0][1], par, 4 * i + 2);
-    gather_half<4, NB, 2>(dst, src[0], v0, pol);
-    arrive_full(&full[0][1], 2, kPushR);
-    wait_free(&empty[1][0], par, 4 * i + 3);
-    gather_half<0, 4, 2>(dst + L::kTile, src[1], v1, pol);
-    arrive_full(&full[1][0], 3, kPushL);
-  }
-  if (t < 32) cl_push_landed<NB>(smem, full, landed, npush, 4 * npairs, true, lane);
-}
-#endif
-
 /* A consumer warpgroup's part of one item (token tok, heads h0 .. h_end): Q, the pairs, the epilogue. */
-template <int NB, bool MB, bool CL>
+template <int NB, bool MB>
 __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem, uint64_t *q_full,
                                               uint64_t (*full)[2], uint64_t (*empty)[2], uint64_t *hand, int64_t tok,
                                               int h0, int npairs, int c, int t) {
@@ -804,7 +576,6 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
       sm90_wgmma_fence();
       issue_s<0, 4, true>(sacc, b4, L::kQ, L::kKV);
       wait_half(&full[0][1], 0);
-      ack_peer_p0<NB, CL>(smem, warp, lane);
       sm90_wgmma_fence();
       issue_s<4, NB, false>(sacc, b4, L::kQ, L::kKV);
       sm90_wgmma_commit();
@@ -812,12 +583,12 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
       FENCE_ARR(sacc, 32);
     }
     for (int i = 0; i < npairs - 1; ++i)
-      wg0_pair<NB, true, MB, CL>(i, smem, full, empty, hand, b4, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+      wg0_pair<NB, true, MB>(i, smem, full, empty, hand, b4, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
     if (npairs > 0)
-      wg0_pair<NB, false, MB, CL>(npairs - 1, smem, full, empty, hand, b4, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+      wg0_pair<NB, false, MB>(npairs - 1, smem, full, empty, hand, b4, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
   } else {
     for (int i = 0; i < npairs; ++i)
-      wg1_pair<NB, MB, CL>(i, smem, full, empty, hand, b4, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
+      wg1_pair<NB, MB>(i, smem, full, empty, hand, b4, scale_log2, warp, lane, o, sacc, row_max, row_sum, true_max);
   }
 
   /* ---- epilogue: normalise, sink factor, bf16 out, lse, max_logits. Both WGs end
@@ -901,8 +672,8 @@ __device__ __forceinline__ void consumer_item(const FwdArgs &args, uint8_t *smem
   }
 }
 
-/* The kernel's body; CL: the cluster share (DSA_FWD_CLUSTER_SHARE). */
-template <int NB, bool MB, bool CL>
+/* The kernel's body. */
+template <int NB, bool MB>
 __device__ __forceinline__ void fwd_body(const FwdArgs &args) {
   static_assert(NB == 8 || NB == 9, "D = 512 or 576");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -915,11 +686,7 @@ __device__ __forceinline__ void fwd_body(const FwdArgs &args) {
   int64_t tok;
   int h0, klen, npairs;
   item_of(args, blockIdx.x, tok, h0, klen, npairs);
-  if (tid == 0) init_bars<CL>(q_full, full, empty, hand);
-#if DSA_FWD_CLUSTER_SHARE
-  if constexpr (CL) cl_sync(); /* the peer's barriers are initialised before any remote arrival or push */
-  else
-#endif
+  if (tid == 0) init_bars(q_full, full, empty, hand);
   __syncthreads();
 
   if (wg == 2) {
@@ -927,23 +694,13 @@ __device__ __forceinline__ void fwd_body(const FwdArgs &args) {
     sm90_setmaxnreg_dec<kProducerRegs>();
     const int g = t >> 3, j = t & 7; /* the kv rows g + 16 i of thread (g, j), chunk j of each block */
 
-#if DSA_FWD_CLUSTER_SHARE
-    if constexpr (CL) producer_item_cl<NB>(args, smem, full, empty, hand + 4, tok, klen, npairs, g, j, t);
-    else
-#endif
     producer_item<NB>(args, smem, full, empty, tok, klen, npairs, g, j);
     sm90_cp_async_wait_all();
   } else {
     /* ================= consumers ================= */
     sm90_setmaxnreg_inc<kConsumerRegs>();
-    consumer_item<NB, MB, CL>(args, smem, q_full, full, empty, hand, tok, h0, npairs, wg, t);
+    consumer_item<NB, MB>(args, smem, q_full, full, empty, hand, tok, h0, npairs, wg, t);
   }
-#if DSA_FWD_CLUSTER_SHARE
-  if constexpr (CL) {
-    __syncwarp();
-    cl_sync(); /* no CTA leaves while its peer may still arrive on or push into it */
-  }
-#endif
 }
 
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL || !__CUDA_ARCH__ */
@@ -951,23 +708,11 @@ __device__ __forceinline__ void fwd_body(const FwdArgs &args) {
 template <int NB, bool MB>
 __global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_kernel(const __grid_constant__ FwdArgs args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  fwd_body<NB, MB, false>(args);
+  fwd_body<NB, MB>(args);
 #elif defined(__CUDA_ARCH__)
   __trap();
 #endif
 }
-
-#if DSA_FWD_CLUSTER_SHARE
-/* The same, launched as 2-CTA clusters (a token's two head blocks). */
-template <int NB, bool MB>
-__global__ void __launch_bounds__(kThreads, 1) attn_fwd_sm90_h64_cl_kernel(const __grid_constant__ FwdArgs args) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  fwd_body<NB, MB, true>(args);
-#elif defined(__CUDA_ARCH__)
-  __trap();
-#endif
-}
-#endif
 
 
 template <int NB, bool MB>
@@ -988,28 +733,6 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
   args.kv_evict_last = dsa_fwd_kv_evict_last(ctx, p);
   args.out_vec16 = dsa_rows_16b_aligned(p->out, p->out_stride_token, p->out_stride_head);
   const unsigned items = (unsigned)(p->num_tokens * num_hblocks);
-#if DSA_FWD_CLUSTER_SHARE
-  if (num_hblocks == 2) { /* a token's two head blocks as one 2-CTA cluster */
-    static int attr_cl[DSA_TRACKED_DEVICES];
-    DSA_TRY(dsa_kernel_smem_once((const void *)attn_fwd_sm90_h64_cl_kernel<NB, MB>, smem_bytes, 0, ctx->device, attr_cl,
-                                 fn));
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3(items);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = (size_t)smem_bytes;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, attn_fwd_sm90_h64_cl_kernel<NB, MB>, args);
-    if (e != cudaSuccess) (void)cudaGetLastError(); /* reported here, not again by a later launch's check */
-    return dsa_cuda_status((int)e, fn);
-  }
-#endif
   attn_fwd_sm90_h64_kernel<NB, MB><<<items, kThreads, smem_bytes, stream>>>(args);
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }

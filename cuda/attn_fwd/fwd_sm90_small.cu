@@ -29,7 +29,9 @@
  * Kernel column h < N is head head_begin + h; columns >= head_count are zero Q rows, never written.
  * Two shapes (SmallCfg below, one constexpr row per N):
  *   N <= 32: 256 threads, WG0 consumer (all N columns), WG1 producer. O^T [512 x N] = 8 m64 tiles x
- *        N/2 registers in the consumer. N <= 16: two CTAs per SM, one KV stage each.
+ *        N/2 registers in the consumer. Two CTAs per SM, one KV stage each, refilled block by block
+ *        (the block ring, below); at N = 24 / 32 setmaxnreg splits the registers and, at D = 576, P
+ *        lives in the stage's RoPE block.
  *   N = 40..64: 384 threads, WG0 and WG1 consumers, WG2 producer, the value-dim split (template
  *        SPLIT, setmaxnreg 256 / 192 / 56): WG0 computes S^T [64 x N] once per tile for every column,
  *        the softmax, P and the rescale factors, and O^T dims [0, 64 kMB0); WG1 only O^T dims
@@ -38,28 +40,32 @@
  *        is read from shared memory once per tile (238 KB of wgmma operand reads per tile at N = 48).
  *   WG producer: cp.async 16 B with a manual 128B swizzle (docs/hopper.md section 5), exactly as the 64-head
  *        kernel: Q [N x D] once (columns >= head_count zero-filled), then 64 KV rows per tile into the
- *        stages; invalid slots zero-filled and flagged in a per-stage byte mask.
+ *        stages; invalid slots zero-filled and flagged in a byte mask (per stage, or per tile parity in
+ *        the ring).
  *   WG consumer (N <= 32): per tile S^T (D/16 HGMMA.64xNx16), mask, online softmax, P -> smem, O^T
  *        rescale, 32 HGMMA.64xNx16 for P V. Epilogue: O^T / l * sink factor staged through shared
- *        memory (reusing the KV stages) as [head][512] bf16 rows, then 16-B coalesced stores to out.
- * N <= 32 has no setmaxnreg: with 256 threads and one CTA per SM every thread may hold 255 registers
- * already (consumer at N = 32: O^T 128 + S^T 16 + P 16 + addressing); the DSA_FWD_SMALL_TWO32
- * experiment (two CTAs per SM at N = 24 / 32) splits them 208 / 48.
- * ptxas (nvcc 13, -Xptxas -v, D = 576): 64 / 116 / 172 / 221 registers for N = 8 / 16 / 24 / 32, no
- * wgmma serialisation warning; N = 40..64: 168 at entry (the __launch_bounds__(384, 1) cap), raised
- * to 256 / 192 in the consumers (producer 56), no spills. SASS per 64-key tile at N <= 32: 36
- * (D = 576) or 32 (D = 512) HGMMA.64xNx16 for S^T, 32 HGMMA.64xNx16 with gdesc.tnspA for P V, N / 8
- * STSM.16.MT88.2 (N = 48: 68 HGMMA.64x48x16 in the kernel, 36 + 16 in WG0's loop and 16 in WG1's).
- * Shared memory at D = 576: 190632 B (N = 32) .. 159144 B (N = 8), 232120 B (N = 64; at N = 56 with
- * two P buffers 229088 B), one CTA per SM except N <= 16.
+ *        memory (reusing the KV stage) as [head][512] bf16 rows, then 16-B coalesced stores to out.
+ * Registers at N <= 32: two CTAs of 256 threads leave 128 per thread; N = 8 / 16 need no more, N = 24 /
+ * 32 split them by setmaxnreg, kTwoConsRegs 208 for the consumer (at N = 32: O^T 128 + S^T / P 16 +
+ * softmax state) and kTwoProdRegs 48 for the producer.
+ * ptxas (nvcc 13, -Xptxas -v, D = 576): 64 / 116 registers for N = 8 / 16; N = 24 / 32: 128 at entry
+ * (the __launch_bounds__(256, 2) cap), raised to 208 in the consumer (producer 48); N = 40..64: 168 at
+ * entry (the __launch_bounds__(384, 1) cap), raised to 256 / 192 in the consumers (producer 56); no
+ * spills, no wgmma serialisation warning. SASS per 64-key tile at N <= 32: 36 (D = 576) or 32 (D =
+ * 512) HGMMA.64xNx16 for S^T, 32 HGMMA.64xNx16 with gdesc.tnspA for P V, N / 8 STSM.16.MT88.2 (N =
+ * 48: 68 HGMMA.64x48x16 in the kernel, 36 + 16 in WG0's loop and 16 in WG1's).
+ * Shared memory at D = 576: 85480 B (N = 8) .. 112872 B (N = 32), two CTAs per SM; 200824 B (N = 40)
+ * .. 232120 B (N = 64; at N = 56 with two P buffers 229088 B), one CTA per SM.
  *
  * Pipeline barriers (mbarriers in shared memory, parities as in docs/hopper.md section 4):
  *   q_full   : 128 .noinc cp.async arrivals (producer threads) -> Q landed.
+ *   N <= 32, the block ring (one stage):
+ *   full[g]  : per landing group g (small_ring_group): full[0] 128 .noinc cp.async arrivals + 128
+ *              plain arrivals (release the mask bytes), full[1] / full[2] 128 .noinc arrivals each.
+ *   empty[b] : per 64-column block b, 4 arrivals (lane 0 of each consumer warp after its wait).
+ *   N = 40..64 (two stages):
  *   full[s]  : 128 .noinc cp.async arrivals + 128 plain arrivals (release the mask bytes) -> stage s.
  *   empty[s] : 128 plain arrivals per consumer WG (after its P V wgmma completed) -> stage s free.
- * With the block ring (DSA_FWD_SMALL_RING, below) the one stage has instead full[g] per landing
- * group g (small_ring_group: full[0] as full[s] above, full[1] / full[2] 128 .noinc arrivals each)
- * and empty[b] per 64-column block b (4 arrivals: lane 0 of each consumer warp after its wait).
  * Named barriers (128 threads, consumer WG 0): kBarMax (column maxima exchanged; also the column sums
  * in the epilogue), kBarP (P tile complete, after each writer's fence.proxy.async; also the staged
  * out tile in the epilogue). The value-dim split uses no barrier between the WGs but mbarriers:
@@ -69,8 +75,9 @@
  * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D other than 576 / 512, a head
  * range of more than 64 heads (or outside 0..H), q / kv rows not 16-B aligned, out rows not 4-B
  * aligned, T above 2^31 - 1, shared memory above the device's opt-in limit.
- * Limits of this design: a consumer WG serialises S^T(n) -> softmax -> P V(n); 2 KV stages only
- * (3 x 72 KB + Q does not fit beside the 1 KB alignment slack at D = 576).
+ * Limits of this design: a consumer WG serialises S^T(n) -> softmax -> P V(n) (at N <= 32 the SM's
+ * other CTA fills the gaps); N = 40..64 have 2 KV stages only (3 x 72 KB + Q does not fit beside the
+ * 1 KB alignment slack at D = 576).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -79,24 +86,16 @@
 #include "internal.h"
 #include "common/sm90_common.cuh"
 
-/* -DDSA_FWD_SMALL_RING=1 (an experiment, Makefile EXPERIMENTS): at N <= 16 (one KV stage per CTA)
- * the stage is a ring of its 64-column blocks, each with its own empty mbarrier. The consumer
- * releases the RoPE block once S^T retired and value block m once the P V of block m retired (one
- * commit group per block); the producer refills each block of the next tile as it is freed, in the
- * order the next S^T reads them (small_ring_block: the RoPE block first, last when it holds P), and
- * the consumer waits for them in three groups (small_ring_group). Without it the one stage is
- * refilled only after the whole P V, and only the SM's other CTA overlaps the gather. */
-#ifndef DSA_FWD_SMALL_RING
-#define DSA_FWD_SMALL_RING 0
-#endif
-/* -DDSA_FWD_SMALL_TWO32=1 (an experiment, Makefile EXPERIMENTS): N = 24 / 32 run as N <= 16 does, two
- * CTAs per SM with one KV stage each, so that the SM's two serial consumer chains (S^T -> softmax ->
- * P V) interleave; to fit two CTAs (<= 113 KB each at D = 576) P lives in the stage's RoPE block,
+/* The block ring (N <= 32: two CTAs per SM, one KV stage per CTA): the stage is a ring of its
+ * 64-column blocks, each with its own empty mbarrier. The consumer releases the RoPE block once S^T
+ * retired and value block m once the P V of block m retired (one commit group per block); the
+ * producer refills each block of the next tile as it is freed, in the order the next S^T reads them
+ * (small_ring_block: the RoPE block first, last when it holds P), and the consumer waits for them in
+ * three groups (small_ring_group). The gather of tile n + 1 thus overlaps the P V of tile n, and the
+ * SM's other CTA fills the gaps of this CTA's serial chain (S^T -> softmax -> P V).
+ * At N = 24 / 32, to fit two CTAs (<= 113 KB each at D = 576), P lives in the stage's RoPE block,
  * free once S^T retired, and the registers are split by setmaxnreg (consumer kTwoConsRegs, producer
- * kTwoProdRegs). With the ring the RoPE block, holding P, is the last block freed and refilled. */
-#ifndef DSA_FWD_SMALL_TWO32
-#define DSA_FWD_SMALL_TWO32 0
-#endif
+ * kTwoProdRegs); the RoPE block, holding P, is then the last block freed and refilled. */
 
 namespace {
 
@@ -112,7 +111,7 @@ constexpr int kBarMax = 1, kBarP = 2; /* named barrier ids of consumer WG 0; 0 i
 constexpr int kProducerRegs = 56;   /* N > 32: the gather and the next tile's indices (at 40: 4-8 B of spills) */
 constexpr int kSplitSRegs = 256;    /* SPLIT WG 0: O^T half 2N + S^T / P N/2 + frame, sums, logit max 3 N/4 (N = 56: 210) */
 constexpr int kSplitPVRegs = 192;   /* SPLIT WG 1: O^T half 2N (N = 64: 128) + addressing; 256 + 192 + 56 = 504 */
-constexpr int kTwoConsRegs = 208;   /* DSA_FWD_SMALL_TWO32, N = 24 / 32: O^T 4N + S^T / P N/2 + softmax state */
+constexpr int kTwoConsRegs = 208;   /* N = 24 / 32: O^T 4N + S^T / P N/2 + softmax state */
 constexpr int kTwoProdRegs = 48;    /* its producer: 208 + 48 = 256 = 2 x 128 (two CTAs of 256 threads) */
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -131,24 +130,24 @@ static_assert(kLog2e * kLn2 > 0.9999f && kLog2e * kLn2 < 1.0001f, "log2(e) and l
 
 /* Launch shape per N (wgmma N = head count rounded up to 8), one row each:
  *   N       consumers  CTAs/SM  KV stages  why
- *   8, 16   1          2        1          <= 97 KB of smem and <= 128 registers: the two CTAs overlap
+ *   8, 16   1          2        1 (ring)   <= 97 KB of smem and <= 128 registers: the two CTAs overlap
  *                                          each other's gather, softmax and token ends
- *   24, 32  1          1        2          two CTAs would need 2 x 116 KB or setmaxnreg; 3 stages do
- *                                          not fit at D = 576
+ *   24, 32  1          2        1 (ring)   the same, with setmaxnreg 208 / 48 and (D = 576) P in the
+ *                                          stage's RoPE block: <= 113 KB
  *   40..64  2          1        2          O^T [512 x N] (4N registers) does not fit one WG: the
  *                                          value-dim split (WG0 S^T, both WGs part of the value dims)
  *                                          reads each KV element from shared memory once; 2 x 72 KB +
  *                                          Q 72 KB fills the 227 KB. */
 template <int N>
 struct SmallCfg {
-  static constexpr bool kTwo = N <= (DSA_FWD_SMALL_TWO32 ? kMaxNOneWG : 16); /* two CTAs per SM */
+  static constexpr bool kTwo = N <= kMaxNOneWG;          /* two CTAs per SM */
   static constexpr bool kRegs = kTwo && N > 16;          /* setmaxnreg: consumer kTwoConsRegs */
   static constexpr bool kTwoWG = N > kMaxNOneWG;         /* two consumer WGs: the value-dim split */
   static constexpr int kStages = kTwo ? 1 : 2;           /* KV stages per CTA */
   static constexpr int kCtas = kTwo ? 2 : 1;             /* CTAs per SM: __launch_bounds__ min blocks */
   static constexpr int kConsumers = kTwoWG ? 2 : 1;      /* consumer WGs; the producer is WG kConsumers */
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr bool kRing = DSA_FWD_SMALL_RING != 0 && kTwo; /* the block ring (top of file) */
+  static constexpr bool kRing = kTwo;                    /* the block ring (top of file) */
 };
 
 /* The value-dim split's choices per N (SPLIT below; measurements in docs/perf.md):
@@ -199,7 +198,7 @@ struct SmallSmem {
   static constexpr int kBytes = kEnd + 1024;                 /* + slack to align the base */
   static_assert(N % 8 == 0 && N >= 8 && N <= kMaxN, "wgmma N: multiple of 8, at most 64 here");
   static_assert(!SPLIT || (kTwoWG && kStages == 2), "the value-dim split runs N = 40..64 on two stages");
-  static_assert(!kRing || (kStages == 1 && !SPLIT && NB >= 6), "the block ring runs the one stage of N <= 16");
+  static_assert(!kRing || (kStages == 1 && !SPLIT && NB >= 6), "the block ring runs the one stage of N <= 32");
   static_assert(kBars % 8 == 0, "mbarriers are 8-B aligned");
   static_assert(!SmallCfg<N>::kTwo || kBytes <= (233472 - 2 * 1024) / 2,
                 "two CTAs per SM: each within half of the SM's 228 KB less 1 KB reserved per CTA");
@@ -419,10 +418,10 @@ __device__ __forceinline__ void small_issue_pv(float (*o)[NW / 2], uint32_t skv,
   sm90_wgmma_commit();
 }
 
-/* The block ring (DSA_FWD_SMALL_RING): the order in which the producer refills a tile's 64-column
- * blocks and S^T reads them. At D = 576 the RoPE block (8) is freed first, once S^T retired, so it
- * leads; then the value blocks in the order their P V groups retire. RL (P in the RoPE block,
- * DSA_FWD_SMALL_TWO32): the RoPE block holds P until the last P V group retired, so it comes last. */
+/* The block ring: the order in which the producer refills a tile's 64-column blocks and S^T reads
+ * them. At D = 576 the RoPE block (8) is freed first, once S^T retired, so it leads; then the value
+ * blocks in the order their P V groups retire. RL (P in the RoPE block, N = 24 / 32 at D = 576): the
+ * RoPE block holds P until the last P V group retired, so it comes last. */
 template <int NB, bool RL>
 __device__ __forceinline__ constexpr int small_ring_block(int ord) {
   return NB > kDVBlocks && !RL ? (ord == 0 ? kDVBlocks : ord - 1) : ord;
@@ -603,17 +602,18 @@ __device__ __forceinline__ void small_copy_out(const SmallArgs &args, const uint
   }
 }
 
-/* The consumer of N <= 32 (one consumer WG, all N kernel columns): per tile S^T = K Q^T, mask, online
- * softmax per column, P -> the P tile, O^T [512 x N] += V^T P; then the epilogue. t = thread index in
- * the WG. (NW: the accumulators' column count, here all N columns.) */
+/* The consumer of N <= 32 (one consumer WG, all N kernel columns): per tile S^T = K Q^T by landing
+ * group of the block ring, mask, online softmax per column, P -> the P tile, O^T [512 x N] += V^T P
+ * with each block released as its P V retires; then the epilogue. t = thread index in the WG. (NW:
+ * the accumulators' column count, here all N columns.) */
 template <int NB, int N>
 __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *smem, int t, int ntiles) {
   typedef SmallSmem<NB, N> L;
   constexpr int NW = N;
-  constexpr int kStages = L::kStages;
   constexpr int NR = NW / 2; /* accumulator registers per thread of one m64nNW tile */
   constexpr int NC = NW / 4; /* distinct columns (heads) per thread */
   static_assert(NW % 8 == 0 && NW >= 8 && NW <= kMaxNOneWG, "one consumer WG owns every column");
+  static_assert(L::kRing, "N <= 32 runs the block ring");
   const uint8_t *valid = smem + L::kValid;
   float *red_max = (float *)(smem + L::kRed);    /* [4 warps][N columns] */
   float *red_sum = red_max + 4 * N;              /* [4 warps][N columns] */
@@ -643,26 +643,19 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
   sm90_fence_proxy_async();
   const uint32_t sq = sm90_smem_addr(smem + L::kQ);
   const uint32_t sp = sm90_smem_addr(smem + L::kP);
+  const uint32_t skv = sm90_smem_addr(smem + L::kKV); /* the one KV stage, a ring of its blocks */
 
   for (int n = 0; n < ntiles; ++n) {
-    const int s = n % kStages;
-    if constexpr (L::kRing) {
-      small_issue_s_ring<NB, NW, L::kPInRope>(sacc, sm90_smem_addr(smem + L::kKV), sq, L::kQBlk, full, (uint32_t)n & 1);
-    } else {
-      sm90_mbar_wait(&full[s], (uint32_t)(n / kStages) & 1);
-      sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
-    }
-    const uint32_t skv = sm90_smem_addr(smem + L::kKV + s * L::kTileBytes);
-    if constexpr (!L::kRing) small_issue_s<NB, NW>(sacc, skv, sq, L::kQBlk);
+    small_issue_s_ring<NB, NW, L::kPInRope>(sacc, skv, sq, L::kQBlk, full, (uint32_t)n & 1);
     sm90_wgmma_wait<0>();
     small_fence_acc<NW>(sacc);
-    if constexpr (L::kRing && NB > kDVBlocks && !L::kPInRope) {
+    if constexpr (NB > kDVBlocks && !L::kPInRope) {
       if (lane == 0) sm90_mbar_arrive(&empty[kDVBlocks]); /* the RoPE block: read by S^T only */
     }
 
     float alpha[NC];
     float *x = sacc; /* P in place of S^T: sacc is rewritten by the next tile's S^T only */
-    const uint8_t *vmask = valid + (L::kRing ? n & 1 : s) * kBlockK;
+    const uint8_t *vmask = valid + (n & 1) * kBlockK; /* the mask of tile n: buffer n & 1 */
     const bool moved = small_softmax<N>(sacc, vmask, args.scale_log2, warp, lane, red_max, kBarMax, col_max,
                                                 col_sum, alpha, x, tmax);
     /* WAR on the P tile (this WG's rows only): every warp passed its wait on the previous P V before
@@ -672,16 +665,9 @@ __device__ __forceinline__ void small_consumer(const SmallArgs &args, uint8_t *s
     sm90_named_bar_sync(kBarP, 128);
 
     if (moved) small_rescale_o<NW, kDVBlocks>(o, alpha); /* the frame moved: O follows (WG-uniform branch) */
-    if constexpr (L::kRing) {
-      small_pv_ring<NW>(o, skv, sp, empty, lane); /* frees each value block as its P V retires */
-      if constexpr (L::kPInRope) {
-        if (lane == 0) sm90_mbar_arrive(&empty[kDVBlocks]); /* the RoPE block held P(n) */
-      }
-    } else {
-      small_issue_pv<NW, kDVBlocks, 0>(o, skv, sp);
-      sm90_wgmma_wait<0>();
-      small_fence_o<NW, kDVBlocks>(o);
-      sm90_mbar_arrive(&empty[s]); /* this thread is done with stage s (tile and mask) */
+    small_pv_ring<NW>(o, skv, sp, empty, lane); /* frees each value block as its P V retires */
+    if constexpr (L::kPInRope) {
+      if (lane == 0) sm90_mbar_arrive(&empty[kDVBlocks]); /* the RoPE block held P(n) */
     }
   }
 

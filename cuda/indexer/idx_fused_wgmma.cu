@@ -31,9 +31,9 @@
  * CTA = 384 threads, one per SM (__launch_bounds__(384, 1), setmaxnreg 232 / 232 / 40):
  *   WG0, WG1 consumers: WG c owns the G queries [c G, c G + G) of the CTA's 2G (its own 64-KB Q
  *        slab, B of its wgmma); both read every key tile (the K traffic per FLOP is halved by the
- *        two slabs: 512 columns per 16-KB tile). Per tile: wait full[s], wait for its turn,
- *        8 wgmma, commit, wait, hand the turn to the other WG, arrive empty[s], epilogue. The
- *        turns (ping-pong, two named barriers) make one WG's epilogue (ReLU, weights, head sum,
+ *        two slabs: 512 columns per 16-KB tile). Per tile: wait full[s], proxy fence, wait
+ *        for its turn, 8 wgmma, commit, hand the turn to the other WG, wait, arrive empty[s],
+ *        epilogue. The turns (ping-pong, two named barriers) make one WG's epilogue (ReLU, weights, head sum,
  *        stores: ~350 instructions a thread) run during the other's wgmma (1024 tensor clocks for
  *        m64n256k128) instead of both computing, then both idling the tensor cores, in lockstep.
  *   WG2 producer: cp.async 16 B with the manual 128B swizzle (docs/hopper.md section 5): both Q slabs once,
@@ -70,15 +70,6 @@ constexpr int kStages = 4;             /* 4 x 16 KB; a tile lasts ~2048 tensor c
 constexpr int kConsumers = 2;          /* two Q slabs share every key tile */
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kTilesPerCta = 32;       /* 2048 keys per CTA: the Q load (128 KB) is ~3% of its work */
-/* -DDSA_IDX_TURN_AT_ISSUE=1 (an experiment, Makefile EXPERIMENTS; docs/indexer-fwd-vs-cudnn.md step
- * 3): a consumer hands the tensor cores' turn to the other WG right after committing its wgmma, not
- * after waiting for it, so that the other WG's wgmma queues behind it instead of starting only once
- * this WG's group retired and the epilogue math ptxas schedules ahead of a later arrive ran (164
- * instructions in the HP = 32 build: 128 FMNMX.NAN, 32 FFMA); and the proxy fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC, which
- * waits for the previous tile's score stores) moves ahead of the turn wait, off the hand-off. */
-#ifndef DSA_IDX_TURN_AT_ISSUE
-#define DSA_IDX_TURN_AT_ISSUE 0
-#endif
 constexpr int kConsumerRegs = 232;     /* accumulators 128 + weights 64 + sums and addresses */
 constexpr int kProducerRegs = 40;      /* cp.async address math */
 constexpr int kBlkBytes = 64 * 128;    /* a [64 rows x 64 dims] bf16 SW128 block: 8 atoms */
@@ -292,9 +283,11 @@ __global__ void __launch_bounds__(kThreads, 1) idx_sm90_kernel(const __grid_cons
   /* Ping-pong: the WGs take turns on the tensor cores (WG0 first), so one's epilogue runs while the
    * other's wgmma does; without it both would issue together, finish together and leave the
    * tensor cores idle during their epilogues. Turn c = named barrier kBarTurn + c: WG c syncs on
-   * it before its wgmma, the other WG arrives on it once its own wgmma has completed (once it is
-   * committed, under DSA_IDX_TURN_AT_ISSUE). Every tile takes a turn (also a skipped one), so the
-   * arrivals match the syncs; WG1 arrives once before its first tile and not after its last. */
+   * it before its wgmma, the other WG arrives on it as soon as its own wgmma is committed (not
+   * after waiting for it: the other WG's wgmma then queues behind this one instead of starting only
+   * once this group retired and the epilogue math ptxas would schedule ahead of a later arrive ran).
+   * Every tile takes a turn (also a skipped one), so the arrivals match the syncs; WG1 arrives once
+   * before its first tile and not after its last. */
   if (c == 1) named_bar_arrive(kBarTurn + 0, 256);
 
 #pragma unroll 1
@@ -302,18 +295,16 @@ __global__ void __launch_bounds__(kThreads, 1) idx_sm90_kernel(const __grid_cons
     const int it = (int)(n - n0), s = it % kStages;
     sm90_mbar_wait(&full[s], (uint32_t)(it / kStages) & 1);
     const int64_t cb = n * kBlockK; /* window column of the tile's first key */
-#if DSA_IDX_TURN_AT_ISSUE
-    sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy), before the turn */
-#endif
+    /* cp.async (generic proxy) -> wgmma (async proxy); ahead of the turn wait, so that this fence
+     * (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC, which waits for the previous tile's score stores) is off
+     * the hand-off */
+    sm90_fence_proxy_async();
     sm90_named_bar_sync_any(kBarTurn + c, 256);
     if (cb + kBlockK <= wlo || cb >= whi) { /* WG-uniform: none of this WG's queries sees the tile */
       if (c == 0 || n + 1 < n1) named_bar_arrive(kBarTurn + (c ^ 1), 256);
       sm90_mbar_arrive(&empty[s]);
       continue;
     }
-#if !DSA_IDX_TURN_AT_ISSUE
-    sm90_fence_proxy_async();
-#endif
     const uint32_t st = sk + s * kTileBytes;
     /* S^T = K Q_c^T: both K-major SW128, LBO 16 (unused), SBO 1024, +32 B per k16 step; the first
      * step overwrites the accumulators (the previous tile's epilogue has read them: the asm
@@ -328,15 +319,10 @@ __global__ void __launch_bounds__(kThreads, 1) idx_sm90_kernel(const __grid_cons
           sm90_wgmma_ss_m64n256k16<0>(acc, sm90_desc_at(st >> 4, b * kBlkBytes + k * 32, 16, 1024),
                               sm90_desc_at(sq >> 4, b * kQBlk + k * 32, 16, 1024), 1);
     sm90_wgmma_commit();
-#if DSA_IDX_TURN_AT_ISSUE
     if (c == 0 || n + 1 < n1) named_bar_arrive(kBarTurn + (c ^ 1), 256); /* the other WG's turn */
-#endif
     sm90_wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) sm90_fence_operand(acc[i]);
-#if !DSA_IDX_TURN_AT_ISSUE
-    if (c == 0 || n + 1 < n1) named_bar_arrive(kBarTurn + (c ^ 1), 256); /* the other WG's turn */
-#endif
     sm90_mbar_arrive(&empty[s]); /* this thread's reads of the stage are complete */
 
     /* heads 8 q + hq + e < H_idx are real; hlim is recomputed per tile (opaque to the compiler) so

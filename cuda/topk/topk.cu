@@ -1,7 +1,8 @@
 /*
  * topk.cu - dsa_launch_topk (src/internal.h): one launch of the per-row top-k for dsa_topk and
  * dsa_indexer_topk, on the kernel DSA_OPTION_TOPK_KERNEL names. Automatic: the filter kernel
- * (cuda/topk/topk_filter.cu) where the device has its 2 x 90 KB of shared memory per SM, else the
+ * (cuda/topk/topk_filter.cu, whose launcher runs launches of rows of at most 4096 columns on its
+ * bisection kernel) where the device has its 2 x 90 KB of shared memory per SM, else the
  * radix kernel (cuda/topk/topk_radix.cu), which a forced filter kernel also falls back to on a
  * device without that memory. Both give the same output (the rule of docs/design.md section 4).
  */

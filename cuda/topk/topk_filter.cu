@@ -1,12 +1,13 @@
 /*
- * topk_filter.cu - deterministic per-row top-k by a sampled threshold (dsa_topk and the indexer's
- * selection): the filter kernel (DSA_TOPK_KERNEL_FILTER), the automatic choice where the device has
- * its 2 x 90 KB of shared memory per SM (cuda/topk/topk.cu); same output as the radix kernel
+ * topk_filter.cu - deterministic per-row top-k (dsa_topk and the indexer's selection) on two kernels
+ * behind one launcher (DSA_TOPK_KERNEL_FILTER, the automatic choice where the device has its
+ * 2 x 90 KB of shared memory per SM: cuda/topk/topk.cu): the bisection kernel (tkb_kernel) for
+ * launches whose rows all have at most 4096 columns (`columns` <= 4096: the indexer's windows of
+ * short sequences), the filter kernel (tkf_kernel) for the others. Same output as the radix kernel
  * (cuda/topk/topk_radix.cu: the rule, the key order, ties to the smaller column, ascending output).
  *
- * Per row (one CTA, grid-stride over rows; two builds, TkfCfg below: 512 threads and two CTAs per SM
- * for any row, 256 threads and four CTAs per SM when no row of the launch exceeds CAP = 4096 columns;
- * CAP = 8192 in the first):
+ * The filter kernel, per row (one CTA of 512 threads, two CTAs per SM, grid-stride over rows;
+ * CAP = 8192 candidates):
  *  - L <= CAP: every column is a candidate (take-all), no sample.
  *  - else the sample: sv = min(n4 / 32, SV_MAX) 16-byte vectors at a fixed stride over the aligned
  *    body of the row (S = 4 sv keys, 1/32 of the row up to 128K columns) and a 2-pass radix select
@@ -40,6 +41,13 @@
  * or 1/32 (128K) of the keys are written to shared memory. It is not bandwidth-bound: the per-row
  * phases (sample select, candidate select, emit: each a few block barriers, two CTAs per SM) take
  * most of a row's time (docs/perf.md has the measurements).
+ *
+ * The bisection kernel (after tkf_kernel) holds a row of at most 4096 columns in registers, 16 keys
+ * per thread, and finds its K-th largest key bit by bit, one warp reduction and one barrier per bit:
+ * ~11 steps for random scores, where the filter kernel's take-all path would run a serial chain of
+ * shared-memory passes on the row (copy, min / max, radix histograms with their scans, the bitmap
+ * emit).
+ *
  * Everything is integer counting or exact compares, and ties are settled by column: bitwise
  * deterministic and independent of the other rows. No workspace.
  */
@@ -47,28 +55,21 @@
 
 #define TKF_U 4 /* 16-byte loads per thread per filtering step */
 
-/* A build of the kernel: NT threads per CTA, MINB CTAs per SM; CAP candidates in shared memory; WIN
- * columns per emit window (two bitmaps of WIN / 32 words over the histograms); SHORT: every row has
- * at most CAP columns (the launch's `columns` says so), so a row is taken whole and its candidates'
- * columns are their positions (no cc array, no sample; a longer row would take the fallback). */
-template <int NT_, int CAP_, int WIN_, int MINB_, bool SHORT_>
+/* The filter kernel's build: NT threads per CTA, MINB CTAs per SM; CAP candidates in shared memory;
+ * WIN columns per emit window (two bitmaps of WIN / 32 words over the histograms). */
+template <int NT_, int CAP_, int WIN_, int MINB_>
 struct TkfCfg {
   static constexpr int NT = NT_, CAP = CAP_, WIN = WIN_, MINB = MINB_;
-  static constexpr bool SHORT = SHORT_;
   static constexpr int TARGET = CAP / 2;  /* candidates the sampled threshold aims at */
   static constexpr int SV_MAX = 2 * NT;   /* sample vectors at most */
-  static constexpr int SMEM = ((SHORT ? 1 : 2) * CAP + 3 * TK_BINS) * 4; /* ck (, cc), h0 h1 h2 */
+  static constexpr int SMEM = (2 * CAP + 3 * TK_BINS) * 4; /* ck, cc, h0 h1 h2 */
   static_assert(2 * (WIN / 32) <= 3 * TK_BINS, "the emit bitmaps overlay the histograms");
   static_assert((WIN / 32) % NT == 0, "whole bitmap words per thread");
-  static_assert(SHORT ? WIN >= CAP : TARGET >= 2 * 2048, "short rows: one window; long rows: the target "
-                "covers twice the largest k");
+  static_assert(TARGET >= 2 * 2048, "the target covers twice the largest k");
 };
-/* Any row length: 512 threads, two CTAs per SM, 88 KB (TKF_SMEM). */
-typedef TkfCfg<512, 8192, 65536, 2, false> TkfLong;
-/* Launches whose rows all have at most 4096 columns (the indexer's windows of short sequences): the
- * whole row in 16 KB and the histograms, 40 KB, four 256-thread CTAs per SM, twice the rows in flight
- * of TkfLong, whose per-row phases (a few block barriers each) are latency-bound. */
-typedef TkfCfg<256, 4096, 8192, 4, true> TkfShort;
+/* Any row length (the launches with rows past the bisection kernel's 4096 columns, and those without
+ * scores): 512 threads, two CTAs per SM, 88 KB (TKF_SMEM). */
+typedef TkfCfg<512, 8192, 65536, 2> TkfLong;
 static_assert(TkfLong::SMEM == TKF_SMEM, "ck, cc, three 2048-bin histograms");
 
 /* x >= t as an IEEE compare (subnormals kept whatever the flags: no .ftz); NaN gives 0 */
@@ -100,7 +101,7 @@ static __device__ __forceinline__ void tkf_prefetch_next(const dsa_topk_launch &
   const int64_t nL = tk_row_len(a, nr);
   int64_t noff = 0;
   if (nL <= a.k) return;
-  if (C::SHORT || nL <= C::CAP) return;
+  if (nL <= C::CAP) return;
   if (a.starts != NULL) noff = a.starts[nr] - a.start_base;
   const float *ns = a.scores + nr * a.scores_stride + noff;
   const tkf_geom g = tkf_geometry<C>(ns, (int)nL);
@@ -168,8 +169,8 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
   constexpr int WPT = WIN / 32 / NT; /* bitmap words per thread in the emit scan */
   extern __shared__ __align__(16) uint32_t tkf_smem[];
   uint32_t *const ck = tkf_smem;                       /* [CAP] candidate float bits, then keys */
-  uint32_t *const cc = tkf_smem + CAP;                 /* [CAP] candidate columns (not SHORT) */
-  int *const h0 = (int *)(tkf_smem + (C::SHORT ? 1 : 2) * CAP); /* [3 * TK_BINS] histograms h0, h1, h2 */
+  uint32_t *const cc = tkf_smem + CAP;                 /* [CAP] candidate columns */
+  int *const h0 = (int *)(tkf_smem + 2 * CAP);         /* [3 * TK_BINS] histograms h0, h1, h2 */
   uint32_t *const bg = (uint32_t *)h0;                 /* emit: [WIN / 32] key > T* (over h0..) */
   uint32_t *const be = bg + WIN / 32;                  /* emit: [WIN / 32] key == T* */
   __shared__ int s_scan[NW];
@@ -200,47 +201,13 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
     int c; /* candidates (block-uniform) */
     if (Li <= CAP) {
       /* take-all: every column, in column order */
-#if DSA_TOPK_LOAD_ALL
-      if constexpr (C::SHORT) {
-        /* Experiment -DDSA_TOPK_LOAD_ALL=1 (A/B switch, Makefile EXPERIMENTS), the short build only
-         * (the long one spills 28 B with it): the row's CAP / NT loads per thread all in flight
-         * before the first store (one memory round trip instead of one per four). The thread's
-         * columns tid + NT u in the row are a prefix u < nv; a switch falls through nv loads at
-         * immediate offsets from one base: no predicate per load (ptxas keeps at most five in flight
-         * with one each: the predicate registers) and no 64-bit address per load (16 of them spill
-         * 32 B) */
-        static_assert(CAP / NT == 16, "the switch below lists 16 loads");
-        const int nv = Li > tid ? (Li - tid + NT - 1) / NT : 0;
-        const float *base = src + tid;
-        float v[16];
-#define TKF_LD(u)                                                                                       \
-  case (u) + 1:                                                                                         \
-    v[u] = __ldg(base + (u) * NT);                                                                      \
-    [[fallthrough]];
-        switch (nv) {
-          TKF_LD(15) TKF_LD(14) TKF_LD(13) TKF_LD(12) TKF_LD(11) TKF_LD(10) TKF_LD(9) TKF_LD(8)
-          TKF_LD(7) TKF_LD(6) TKF_LD(5) TKF_LD(4) TKF_LD(3) TKF_LD(2) TKF_LD(1) TKF_LD(0)
-          default:
-            break;
-        }
-#undef TKF_LD
-#pragma unroll
-        for (int u = 0; u < 16; ++u)
-          if (u < nv) ck[tid + u * NT] = __float_as_uint(v[u]);
-      } else
-#endif
-      {
 #pragma unroll 4
-        for (int i = tid; i < Li; i += NT) {
-          ck[i] = __float_as_uint(__ldg(src + i));
-          if constexpr (!C::SHORT) cc[i] = (uint32_t)i;
-        }
+      for (int i = tid; i < Li; i += NT) {
+        ck[i] = __float_as_uint(__ldg(src + i));
+        cc[i] = (uint32_t)i;
       }
       c = Li;
       __syncthreads();
-    } else if constexpr (C::SHORT) { /* a longer row than the launch said: exact, from global memory */
-      tkf_fallback<C>(src, L, k, add, out, h0, s_scan, &s_prefix, &s_rem, &s_nc, s_wgt, s_weq);
-      continue;
     } else {
       /* ---- the sample: the r-th largest of S = 4 sv keys, its top 22 bits ---- */
       const tkf_geom g = tkf_geometry<C>(src, Li);
@@ -410,7 +377,7 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
       __syncthreads();
       for (int i = tid; i < c; i += NT) {
         const uint32_t key = ck[i];
-        const uint32_t col = (C::SHORT ? (uint32_t)i : cc[i]) - (uint32_t)w0;
+        const uint32_t col = cc[i] - (uint32_t)w0;
         if (col < WIN && key >= thr) atomicOr(key > thr ? &bg[col >> 5] : &be[col >> 5], 1u << (col & 31));
       }
       __syncthreads();
@@ -456,23 +423,22 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
   }
 }
 
-#if DSA_TOPK_SHORT_BISECT
-/* Experiment -DDSA_TOPK_SHORT_BISECT=1 (A/B switch, Makefile EXPERIMENTS): the short-row launches (every
- * row at most 4096 columns) by a bisection on the keys held in registers, in place of TkfShort.
- * One row per 256-thread CTA, thread t holding columns t + 256 u (u < 16: each warp load is 128
- * contiguous bytes), up to five CTAs per SM. The K-th largest key T* is found bit by bit from the
- * highest bit where the row's min and max keys differ (the bits above are common): per bit, the block
- * counts the keys that match the prefix decided so far with the bit set (one warp reduction, one
- * barrier on a double-buffered count); it stops as soon as the keys matching the prefix are exactly
- * the ones still needed (all taken: no ties), else after bit 0 with T* and the number of its ties to
- * take. Random scores need ~11 steps (dev/topk_bisect_model.py, an emulation of this kernel, matches
- * the contract's selection on ties, NaN, +-0, +-inf and constant rows). The emit: per u, ballots of the keys taken
- * outright (>= a lower bound) and of T*'s ties; one block scan of the (u, warp) counts in column order
- * gives each warp its output base; ties go to the smallest columns; ascending output as the filter
- * kernel's. No shared-memory copy of the row, ~1.3 KB of shared memory. */
+/* The bisection kernel: the launches whose rows all have at most kTkbCap = 4096 columns, by a
+ * bisection on the keys held in registers. One row per 256-thread CTA, thread t holding columns
+ * t + 256 u (u < 16: each warp load is 128 contiguous bytes), up to five CTAs per SM. The K-th
+ * largest key T* is found bit by bit from the highest bit where the row's min and max keys differ
+ * (the bits above are common): per bit, the block counts the keys that match the prefix decided so
+ * far with the bit set (one warp reduction, one barrier on a double-buffered count); it stops as soon
+ * as the keys matching the prefix are exactly the ones still needed (all taken: no ties), else after
+ * bit 0 with T* and the number of its ties to take. Random scores need ~11 steps
+ * (dev/topk_bisect_model.py, an emulation of this kernel, matches the contract's selection on ties,
+ * NaN, +-0, +-inf and constant rows). The emit: per u, ballots of the keys taken outright (>= a lower
+ * bound) and of T*'s ties; one block scan of the (u, warp) counts in column order gives each warp its
+ * output base; ties go to the smallest columns; ascending output as the filter kernel's. No
+ * shared-memory copy of the row, 672 B of shared memory. */
 namespace {
 constexpr int kTkbThreads = 256, kTkbKeys = 16, kTkbMinBlocks = 5;
-static_assert(kTkbThreads * kTkbKeys == TkfShort::CAP, "the short rows' bound");
+constexpr int kTkbCap = kTkbThreads * kTkbKeys; /* columns of a row at most */
 }  // namespace
 
 /* The K-th largest of the n keys held KPT per thread (key[u] of
@@ -604,7 +570,6 @@ static dsa_status tkb_launch(const dsa_context *ctx, const dsa_topk_launch *a, c
   tkb_kernel<<<(unsigned)grid, kTkbThreads, 0, stream>>>(*a);
   return dsa_cuda_status(cudaGetLastError(), "dsa_topk (kernel launch)");
 }
-#endif
 
 template <class C>
 static dsa_status tkf_launch(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream) {
@@ -617,13 +582,9 @@ static dsa_status tkf_launch(const dsa_context *ctx, const dsa_topk_launch *a, c
   return dsa_cuda_status(cudaGetLastError(), "dsa_topk (kernel launch)");
 }
 
-/* Launches the filter kernel (any row length; needs TKF_SMEM of opt-in shared memory per CTA): the
- * short-row build when no row can exceed its 4096 columns and some row is read (scores given). */
+/* Launches the bisection kernel when no row can exceed its 4096 columns and some row is read (scores
+ * given), else the filter kernel (any row length; needs TKF_SMEM of opt-in shared memory per CTA). */
 extern "C" dsa_status dsa_topk_launch_filter(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream) {
-#if DSA_TOPK_SHORT_BISECT
-  if (a->scores != NULL && a->columns <= TkfShort::CAP) return tkb_launch(ctx, a, stream);
-#else
-  if (a->scores != NULL && a->columns <= TkfShort::CAP) return tkf_launch<TkfShort>(ctx, a, stream);
-#endif
+  if (a->scores != NULL && a->columns <= kTkbCap) return tkb_launch(ctx, a, stream);
   return tkf_launch<TkfLong>(ctx, a, stream);
 }

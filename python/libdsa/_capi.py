@@ -33,7 +33,7 @@ DSA_INDEXER_ENGINE_FUSED = 2
 OPTIONS = {"fwd_kernel": 1, "fwd_sm90_handoff": 2, "fwd_kv_l2_hint": 3, "fwd_small_auto_max": 4,
            "bwd_kernel": 5, "bwd_det_chunk_tokens": 6, "topk_kernel": 7, "topk_compact_long_rows": 8,
            "indexer_fused_kernel": 9, "indexer_scores_budget": 10, "indexer_logits_budget": 11,
-           "indexer_key_tile": 12, "train_kernel": 13, "indexer_pipeline": 14}
+           "indexer_key_tile": 12, "train_kernel": 13}
 
 
 class PlanDesc(C.Structure):
