@@ -15,6 +15,7 @@ partial sums instead of one).
 """
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -145,6 +146,26 @@ def main():
         dist.destroy_process_group()
     for rank in sorted(reports):
         print(f"rank {rank}: {reports[rank]}")
+    ok, line = verdict(reports, args.check)
+    print(line)
+    sys.exit(0 if ok else 1)
+
+
+def verdict(reports, checked, tol=1e-2):
+    """One line on what was checked: every exact field equal and dkv / dsink within tol (relative to
+    their largest element) on every rank; without --check, that nothing was compared."""
+    if not checked:
+        return True, (f"ran the layer on {len(reports)} rank(s); nothing compared "
+                      "(--check compares every rank with the whole sequence on one rank)")
+    bad = []
+    for rank in sorted(reports):
+        for name, v in reports[rank].items():
+            if (v is not True) if isinstance(v, bool) else not (v <= tol):
+                bad.append(f"rank {rank} {name}={v}")
+    if bad:
+        return False, "FAIL: " + ", ".join(bad)
+    return True, (f"PASS: {len(reports)} rank(s) match one rank over the whole sequence "
+                  f"(idx, lengths, out, lse, dq bitwise; dkv, dsink within {tol:g} relative)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The machine-code check of the sm_90a kernels (make sass-check; make test and make experiments run
+# The machine-code check of the sm_90a kernels (make sass-check; make test runs
 # it): cuobjdump -sass of every CUDA object under the folder given (default build/static/cuda), and a
 # failure for each instruction whose 64-bit uniform memory descriptor is an odd register pair
 # (desc[UR<odd>]). CUDA 13.0's ptxas emitted one (an L2-hinted LDGSTS with desc[UR1]) when a
@@ -27,7 +27,13 @@ PY
 objdump=$(find_tool cuobjdump)
 disasm=$(find_tool nvdisasm)
 if [ -z "$objdump" ] || [ -z "$disasm" ]; then
-  echo "sass-check: no cuobjdump / nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, or the CUDA toolkit): skipped"
+  {
+    echo "************************************************************************************************"
+    echo "sass-check: NOT RUN. No cuobjdump / nvdisasm was found, so the sm_90a machine code was not checked"
+    echo "for the odd-descriptor encoding that raises an illegal instruction on the GPU."
+    echo "Install them (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, or the CUDA toolkit's bin/)."
+    echo "************************************************************************************************"
+  } >&2
   exit 0
 fi
 NVDISASM_PATH=$(dirname "$disasm")
