@@ -58,7 +58,7 @@ BENCH_COMMON := bench/bench_common.c
 BENCH_SRC := $(filter-out $(BENCH_COMMON),$(sort $(wildcard bench/*.c)))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test check-criterion check-install run bench plots install uninstall clean sanitize
+.PHONY: all test check-criterion check-install run bench plots status install uninstall clean sanitize
 all: $(LIB_A) $(LIB_SO)
 
 $(BUILD)/static/src/%.o: src/%.c $(HDRS)
@@ -206,9 +206,15 @@ run: $(BUILD)/bench/dsa_layer
 bench: $(BUILD)/bench/dsa_bench
 	$(BUILD)/bench/dsa_bench $(if $(SHAPES),--shapes $(SHAPES))
 
+# The README's charts (docs/img/bench-*.png) and its status table, both from the complete runs
+# bench/results/*-full.json only (per card the newest): `make plots` draws the charts, `make status`
+# draws them and rewrites the table between README.md's status-table markers.
 plots:
 	@command -v gnuplot >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gnuplot-nox; } || { echo "install gnuplot: sudo apt-get install gnuplot-nox"; exit 1; }
 	bench/plot.sh
+
+status: plots
+	python3 bench/status_table.py --readme README.md bench/results/*-full.json
 
 # ---- install -------------------------------------------------------------------------------------
 # Two pkg-config files: dsa.pc links libdsa.so (with an rpath to LIBDIR, so the program starts without
