@@ -59,5 +59,5 @@ Test(gpu_examples, train_step_matches_the_reference, .timeout = 300) {
   cr_assert(strstr(out, "train_step: OK") != NULL, "no \"train_step: OK\" in:\n%s", out);
   cr_assert(strstr(out, "320 of 320 rows equal to the reference") != NULL, "indexer rows:\n%s", out);
   cr_assert(strstr(out, "MISMATCH") == NULL, "%s", out);
-  cr_assert(strstr(out, "SKIPPED") == NULL, "the example found no GPU where the test did:\n%s", out);
+  cr_assert(strstr(out, "SKIPPED") == NULL, "the example found no device where the test did:\n%s", out);
 }
