@@ -37,6 +37,10 @@ override NVCCFLAGS += -std=c++17 $(ARCH) -Iinclude -Isrc -Icuda -DCUB_WRAPPED_NA
              -Xcompiler -fvisibility=hidden -Xcompiler -Wall --expt-relaxed-constexpr
 LDLIBS_CUDA := -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++ -lm
 RPATH_CUDA  := -Wl,-rpath,$(CUDA_HOME)/lib64
+# libdsa.so's run-time search path (default: the toolkit's lib64). python/setup.py links the Python
+# package's copy from the same objects with LIB_SO=build/python/libdsa.so SO_RPATH=-Wl,-rpath,'$ORIGIN'
+# on the make command line: the package's loader finds the CUDA libraries by soname.
+SO_RPATH   ?= $(RPATH_CUDA)
 
 SRC_C  := $(sort $(wildcard src/*.c))
 # cuda/<family>/*.cu: one folder per op family (attn_fwd, attn_bwd, topk, indexer, layout) and
@@ -79,7 +83,7 @@ $(LIB_A): $(OBJ_STATIC)
 	$(AR) rcs $@ $^
 $(LIB_SO): $(OBJ_SHARED)
 	$(CC) -shared -o $@ $^ -Wl,-soname,libdsa.so.$(firstword $(subst ., ,$(VERSION))) $(LDLIBS_CUDA) \
-	  $(RPATH_CUDA)
+	  $(SO_RPATH)
 
 # ---- tests -------------------------------------------------------------------------------------
 # Criterion comes from apt-get when missing (as root), else we print the command to run.
