@@ -111,6 +111,8 @@ $(TEST_BIN): $(TEST_SRC) tests/test_common.h $(LIB_A)
 	$(call say,CCLD,$@)$(CC) $(CFLAGS) -Itests -o $@ $(TEST_SRC) $(LIB_A) $(CRITERION_LIBS) $(LDLIBS_CUDA) \
 	  $(RPATH_CUDA)
 
+# After Criterion's synthesis the test binary prints a line counting the skipped tests as well
+# (tests/test_summary.c): `Criterion: 123 passed, 0 failed, 130 skipped (without a CUDA device)`.
 test: check-criterion
 	@$(MAKE) --no-print-directory $(TEST_BIN)
 	$(TEST_BIN) --jobs $(JOBS) $(TEST_ARGS)
