@@ -294,8 +294,9 @@ check-install:
 
 # ---- examples ----------------------------------------------------------------------------------
 # examples/*.c: plain C99 programs against the public header and build/libdsa.a (the CUDA headers
-# are -isystem: they are not pedantic-C99 clean). `make test` builds them first (suite gpu_examples
-# runs them).
+# are -isystem: they are not pedantic-C99 clean). `make test` builds them first: suite examples runs
+# train_step's CPU half (train_step --cpu), suite gpu_examples the whole program
+# (tests/test_examples.c).
 EXAMPLES_SRC := $(sort $(wildcard examples/*.c))
 EXAMPLES_BIN := $(EXAMPLES_SRC:examples/%.c=$(BUILD)/examples/%)
 .PHONY: examples
