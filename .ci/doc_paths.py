@@ -31,7 +31,7 @@ TOKEN = re.compile(r"[A-Za-z0-9_.$*{},/+-]+")
 PEERS = ("FlashMLA", "CUTLASS", "cuDNN", "cuDNN FE", "cudnn-frontend", "FlashAttention",
          "FlashAttention-3", "FA3", "PyTorch", "torch", "DeepGEMM", "ThunderKittens", "CUB", "CCCL",
          "DeepSeek", "vLLM", "SGLang", "TileLang", "Triton", "the CUDA toolkit", "the toolkit", "NVIDIA",
-         "Criterion")
+         "Criterion", "Megatron-Core", "Megatron")
 _NAMES = "|".join(re.escape(p) for p in PEERS)
 # "FlashMLA's csrc/..." (up to three words between), or "CUTLASS (`include/...`)" right after the name
 PEER_RE = re.compile(r"\b(?:%s)(?:'s\s+(?:\S+\s+){0,3}\S*|\s*[(`\[]*)$" % _NAMES)
