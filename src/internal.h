@@ -1,7 +1,8 @@
 /*
  * internal.h - what the host C files and the CUDA launchers share: the context struct (with its
  * tuning options), error reporting, the argument checks every public op runs (shared by the GPU op
- * and its dsa_ref_ twin), and the launchers the cuda/ files export. Nothing here is public.
+ * and its dsa_ref_ twin), and the kernels' interface (src/kernels.h: one launcher per op of each
+ * kernel family, and the launchers the cuda/ files still export here). Nothing here is public.
  */
 #ifndef DSA_INTERNAL_H
 #define DSA_INTERNAL_H
@@ -10,12 +11,11 @@
 #include <cuda_runtime_api.h>
 #include "dsa.h"
 #include "dsa_tune.h"
+#include "kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define DSA_HIDDEN __attribute__((visibility("hidden")))
 
 /* One past the largest dsa_option id (include/dsa_tune.h). */
 #define DSA_OPTION_COUNT 14
@@ -182,27 +182,8 @@ DSA_HIDDEN dsa_status dsa_launch_compact(const dsa_context *ctx, const dsa_compa
 DSA_HIDDEN dsa_status dsa_launch_pad_heads(const dsa_context *ctx, const dsa_pad_heads_params *p,
                                            cudaStream_t stream);
 
-/* Sparse attention forward (src/attn_fwd.c dispatches; DSA_OPTION_FWD_KERNEL forces one): the
- * portable kernel (cuda/attn_fwd/fwd_portable.cu: any arch, any H, D) and the sm_90a tensor-core
- * kernels, which return DSA_ERROR_UNSUPPORTED for a configuration they do not handle (the automatic
- * choice then falls back): the 64-head kernel (cuda/attn_fwd/fwd_sm90_h64.cu; zero M rows when the
- * head range is not a multiple of 64) and the small-H kernel (cuda/attn_fwd/fwd_sm90_small.cu, at
- * most 64 heads per launch). The _heads launchers run heads [head_begin, head_begin + head_count) of
- * an H-head problem (q / sink read, out / lse / max_logits written for those heads only; lse indexed
- * t * H + h as always). */
-DSA_HIDDEN dsa_status dsa_launch_attn_fwd_simple(const dsa_context *ctx,
-                                                 const dsa_attn_fwd_params *p, cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx,
-                                               const dsa_attn_fwd_params *p, cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_heads(const dsa_context *ctx,
-                                                     const dsa_attn_fwd_params *p, int head_begin,
-                                                     int head_count, cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small(const dsa_context *ctx,
-                                                     const dsa_attn_fwd_params *p, cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ctx,
-                                                           const dsa_attn_fwd_params *p, int head_begin,
-                                                           int head_count, cudaStream_t stream);
-/* Whether a launch's KV gather carries the L2 evict_last policy (DSA_OPTION_FWD_KV_L2_HINT). */
+/* Whether a forward launch's KV gather carries the L2 evict_last policy (DSA_OPTION_FWD_KV_L2_HINT;
+ * cuda/attn_fwd/dispatch.cu): what both sm_90a forward kernels follow. */
 DSA_HIDDEN int dsa_fwd_kv_evict_last(const dsa_context *ctx, const dsa_attn_fwd_params *p);
 
 /* Sparse attention backward (src/attn_bwd.c dispatches; DSA_OPTION_BWD_KERNEL forces one). The

@@ -1,6 +1,6 @@
 /* test_fwd_dispatch.c - CPU suite fwd_dispatch: host-side choices of the sm_90a forward that do not
  * need a GPU to check.
- *  - dsa_fwd_kv_evict_last (src/attn_fwd.c): the KV gather's L2 policy per launch from the context's
+ *  - dsa_fwd_kv_evict_last (cuda/attn_fwd/dispatch.cu): the KV gather's L2 policy per launch from the context's
  *    DSA_OPTION_FWD_KV_L2_HINT: NONE never, EVICT_LAST always (the default), IF_FITS when
  *    num_kv x kv_stride x 2 bytes fit half the device's L2 (boundary included). The context is a
  *    device-free one (src/internal.h's struct, options at their defaults), set through the public

@@ -1,0 +1,35 @@
+/*
+ * kernels.h - the kernels as the host C files see them: one launcher per op of each kernel family
+ * in cuda/ (plus its workspace size where the op takes a workspace). A family's dispatch point in
+ * cuda/<family>/ decides which of its kernels runs for which shape and option (include/dsa_tune.h),
+ * which configurations each kernel is eligible for, and how much workspace the op needs; the
+ * per-kernel launchers are private to the family (its *_launch.cuh or *_common.cuh).
+ * Every launcher takes validated, stride-resolved params (dsa_check_*, src/validate.c), enqueues on
+ * `stream` and returns the launch status; the options it honours are read from ctx->options.
+ * Nothing here is public.
+ */
+#ifndef DSA_KERNELS_H
+#define DSA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+#include "dsa.h"
+
+/* Every declaration of the library's internal headers: hidden in libdsa.so (the library also builds
+ * with -fvisibility=hidden; only DSA_API is exported). */
+#define DSA_HIDDEN __attribute__((visibility("hidden")))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- sparse attention forward (cuda/attn_fwd/dispatch.cu) ----
+ * T > 0; no workspace. DSA_OPTION_FWD_KERNEL forces a kernel (a forced sm_90a kernel off cc 9.0, or
+ * one that declines the configuration, is the call's DSA_ERROR_UNSUPPORTED). */
+DSA_HIDDEN dsa_status dsa_launch_attn_fwd(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DSA_KERNELS_H */
