@@ -186,31 +186,7 @@ DSA_HIDDEN dsa_status dsa_launch_pad_heads(const dsa_context *ctx, const dsa_pad
  * cuda/attn_fwd/dispatch.cu): what both sm_90a forward kernels follow. */
 DSA_HIDDEN int dsa_fwd_kv_evict_last(const dsa_context *ctx, const dsa_attn_fwd_params *p);
 
-/* Sparse attention backward (src/attn_bwd.c dispatches; DSA_OPTION_BWD_KERNEL forces one). The
- * portable launcher (cuda/attn_bwd/bwd_portable.cu): the workspace size for validated,
- * stride-resolved params (it depends on p->deterministic; >= 1, includes 256 bytes of alignment
- * slack), and the launcher (workspace: at least that many bytes, any alignment). */
-DSA_HIDDEN dsa_status dsa_attn_bwd_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes);
-DSA_HIDDEN dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn_bwd_params *p,
-                                          void *workspace, cudaStream_t stream);
-/* The 64-head sm_90a kernel (cuda/attn_bwd/bwd_sm90_h64.cu): both modes, D = 576 and 512, cc 9.0;
- * the same workspace layout (deterministic mode: below); DSA_ERROR_UNSUPPORTED for anything else. */
-DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
-                                               void *workspace, cudaStream_t stream);
-/* The warp-specialised variant of the 64-head sm_90a kernel (cuda/attn_bwd/bwd_sm90_ws.cu):
- * both modes, D = 576 / 512, H 1..128, cc 9.0, the same checks, workspace and small passes as
- * dsa_launch_attn_bwd_sm90 (the deterministic mode: its chunked layout, the chunk's rows stored in
- * sorted order); DSA_ERROR_UNSUPPORTED before any launch otherwise. The automatic choice
- * of both modes on cc 9.0. */
-DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
-                                                  void *workspace, cudaStream_t stream);
-/* The sm_90a kernels' deterministic mode: its workspace size for validated params (0 where it never
- * runs: not deterministic, D not 576 / 512) with chunk_tokens tokens per chunk (0: from the 2 GiB
- * contribution budget; DSA_OPTION_BWD_DET_CHUNK_TOKENS); the op's deterministic size is the larger
- * of this and dsa_attn_bwd_workspace_size. */
-DSA_HIDDEN dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, int64_t chunk_tokens,
-                                                           size_t *bytes);
-/* The sm_90a kernels' fp32 dKV accumulator in the non-deterministic mode: the 64-head kernels write
+/* The sm_90a backward kernels' fp32 dKV accumulator in the non-deterministic mode: the 64-head kernels write
  * the permuted layout below in 128-B row segments per warp instruction (quads q and q ^ 1 swap the
  * 16-column group they do not write); the warp-specialised kernel's deterministic mode stores its
  * per-slot rows in the same order (its sums are per column, so acc keeps it), the lockstep kernel's
@@ -318,7 +294,7 @@ DSA_HIDDEN dsa_status dsa_launch_slot_target(const dsa_context *ctx, const dsa_s
 DSA_HIDDEN dsa_status dsa_launch_slot_target_sm90(const dsa_context *ctx, const dsa_slot_target_params *p,
                                                   cudaStream_t stream);
 /* The slot target's params for the inputs of a validated, stride-resolved backward call whose
- * slot_target is non-NULL (the backward's optional output; src/attn_bwd.c, src/reference.c). */
+ * slot_target is non-NULL (the backward's optional output; cuda/attn_bwd/dispatch.cu, src/reference.c). */
 static inline dsa_slot_target_params dsa_slot_target_of_bwd(const dsa_attn_bwd_params *p) {
   dsa_slot_target_params s;
   memset(&s, 0, sizeof s);

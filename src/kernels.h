@@ -29,6 +29,18 @@ extern "C" {
  * one that declines the configuration, is the call's DSA_ERROR_UNSUPPORTED). */
 DSA_HIDDEN dsa_status dsa_launch_attn_fwd(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStream_t stream);
 
+/* ---- sparse attention backward (cuda/attn_bwd/dispatch.cu) ----
+ * The workspace a call needs (ctx NULL: a size query without a context, the options' defaults; it
+ * depends on p->deterministic; >= 1, includes 256 bytes of alignment slack; the deterministic size
+ * asks CUB, which needs a device), and the launch: the kernel (DSA_OPTION_BWD_KERNEL, else
+ * automatic), then the slot target's kernel where the params ask for the target and the kernel did
+ * not write it (workspace: at least that many bytes, any alignment; T = 0 writes the zero dkv /
+ * dsink). */
+DSA_HIDDEN dsa_status dsa_attn_bwd_workspace_size(const dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                                  size_t *bytes);
+DSA_HIDDEN dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn_bwd_params *p, void *workspace,
+                                          cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
