@@ -216,31 +216,7 @@ static inline DSA_HOST_DEVICE int dsa_bwd_dkv_col(int s) {
   return (s & ~15) | (((s >> 1) & 1) << 3) | (((s >> 2) & 3) << 1) | (s & 1);
 }
 
-/* ---- top-k and indexer launchers (cuda/topk/, cuda/indexer/; used by src/topk.c and
- * src/indexer.c) ---- */
-/* One launch of the top-k: row r reads scores[r * scores_stride + off_r + c] for
- * c < L_r = clamp(lengths[r], 0, columns) (lengths NULL: columns) with off_r = starts[r] - start_base
- * (starts NULL: 0), writes its selected columns c + starts[r] ascending then -1 to
- * indices[r * indices_stride + 0..k), and min(L_r, k) to out_lengths[r] when given. scores may be
- * NULL when every row has L_r <= k. No workspace. */
-typedef struct dsa_topk_launch {
-  int64_t rows;
-  int64_t columns;
-  int32_t k;
-  const float *scores;
-  int64_t scores_stride;
-  const int32_t *lengths;  /* [rows] or NULL */
-  const int32_t *starts;   /* [rows] or NULL */
-  int64_t start_base;
-  int32_t *indices;        /* [rows, k], row stride indices_stride */
-  int64_t indices_stride;
-  int32_t *out_lengths;    /* [rows] or NULL */
-} dsa_topk_launch;
-DSA_HIDDEN dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_launch *a,
-                                      cudaStream_t stream);
-/* The kernel is DSA_OPTION_TOPK_KERNEL's (cuda/topk/topk.cu dispatches: the filter kernel
- * cuda/topk/topk_filter.cu, the radix kernel cuda/topk/topk_radix.cu, whose long rows follow
- * DSA_OPTION_TOPK_COMPACT_LONG_ROWS). */
+/* ---- indexer launchers (cuda/indexer/; used by src/indexer.c) ---- */
 /* Indexer helpers: copies q rows [tokens, heads, 128] (any strides) into a packed
  * [tokens * heads, 128] bf16 matrix; and the head reduction
  * scores[r * scores_ld + c] = sum_h w[r, h] * ReLU(logits[(r * heads + h) * logits_ld + c])

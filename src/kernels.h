@@ -41,6 +41,29 @@ DSA_HIDDEN dsa_status dsa_attn_bwd_workspace_size(const dsa_context *ctx, const 
 DSA_HIDDEN dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn_bwd_params *p, void *workspace,
                                           cudaStream_t stream);
 
+/* ---- top-k (cuda/topk/topk.cu) ----
+ * One launch of the top-k (dsa_topk, and dsa_indexer_topk per chunk): row r reads
+ * scores[r * scores_stride + off_r + c] for c < L_r = clamp(lengths[r], 0, columns) (lengths NULL:
+ * columns) with off_r = starts[r] - start_base (starts NULL: 0), writes its selected columns
+ * c + starts[r] ascending then -1 to indices[r * indices_stride + 0..k), and min(L_r, k) to
+ * out_lengths[r] when given. scores may be NULL when every row has L_r <= k. rows 0 launches
+ * nothing. No workspace. The kernel follows DSA_OPTION_TOPK_KERNEL (the radix kernel's long rows
+ * DSA_OPTION_TOPK_COMPACT_LONG_ROWS). */
+typedef struct dsa_topk_launch {
+  int64_t rows;
+  int64_t columns;
+  int32_t k;
+  const float *scores;
+  int64_t scores_stride;
+  const int32_t *lengths;  /* [rows] or NULL */
+  const int32_t *starts;   /* [rows] or NULL */
+  int64_t start_base;
+  int32_t *indices;        /* [rows, k], row stride indices_stride */
+  int64_t indices_stride;
+  int32_t *out_lengths;    /* [rows] or NULL */
+} dsa_topk_launch;
+DSA_HIDDEN dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
