@@ -142,8 +142,8 @@ DSA_HIDDEN dsa_status dsa_check_indexer(const dsa_indexer_params *p, const char 
                                         dsa_indexer_params *resolved);
 /* dsa_indexer_topk's workspace layout for the budgets of ctx (a device-free context serves: only its
  * options are read) and the engine `fused` (0: cuBLAS, else fused), as the call plans it
- * (src/indexer.c): its total bytes and queries per scored chunk (0 when nothing is scored). For
- * host-side tests of the layout rules. */
+ * (cuda/indexer/dispatch.cu): its total bytes and queries per scored chunk (0 when nothing is
+ * scored). For host-side tests of the layout rules. */
 DSA_HIDDEN dsa_status dsa_indexer_layout(const dsa_context *ctx, const dsa_indexer_params *p, int fused,
                                          int64_t *total, int64_t *chunk);
 DSA_HIDDEN dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const char *fn,
@@ -215,49 +215,6 @@ static inline DSA_HOST_DEVICE int dsa_bwd_dkv_slot(int c) {
 static inline DSA_HOST_DEVICE int dsa_bwd_dkv_col(int s) {
   return (s & ~15) | (((s >> 1) & 1) << 3) | (((s >> 2) & 3) << 1) | (s & 1);
 }
-
-/* ---- indexer launchers (cuda/indexer/; used by src/indexer.c) ---- */
-/* Indexer helpers: copies q rows [tokens, heads, 128] (any strides) into a packed
- * [tokens * heads, 128] bf16 matrix; and the head reduction
- * scores[r * scores_ld + c] = sum_h w[r, h] * ReLU(logits[(r * heads + h) * logits_ld + c])
- * for r < rows, c < cols (ReLU keeps NaN; weights fp32 or bf16). */
-DSA_HIDDEN dsa_status dsa_launch_indexer_pack_q(const uint16_t *q, int64_t stride_token,
-                                                int64_t stride_head, int64_t tokens, int32_t heads,
-                                                uint16_t *out, cudaStream_t stream);
-/* Fused scoring (DSA_INDEXER_ENGINE_FUSED): scores[r * scores_ld + c] for the keys
- * window_start + c (c < window) that query r sees when causal_length[r] > topk; other entries are
- * left as they were. q / weights / starts / causal_lengths point at the chunk's first query. */
-typedef struct dsa_indexer_fused_args {
-  int64_t rows;
-  int32_t heads;
-  int32_t topk;
-  const uint16_t *q;        /* [rows, heads, 128] */
-  int64_t q_stride_token, q_stride_head;
-  const uint16_t *k;        /* index_k [T_k, 128] (global rows) */
-  int64_t k_stride;
-  const void *weights;      /* [rows, heads] fp32 or bf16 */
-  int weights_bf16;
-  int64_t weights_stride;
-  const int32_t *starts;    /* [rows] device */
-  const int32_t *causal_lengths; /* [rows] device */
-  int64_t window_start, window;
-  float *scores;            /* [rows, scores_ld] */
-  int64_t scores_ld;
-} dsa_indexer_fused_args;
-DSA_HIDDEN dsa_status dsa_launch_indexer_fused(const dsa_context *ctx, const dsa_indexer_fused_args *a,
-                                               cudaStream_t stream);
-/* The same scoring on sm_90a wgmma (cuda/indexer/idx_fused_wgmma.cu): the check says whether it runs
- * on this context (cc 9.0 and enough opt-in shared memory; else DSA_ERROR_UNSUPPORTED with a
- * message), the launcher takes the args of dsa_launch_indexer_fused. DSA_OPTION_INDEXER_FUSED_KERNEL
- * picks between the two (src/indexer.c). */
-DSA_HIDDEN dsa_status dsa_indexer_fused_sm90_check(const dsa_context *ctx);
-DSA_HIDDEN dsa_status dsa_launch_indexer_fused_sm90(const dsa_context *ctx, const dsa_indexer_fused_args *a,
-                                                    cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_indexer_reduce(int64_t rows, int32_t heads, int64_t cols,
-                                                const float *logits, int64_t logits_ld,
-                                                const void *weights, int weights_bf16,
-                                                int64_t weights_stride, float *scores,
-                                                int64_t scores_ld, cudaStream_t stream);
 
 /* ---- indexer training (cuda/indexer_train/; used by src/indexer_train.c) ----
  * Params validated and stride-resolved (dsa_check_*), T > 0 unless said otherwise; every launch

@@ -64,6 +64,18 @@ typedef struct dsa_topk_launch {
 } dsa_topk_launch;
 DSA_HIDDEN dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream);
 
+/* ---- indexer (cuda/indexer/dispatch.cu) ----
+ * dsa_indexer_topk's work: the workspace a call needs (>= 1, any alignment accepted) and the call.
+ * ctx NULL: the size at the default budgets, valid on every device (DEFAULT gets the cuBLAS size,
+ * which holds the fused one). With a ctx, the engine and its fused kernel are chosen as the launch
+ * chooses them, so a forced engine or kernel the device does not run fails here
+ * (DSA_ERROR_UNSUPPORTED) before anything is written. The launch: plan->num_queries > 0, a workspace
+ * of at least that size; the cuBLAS engine creates the context's cuBLAS handle on first use. */
+DSA_HIDDEN dsa_status dsa_indexer_workspace_size(const dsa_context *ctx, const dsa_indexer_params *p,
+                                                 size_t *bytes);
+DSA_HIDDEN dsa_status dsa_launch_indexer(dsa_context *ctx, const dsa_indexer_params *p, void *workspace,
+                                         cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
