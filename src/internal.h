@@ -2,7 +2,7 @@
  * internal.h - what the host C files and the CUDA launchers share: the context struct (with its
  * tuning options), error reporting, the argument checks every public op runs (shared by the GPU op
  * and its dsa_ref_ twin), and the kernels' interface (src/kernels.h: one launcher per op of each
- * kernel family, and the launchers the cuda/ files still export here). Nothing here is public.
+ * kernel family; a family's own kernels are private to cuda/<family>/). Nothing here is public.
  */
 #ifndef DSA_INTERNAL_H
 #define DSA_INTERNAL_H
@@ -174,14 +174,6 @@ DSA_HIDDEN dsa_status dsa_ref_attn_fwd_f64(const dsa_attn_fwd_params *p, const d
                                            const double *kv, const double *sink, double *out,
                                            double *lse, double *max_logits);
 
-/* Launchers exported by the cuda/ files (C linkage). They take already-validated, stride-resolved
- * params, enqueue on `stream`, and return the launch status. Options they honour are read from
- * ctx->options. */
-DSA_HIDDEN dsa_status dsa_launch_compact(const dsa_context *ctx, const dsa_compact_params *p,
-                                         cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_pad_heads(const dsa_context *ctx, const dsa_pad_heads_params *p,
-                                           cudaStream_t stream);
-
 /* Whether a forward launch's KV gather carries the L2 evict_last policy (DSA_OPTION_FWD_KV_L2_HINT;
  * cuda/attn_fwd/dispatch.cu): what both sm_90a forward kernels follow. */
 DSA_HIDDEN int dsa_fwd_kv_evict_last(const dsa_context *ctx, const dsa_attn_fwd_params *p);
@@ -216,16 +208,6 @@ static inline DSA_HOST_DEVICE int dsa_bwd_dkv_col(int s) {
   return (s & ~15) | (((s >> 1) & 1) << 3) | (((s >> 2) & 3) << 1) | (s & 1);
 }
 
-/* ---- indexer training (cuda/indexer_train/; used by src/indexer_train.c) ----
- * Params validated and stride-resolved (dsa_check_*), T > 0 unless said otherwise; every launch
- * checked. Workspace pointers: at least the size below, any alignment (aligned up inside). */
-DSA_HIDDEN dsa_status dsa_launch_slot_target(const dsa_context *ctx, const dsa_slot_target_params *p,
-                                             cudaStream_t stream);
-/* Its sm_90a kernel (cuda/indexer_train/slot_target_sm90.cu): cc 9.0, D 576 / 512, 16-B aligned q / kv
- * rows; DSA_ERROR_UNSUPPORTED before any launch otherwise (dsa_launch_slot_target then runs the
- * CUDA-core kernel, unless DSA_OPTION_TRAIN_KERNEL forces this one). */
-DSA_HIDDEN dsa_status dsa_launch_slot_target_sm90(const dsa_context *ctx, const dsa_slot_target_params *p,
-                                                  cudaStream_t stream);
 /* The slot target's params for the inputs of a validated, stride-resolved backward call whose
  * slot_target is non-NULL (the backward's optional output; cuda/attn_bwd/dispatch.cu, src/reference.c). */
 static inline dsa_slot_target_params dsa_slot_target_of_bwd(const dsa_attn_bwd_params *p) {
@@ -251,39 +233,6 @@ static inline dsa_slot_target_params dsa_slot_target_of_bwd(const dsa_attn_bwd_p
   s.target_stride = p->slot_target_stride;
   return s;
 }
-DSA_HIDDEN dsa_status dsa_launch_indexer_slot_scores(const dsa_context *ctx,
-                                                     const dsa_indexer_slot_scores_params *p,
-                                                     cudaStream_t stream);
-/* The loss: its workspace size (>= 1, no device needed); the launcher also runs T = 0 (loss = 0). */
-DSA_HIDDEN size_t dsa_indexer_loss_workspace_size(const dsa_indexer_loss_params *p);
-DSA_HIDDEN dsa_status dsa_launch_indexer_loss(const dsa_context *ctx, const dsa_indexer_loss_params *p,
-                                              void *workspace, cudaStream_t stream);
-/* The indexer backward: its workspace size (depends on p->deterministic; the deterministic one asks
- * CUB, which needs a device); the launcher also runs T = 0 (d_index_k = 0). */
-DSA_HIDDEN dsa_status dsa_indexer_bwd_workspace_size(const dsa_indexer_bwd_params *p, size_t *bytes);
-DSA_HIDDEN dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
-                                             void *workspace, cudaStream_t stream);
-/* Its sm_90a per-token kernel (cuda/indexer_train/indexer_bwd_sm90.cu, T > 0 or nothing): d_index_q,
- * d_weights and, with acc non-NULL (zeroed [T_k, 128] fp32), d_index_k's fp32 reductions into acc in
- * the permuted layout of dsa_bwd_dkv_slot, which dsa_launch_indexer_dk_convert_lay1 turns into
- * d_index_k. DSA_ERROR_UNSUPPORTED before any launch off cc 9.0. */
-DSA_HIDDEN dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc,
-                                                  cudaStream_t stream);
-/* The launch checks of both sm_90a indexer-backward launchers, alone: DSA_ERROR_UNSUPPORTED with a
- * message where they decline (dsa_launch_indexer_bwd's automatic choice of the deterministic pass). */
-DSA_HIDDEN dsa_status dsa_indexer_bwd_sm90_check(const dsa_context *ctx, const dsa_indexer_bwd_params *p);
-/* The same kernel over tokens [t0, t0 + count), writing each valid slot's fp32 dK row at rows[((t -
- * t0) topk + j) 128] instead of reducing it (the deterministic d_index_k's chunked pass); d_index_q
- * and d_weights as above; DSA_ERROR_UNSUPPORTED likewise. */
-DSA_HIDDEN dsa_status dsa_launch_indexer_bwd_sm90_rows(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
-                                                       float *rows, int64_t t0, int64_t count, cudaStream_t stream);
-/* The slot scores on sm_90a (the same file; T > 0): zeroes the scores, then one warpgroup per token
- * computes X = K q^T by wgmma and sum_h w ReLU(X) per slot. DSA_ERROR_UNSUPPORTED off cc 9.0. */
-DSA_HIDDEN dsa_status dsa_launch_indexer_slot_scores_sm90(const dsa_context *ctx,
-                                                          const dsa_indexer_slot_scores_params *p,
-                                                          cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_indexer_dk_convert_lay1(const dsa_indexer_bwd_params *p, const float *acc,
-                                                         cudaStream_t stream);
 
 #ifdef __cplusplus
 }

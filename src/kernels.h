@@ -24,6 +24,12 @@
 extern "C" {
 #endif
 
+/* ---- layout: compaction and head padding (cuda/layout/compact.cu, cuda/layout/pad_heads.cu) ----
+ * One kernel each (the compaction's launcher picks its tier by row length); no workspace. */
+DSA_HIDDEN dsa_status dsa_launch_compact(const dsa_context *ctx, const dsa_compact_params *p, cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_launch_pad_heads(const dsa_context *ctx, const dsa_pad_heads_params *p,
+                                           cudaStream_t stream);
+
 /* ---- sparse attention forward (cuda/attn_fwd/dispatch.cu) ----
  * T > 0; no workspace. DSA_OPTION_FWD_KERNEL forces a kernel (a forced sm_90a kernel off cc 9.0, or
  * one that declines the configuration, is the call's DSA_ERROR_UNSUPPORTED). */
@@ -75,6 +81,23 @@ DSA_HIDDEN dsa_status dsa_indexer_workspace_size(const dsa_context *ctx, const d
                                                  size_t *bytes);
 DSA_HIDDEN dsa_status dsa_launch_indexer(dsa_context *ctx, const dsa_indexer_params *p, void *workspace,
                                          cudaStream_t stream);
+
+/* ---- indexer training (cuda/indexer_train/dispatch.cu; the loss: cuda/indexer_train/indexer_loss.cu) ----
+ * T > 0 for the slot target and the slot scores. Workspace pointers: at least the size below, any
+ * alignment (aligned up inside). The loss: its workspace size (>= 1, no device needed); its launcher
+ * also runs T = 0 (loss = 0). The indexer backward: its workspace size (depends on p->deterministic;
+ * the deterministic one asks CUB, which needs a device); its launcher also runs T = 0
+ * (d_index_k = 0). */
+DSA_HIDDEN dsa_status dsa_launch_slot_target(const dsa_context *ctx, const dsa_slot_target_params *p,
+                                             cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_launch_indexer_slot_scores(const dsa_context *ctx, const dsa_indexer_slot_scores_params *p,
+                                                     cudaStream_t stream);
+DSA_HIDDEN size_t dsa_indexer_loss_workspace_size(const dsa_indexer_loss_params *p);
+DSA_HIDDEN dsa_status dsa_launch_indexer_loss(const dsa_context *ctx, const dsa_indexer_loss_params *p,
+                                              void *workspace, cudaStream_t stream);
+DSA_HIDDEN dsa_status dsa_indexer_bwd_workspace_size(const dsa_indexer_bwd_params *p, size_t *bytes);
+DSA_HIDDEN dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
+                                             void *workspace, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
