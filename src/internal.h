@@ -2,7 +2,8 @@
  * internal.h - what the host C files and the CUDA launchers share: the context struct (with its
  * tuning options), error reporting, the argument checks every public op runs (shared by the GPU op
  * and its dsa_ref_ twin), and the kernels' interface (src/kernels.h: one launcher per op of each
- * kernel family; a family's own kernels are private to cuda/<family>/). Nothing here is public.
+ * kernel family; a family's own kernels are private to cuda/<family>/). The part the tests reach too
+ * is src/dsa_testing.h, included here. Nothing here is public.
  */
 #ifndef DSA_INTERNAL_H
 #define DSA_INTERNAL_H
@@ -11,14 +12,11 @@
 #include <cuda_runtime_api.h>
 #include "dsa.h"
 #include "dsa_tune.h"
-#include "kernels.h"
+#include "dsa_testing.h" /* with src/kernels.h */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* One past the largest dsa_option id (include/dsa_tune.h). */
-#define DSA_OPTION_COUNT 14
 
 struct dsa_context {
   int device;
@@ -117,96 +115,8 @@ DSA_HIDDEN dsa_status dsa_kernel_smem_once(const void *fn, int bytes, int max_ca
 
 /* Context checks for GPU entry points: non-NULL, and the calling thread bound to its device. */
 DSA_HIDDEN dsa_status dsa_context_enter(dsa_context *ctx, const char *fn);
-/* Device code for the context's device (cuda/common/device_check.cu, src/context.c): the cudaError_t
- * of cudaFuncGetAttributes on a probe kernel built like every other, the build's CUDA architectures
- * ("900, ..."), and the status a probe result maps to: DSA_SUCCESS, or DSA_ERROR_UNSUPPORTED with a
- * message naming the device, its compute capability and the build's targets (separate from the
- * probe so that the CPU tests check the mapping and the message). */
-DSA_HIDDEN int dsa_device_code_probe(void);
-DSA_HIDDEN const char *dsa_device_code_targets(void);
-DSA_HIDDEN dsa_status dsa_device_code_status(int cuda_error, int device, const char *name,
-                                             int cc_major, int cc_minor);
 /* Lazily creates the cuBLAS handle of the context. */
 DSA_HIDDEN dsa_status dsa_context_cublas(dsa_context *ctx, void **handle);
-
-/* Argument checks, one per op, shared by the GPU op and the CPU reference (src/validate.c).
- * `fn` is the public function's name, used in the message. They also resolve the 0 = contiguous
- * strides: each takes the caller's struct and writes a copy with every stride filled in. */
-DSA_HIDDEN dsa_status dsa_check_compact(const dsa_compact_params *p, const char *fn,
-                                        dsa_compact_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_pad_heads(const dsa_pad_heads_params *p, const char *fn,
-                                          dsa_pad_heads_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_topk(const dsa_topk_params *p, const char *fn,
-                                     dsa_topk_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_indexer(const dsa_indexer_params *p, const char *fn,
-                                        dsa_indexer_params *resolved);
-/* dsa_indexer_topk's workspace layout for the budgets of ctx (a device-free context serves: only its
- * options are read) and the engine `fused` (0: cuBLAS, else fused), as the call plans it
- * (cuda/indexer/dispatch.cu): its total bytes and queries per scored chunk (0 when nothing is
- * scored). For host-side tests of the layout rules. */
-DSA_HIDDEN dsa_status dsa_indexer_layout(const dsa_context *ctx, const dsa_indexer_params *p, int fused,
-                                         int64_t *total, int64_t *chunk);
-DSA_HIDDEN dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const char *fn,
-                                         dsa_attn_fwd_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
-                                         dsa_attn_bwd_params *resolved);
-/* Indexer training (src/validate.c, the end). */
-DSA_HIDDEN dsa_status dsa_check_slot_target(const dsa_slot_target_params *p, const char *fn,
-                                            dsa_slot_target_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_indexer_slot_scores(const dsa_indexer_slot_scores_params *p,
-                                                    const char *fn,
-                                                    dsa_indexer_slot_scores_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_indexer_loss(const dsa_indexer_loss_params *p, const char *fn,
-                                             dsa_indexer_loss_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_indexer_bwd(const dsa_indexer_bwd_params *p, const char *fn,
-                                            dsa_indexer_bwd_params *resolved);
-/* Section 5 check of a plan view an op is handed (src/plan.c): scalars and pointer presence, never
- * dereferenced. num_queries / total_key_tokens < 0 skip the comparison with the op's sizes. */
-DSA_HIDDEN dsa_status dsa_check_plan_view(const dsa_plan_view *v, int64_t num_queries,
-                                          int64_t total_key_tokens, const char *fn);
-
-/* CPU-reference internals (src/reference.c) the tests use: one rounding of a double to bf16
- * (nearest even), and the double-precision forward on contiguous double copies of q [T, H, D],
- * kv [T_kv, D] and sink [H] (sink NULL: the params' sink; indices, topk_length, sizes and scale come
- * from p). out [T, H, 512], lse and max_logits [T, H] are contiguous doubles, each optional. */
-DSA_HIDDEN uint16_t dsa_ref_double_to_bf16(double x);
-DSA_HIDDEN dsa_status dsa_ref_attn_fwd_f64(const dsa_attn_fwd_params *p, const double *q,
-                                           const double *kv, const double *sink, double *out,
-                                           double *lse, double *max_logits);
-
-/* Whether a forward launch's KV gather carries the L2 evict_last policy (DSA_OPTION_FWD_KV_L2_HINT;
- * cuda/attn_fwd/dispatch.cu): what both sm_90a forward kernels follow. */
-DSA_HIDDEN int dsa_fwd_kv_evict_last(const dsa_context *ctx, const dsa_attn_fwd_params *p);
-
-/* The sm_90a backward kernels' fp32 dKV accumulator in the non-deterministic mode: the 64-head kernels write
- * the permuted layout below in 128-B row segments per warp instruction (quads q and q ^ 1 swap the
- * 16-column group they do not write); the warp-specialised kernel's deterministic mode stores its
- * per-slot rows in the same order (its sums are per column, so acc keeps it), the lockstep kernel's
- * deterministic mode keeps the real column order. The convert pass un-permutes.
- * The permutation, one formula for host and device (a bijection of [16 g, 16 g + 16) onto
- * itself for every g, so of [0, D) for any D that is a multiple of 16: 576 and 512). Within a group,
- * real column c = 8 h + 2 q + e (h, e in {0, 1}, q in 0..3; bits c3 | c2 c1 | c0) lives in slot
- * 4 q + 2 h + e (bits c2 c1 | c3 | c0): a rotation of bits 1..3. Why: in the wgmma m64nNk16
- * accumulator fragment (docs/hopper.md section 2) lane l of a quad (q = l % 4) holds, of row 16 w + l / 4 (and
- * + 8), the columns 8 j + 2 q + {0, 1} for j = 0 .. N / 8 - 1; for j = 2 g + h these are the 4 real
- * columns 16 g + {2 q, 2 q + 1, 8 + 2 q, 8 + 2 q + 1}, i.e. slots 16 g + 4 q + {0, 1, 2, 3}: one 16-B
- * vector per lane, and the quad's 4 vectors are slots 16 g .. 16 g + 15 = 64 contiguous bytes.
- * Worked example, q = 1, g = 2 (columns 32..47 of a 64-column block): the lane holds real columns
- * 34, 35 (j = 4) and 42, 43 (j = 5); slots 32 + 4 + {0, 1, 2, 3} = 36, 37, 38, 39 (so slot 38 holds
- * real column 42). dsa_bwd_dkv_col is the inverse (slot -> real column), checked by the CPU test;
- * the convert pass gathers with dsa_bwd_dkv_slot (dkv[r][c] = acc[r][slot(c)]).
- * Checked by the CPU test bwd_dkv_layout (tests/test_bwd_dkv_layout.c). */
-#ifdef __CUDACC__
-#define DSA_HOST_DEVICE __host__ __device__
-#else
-#define DSA_HOST_DEVICE
-#endif
-static inline DSA_HOST_DEVICE int dsa_bwd_dkv_slot(int c) {
-  return (c & ~15) | (((c >> 1) & 3) << 2) | (((c >> 3) & 1) << 1) | (c & 1);
-}
-static inline DSA_HOST_DEVICE int dsa_bwd_dkv_col(int s) {
-  return (s & ~15) | (((s >> 1) & 1) << 3) | (((s >> 2) & 3) << 1) | (s & 1);
-}
 
 /* The slot target's params for the inputs of a validated, stride-resolved backward call whose
  * slot_target is non-NULL (the backward's optional output; cuda/attn_bwd/dispatch.cu, src/reference.c). */

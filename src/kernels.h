@@ -99,6 +99,39 @@ DSA_HIDDEN dsa_status dsa_indexer_bwd_workspace_size(const dsa_indexer_bwd_param
 DSA_HIDDEN dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
                                              void *workspace, cudaStream_t stream);
 
+/* ---- the kernels' fp32 dKV accumulator layout (host and device) ---- */
+/* The sm_90a backward kernels' fp32 dKV accumulator in the non-deterministic mode: the 64-head kernels write
+ * the permuted layout below in 128-B row segments per warp instruction (quads q and q ^ 1 swap the
+ * 16-column group they do not write); the warp-specialised kernel's deterministic mode stores its
+ * per-slot rows in the same order (its sums are per column, so acc keeps it), the lockstep kernel's
+ * deterministic mode keeps the real column order. The convert pass un-permutes.
+ * The permutation, one formula for host and device (a bijection of [16 g, 16 g + 16) onto
+ * itself for every g, so of [0, D) for any D that is a multiple of 16: 576 and 512). Within a group,
+ * real column c = 8 h + 2 q + e (h, e in {0, 1}, q in 0..3; bits c3 | c2 c1 | c0) lives in slot
+ * 4 q + 2 h + e (bits c2 c1 | c3 | c0): a rotation of bits 1..3. Why: in the wgmma m64nNk16
+ * accumulator fragment (docs/hopper.md section 2) lane l of a quad (q = l % 4) holds, of row 16 w + l / 4 (and
+ * + 8), the columns 8 j + 2 q + {0, 1} for j = 0 .. N / 8 - 1; for j = 2 g + h these are the 4 real
+ * columns 16 g + {2 q, 2 q + 1, 8 + 2 q, 8 + 2 q + 1}, i.e. slots 16 g + 4 q + {0, 1, 2, 3}: one 16-B
+ * vector per lane, and the quad's 4 vectors are slots 16 g .. 16 g + 15 = 64 contiguous bytes.
+ * Worked example, q = 1, g = 2 (columns 32..47 of a 64-column block): the lane holds real columns
+ * 34, 35 (j = 4) and 42, 43 (j = 5); slots 32 + 4 + {0, 1, 2, 3} = 36, 37, 38, 39 (so slot 38 holds
+ * real column 42). dsa_bwd_dkv_col is the inverse (slot -> real column), checked by the CPU test;
+ * the convert pass gathers with dsa_bwd_dkv_slot (dkv[r][c] = acc[r][slot(c)]).
+ * Checked by the CPU test bwd_dkv_layout (tests/test_bwd_dkv_layout.c). The indexer backward's sm_90a
+ * kernel keeps its fp32 d_index_k accumulator in the same layout. */
+#ifdef __CUDACC__
+#define DSA_HOST_DEVICE __host__ __device__
+#else
+#define DSA_HOST_DEVICE
+#endif
+static inline DSA_HOST_DEVICE int dsa_bwd_dkv_slot(int c) {
+  return (c & ~15) | (((c >> 1) & 3) << 2) | (((c >> 3) & 1) << 1) | (c & 1);
+}
+static inline DSA_HOST_DEVICE int dsa_bwd_dkv_col(int s) {
+  return (s & ~15) | (((s >> 1) & 1) << 3) | (((s >> 2) & 3) << 1) | (s & 1);
+}
+
+
 #ifdef __cplusplus
 }
 #endif

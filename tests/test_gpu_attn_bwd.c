@@ -19,7 +19,7 @@
  * slot, head block) order whatever the chunk size, so with chunk_sweep its reruns with 1, 2 and 5
  * tokens per chunk (DSA_OPTION_BWD_DET_CHUNK_TOKENS) must be bitwise identical to the one-chunk run.
  * The non-deterministic mode of the sm_90a kernels (fp32 atomics into their permuted dKV
- * accumulators, src/internal.h) is also held against the same kernel's deterministic mode.
+ * accumulators, src/kernels.h) is also held against the same kernel's deterministic mode.
  * The ws_* tests run the same cases on the warp-specialised 64-head sm_90a kernel
  * (DSA_BWD_KERNEL_SM90_WS, 4; cuda/attn_bwd/bwd_sm90_ws.cu): both modes of it alone per case
  * (only_kernel), checked as above (reference, poison, gaps, dsink, the deterministic reruns, the two
@@ -27,7 +27,6 @@
  * under racecheck (ws_gate below). */
 #include <limits.h>
 #include "test_common.h"
-#include "internal.h"
 
 typedef enum { LEN_NULL, LEN_ZERO, LEN_FULL, LEN_RANDOM } len_mode;
 typedef enum { SINK_NULL, SINK_FINITE, SINK_POS_INF, SINK_NEG_INF, SINK_MIX } sink_mode;

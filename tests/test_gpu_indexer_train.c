@@ -24,7 +24,6 @@
  * comparison measures the accumulation, not a coin flip at x ~ 0. */
 #include <limits.h>
 #include "test_common.h"
-#include "internal.h"
 
 static void *dcopy(const void *h, size_t bytes) {
   void *d = NULL;

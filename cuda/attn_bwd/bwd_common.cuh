@@ -147,7 +147,7 @@ __global__ void bwd_convert_kernel(const __grid_constant__ dsa_attn_bwd_params p
   }
 }
 
-/* ---- the same from the sm_90a kernels' permuted accumulator (layout 1, src/internal.h
+/* ---- the same from the sm_90a kernels' permuted accumulator (layout 1, src/kernels.h
  * dsa_bwd_dkv_slot): dkv[r][c] = bf16(src[r][slot(c)]). The permutation stays inside aligned
  * 16-column groups, so a warp's reads still cover the same 128 B as layout 0's. D (576 / 512) is a
  * template constant; a template so that only the launchers that run layout 1 instantiate it.

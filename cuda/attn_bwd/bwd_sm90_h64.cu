@@ -53,7 +53,7 @@
  *      atomics (red.global.add.v4.f32) into acc[idx[key]] for valid keys.
  * dQ is written (bf16 pairs) from registers after the last tile.
  * dKV accumulator (non-deterministic mode): the columns of each acc row are permuted inside 16-column
- * groups (src/internal.h dsa_bwd_dkv_slot), and quads q and q ^ 1 swap one 16-column group each
+ * groups (src/kernels.h dsa_bwd_dkv_slot), and quads q and q ^ 1 swap one 16-column group each
  * (shfl.xor 4), so that every red.global.add.v4.f32 instruction writes 4 rows x 128 contiguous bytes
  * (the fp32 reductions bound this kernel: dev/atomic_probe.cu, docs/bwd-sm90-next.md); the convert
  * pass un-permutes (bwd_convert_lay1_kernel).
