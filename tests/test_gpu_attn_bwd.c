@@ -94,16 +94,6 @@ static void check_gaps(const char *what, const uint16_t *buf, size_t n, int64_t 
   free(mark);
 }
 
-static double rel_err_f32(const float *g, const float *r, int n) {
-  double num = 0, den = 0;
-  for (int i = 0; i < n; ++i) {
-    if (isnan(g[i]) != isnan(r[i])) return INFINITY;
-    num += ((double)g[i] - r[i]) * ((double)g[i] - r[i]);
-    den += (double)r[i] * r[i];
-  }
-  return sqrt(num) / (den > 1e-300 ? sqrt(den) : 1.0);
-}
-
 /* Nonzero: run_case runs this DSA_OPTION_BWD_KERNEL value alone, one pass per mode (the ws_* tests:
  * DSA_BWD_KERNEL_SM90_WS). */
 static int only_kernel = 0;
@@ -346,7 +336,7 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
               cr_assert(dsink_got[h] == 0.f, "%s mode %d: dsink[%d] = %g, reference 0", name, mode,
                         h, (double)dsink_got[h]);
           }
-          const double e_ds = rel_err_f32(dsink_got, dsink_ref, (int)H);
+          const double e_ds = tc_rel_err_f32(dsink_got, dsink_ref, (size_t)H);
           cr_assert(e_ds <= 1e-3, "%s mode %d variant %d: dsink rel err %g (h0: %g vs %g)", name,
                     mode, variant, e_ds,
                     (double)dsink_got[0], (double)dsink_ref[0]);
