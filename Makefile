@@ -1,7 +1,9 @@
 # libdsa - GNU Make build. `make` builds build/libdsa.a and build/libdsa.so; `make test` runs every
 # Criterion suite; `make run` runs the end-to-end DSA layer; `make examples` builds examples/;
 # `make install PREFIX=...` installs (headers, both libraries, dsa.pc and dsa-static.pc).
-# Usual variables: CUDA_HOME NVCC CC CFLAGS NVCCFLAGS PREFIX DESTDIR LIBDIR INCLUDEDIR ARCH JOBS.
+# Usual variables: CUDA_HOME NVCC CC CFLAGS NVCCFLAGS PREFIX DESTDIR LIBDIR INCLUDEDIR ARCH JOBS V.
+# Each build step prints one line (`  NVCC cuda/topk/topk.cu`, `  AR   build/libdsa.a`); V=1 prints
+# the full commands instead.
 # Every target builds with JOBS parallel jobs (default: every core); -jN on the command line wins,
 # -j1 means one job.
 
@@ -28,6 +30,15 @@ MAKEFLAGS += -j$(JOBS)
 endif
 endif
 
+# V=1: the full command lines; otherwise one progress line per step ($(call say,WHAT,FILE) starts
+# a recipe line and silences it).
+V ?= 0
+ifeq ($(V),1)
+say =
+else
+say = @printf '  %-5s%s\n' '$(1)' '$(2)';
+endif
+
 VERSION := $(shell sed -n 's/^\#define DSA_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' include/dsa.h | paste -sd. -)
 
 CFLAGS    ?= -O2 -g
@@ -37,6 +48,10 @@ override NVCCFLAGS += -std=c++17 $(ARCH) -Iinclude -Isrc -Icuda -DCUB_WRAPPED_NA
              -Xcompiler -fvisibility=hidden -Xcompiler -Wall --expt-relaxed-constexpr
 LDLIBS_CUDA := -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++ -lm
 RPATH_CUDA  := -Wl,-rpath,$(CUDA_HOME)/lib64
+# libdsa.so's run-time search path (default: the toolkit's lib64). python/setup.py links the Python
+# package's copy from the same objects with LIB_SO=build/python/libdsa.so SO_RPATH=-Wl,-rpath,'$ORIGIN'
+# on the make command line: the package's loader finds the CUDA libraries by soname.
+SO_RPATH   ?= $(RPATH_CUDA)
 
 SRC_C  := $(sort $(wildcard src/*.c))
 # cuda/<family>/*.cu: one folder per op family (attn_fwd, attn_bwd, topk, indexer, layout) and
@@ -44,8 +59,12 @@ SRC_C  := $(sort $(wildcard src/*.c))
 SRC_CU := $(sort $(wildcard cuda/*/*.cu))
 HDRS   := $(wildcard include/*.h src/*.h cuda/*/*.cuh)
 
-OBJ_STATIC := $(SRC_C:%.c=$(BUILD)/static/%.o) $(SRC_CU:%.cu=$(BUILD)/static/%.o)
-OBJ_SHARED := $(SRC_C:%.c=$(BUILD)/shared/%.o) $(SRC_CU:%.cu=$(BUILD)/shared/%.o)
+# One compile of every file: position-independent objects under $(BUILD)/obj serve both the
+# archive and the shared library (-fPIC changes only the host code; the device code, sm_90a SASS
+# and compute_90 PTX, is the same with and without it).
+OBJ_C  := $(SRC_C:%.c=$(BUILD)/obj/%.o)
+OBJ_CU := $(SRC_CU:%.cu=$(BUILD)/obj/%.o)
+OBJ    := $(OBJ_C) $(OBJ_CU)
 
 LIB_A  := $(BUILD)/libdsa.a
 LIB_SO := $(BUILD)/libdsa.so
@@ -58,28 +77,22 @@ BENCH_COMMON := bench/bench_common.c
 BENCH_SRC := $(filter-out $(BENCH_COMMON),$(sort $(wildcard bench/*.c)))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test check-criterion check-install run bench plots install uninstall clean sanitize
+.PHONY: all test check-criterion check-install run bench plots status install uninstall clean sanitize
 all: $(LIB_A) $(LIB_SO)
 
-$(BUILD)/static/src/%.o: src/%.c $(HDRS)
+$(BUILD)/obj/src/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
-$(BUILD)/shared/src/%.o: src/%.c $(HDRS)
+	$(call say,CC,$<)$(CC) $(CFLAGS) -fPIC -c $< -o $@
+$(BUILD)/obj/cuda/%.o: cuda/%.cu $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -fPIC -c $< -o $@
-$(BUILD)/static/cuda/%.o: cuda/%.cu $(HDRS)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
-$(BUILD)/shared/cuda/%.o: cuda/%.cu $(HDRS)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -c $< -o $@
+	$(call say,NVCC,$<)$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -c $< -o $@
 
-$(LIB_A): $(OBJ_STATIC)
+$(LIB_A): $(OBJ)
 	@rm -f $@
-	$(AR) rcs $@ $^
-$(LIB_SO): $(OBJ_SHARED)
-	$(CC) -shared -o $@ $^ -Wl,-soname,libdsa.so.$(firstword $(subst ., ,$(VERSION))) $(LDLIBS_CUDA) \
-	  $(RPATH_CUDA)
+	$(call say,AR,$@)$(AR) rcs $@ $^
+$(LIB_SO): $(OBJ)
+	$(call say,LD,$@)$(CC) -shared -o $@ $^ -Wl,-soname,libdsa.so.$(firstword $(subst ., ,$(VERSION))) \
+	  $(LDLIBS_CUDA) $(SO_RPATH)
 
 # ---- tests -------------------------------------------------------------------------------------
 # Criterion comes from apt-get when missing (as root), else we print the command to run.
@@ -95,8 +108,11 @@ check-criterion:
 
 $(TEST_BIN): $(TEST_SRC) tests/test_common.h tests/test_shared.h $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -o $@ $(TEST_SRC) $(LIB_A) $(CRITERION_LIBS) $(LDLIBS_CUDA) $(RPATH_CUDA)
+	$(call say,CCLD,$@)$(CC) $(CFLAGS) -Itests -o $@ $(TEST_SRC) $(LIB_A) $(CRITERION_LIBS) $(LDLIBS_CUDA) \
+	  $(RPATH_CUDA)
 
+# After Criterion's synthesis the test binary prints a line counting the skipped tests as well
+# (tests/test_summary.c): `Criterion: 123 passed, 0 failed, 130 skipped (without a CUDA device)`.
 test: check-criterion
 	@$(MAKE) --no-print-directory $(TEST_BIN)
 	$(TEST_BIN) --jobs $(JOBS) $(TEST_ARGS)
@@ -109,7 +125,7 @@ test: check-criterion
 # .ci/run installs those) and passes with a note without them.
 .PHONY: sass-check
 sass-check: $(LIB_A)
-	@bash tests/sass/check.sh $(BUILD)/static/cuda
+	@bash tests/sass/check.sh $(BUILD)/obj/cuda
 
 # The Python package's suites (python/tests, pytest): the installed package when there is one
 # (pip install ./python), else the checkout's python/libdsa with $(LIB_SO). They need torch and
@@ -188,7 +204,7 @@ sanitize: check-criterion
 # ---- main job and benchmarks ---------------------------------------------------------------------
 $(BUILD)/bench/%: bench/%.c $(BENCH_COMMON) bench/bench_common.h tests/test_shared.h $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Ibench -Itests -o $@ $< $(BENCH_COMMON) $(LIB_A) $(LDLIBS_CUDA) -ldl $(RPATH_CUDA)
+	$(call say,CCLD,$@)$(CC) $(CFLAGS) -Ibench -Itests -o $@ $< $(BENCH_COMMON) $(LIB_A) $(LDLIBS_CUDA) -ldl $(RPATH_CUDA)
 
 # ---- dev/: standalone research programs (CUDA runtime only, never part of libdsa) ---------------
 # dev/atomic_probe.cu: fp32 reduction throughput by access pattern (docs/bwd-sm90-next.md, P0);
@@ -198,7 +214,7 @@ DEV_BIN := $(BUILD)/dev/atomic_probe $(BUILD)/dev/barrier_probe
 dev: $(DEV_BIN)
 $(BUILD)/dev/%: dev/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -o $@ $<
+	$(call say,NVCC,$<)$(NVCC) -O3 -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -o $@ $<
 
 run: $(BUILD)/bench/dsa_layer
 	$(BUILD)/bench/dsa_layer $(RUN_ARGS)
@@ -206,9 +222,15 @@ run: $(BUILD)/bench/dsa_layer
 bench: $(BUILD)/bench/dsa_bench
 	$(BUILD)/bench/dsa_bench $(if $(SHAPES),--shapes $(SHAPES))
 
+# The README's charts (docs/img/bench-*.png) and its status table, both from the complete runs
+# bench/results/*-full.json only (per card the newest): `make plots` draws the charts, `make status`
+# draws them and rewrites the table between README.md's status-table markers.
 plots:
 	@command -v gnuplot >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gnuplot-nox; } || { echo "install gnuplot: sudo apt-get install gnuplot-nox"; exit 1; }
 	bench/plot.sh
+
+status: plots
+	python3 bench/status_table.py --readme README.md bench/results/*-full.json
 
 # ---- install -------------------------------------------------------------------------------------
 # Two pkg-config files: dsa.pc links libdsa.so (with an rpath to LIBDIR, so the program starts without
@@ -272,16 +294,17 @@ check-install:
 
 # ---- examples ----------------------------------------------------------------------------------
 # examples/*.c: plain C99 programs against the public header and build/libdsa.a (the CUDA headers
-# are -isystem: they are not pedantic-C99 clean). `make test` builds them first (suite gpu_examples
-# runs them).
+# are -isystem: they are not pedantic-C99 clean). `make test` builds them first: suite examples runs
+# train_step's CPU half (train_step --cpu), suite gpu_examples the whole program
+# (tests/test_examples.c).
 EXAMPLES_SRC := $(sort $(wildcard examples/*.c))
 EXAMPLES_BIN := $(EXAMPLES_SRC:examples/%.c=$(BUILD)/examples/%)
 .PHONY: examples
 examples: $(EXAMPLES_BIN)
 $(BUILD)/examples/%: examples/%.c include/dsa.h $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) -std=c99 -O2 -g -Wall -Wextra -Wpedantic -Werror -Iinclude -isystem $(CUDA_HOME)/include -o $@ $< \
-	  $(LIB_A) $(LDLIBS_CUDA) $(RPATH_CUDA)
+	$(call say,CCLD,$@)$(CC) -std=c99 -O2 -g -Wall -Wextra -Wpedantic -Werror -Iinclude \
+	  -isystem $(CUDA_HOME)/include -o $@ $< $(LIB_A) $(LDLIBS_CUDA) $(RPATH_CUDA)
 test test-asan: examples
 
 uninstall:
@@ -300,7 +323,6 @@ clean:
 SAN_FLAGS     ?= -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 ASAN_BUILD    := $(BUILD)/asan
 ASAN_OBJ      := $(SRC_C:%.c=$(ASAN_BUILD)/%.o)
-CU_OBJ_STATIC := $(SRC_CU:%.cu=$(BUILD)/static/%.o)
 ASAN_TEST_BIN := $(ASAN_BUILD)/dsa_tests
 # protect_shadow_gap=0: cudart maps memory in ASan's shadow gap when a GPU is present.
 ASAN_RUN_ENV  ?= ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=1:halt_on_error=1 \
@@ -323,10 +345,10 @@ FUZZ_ARGS     ?= -timeout=20 -rss_limit_mb=3072 -malloc_limit_mb=1024 -print_fin
 .SECONDARY: $(ASAN_OBJ) $(FUZZ_OBJ)
 $(ASAN_BUILD)/src/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SAN_FLAGS) -c $< -o $@
-$(ASAN_TEST_BIN): $(TEST_SRC) tests/test_common.h tests/test_shared.h $(ASAN_OBJ) $(CU_OBJ_STATIC)
+	$(call say,CC,$@)$(CC) $(CFLAGS) $(SAN_FLAGS) -c $< -o $@
+$(ASAN_TEST_BIN): $(TEST_SRC) tests/test_common.h tests/test_shared.h $(ASAN_OBJ) $(OBJ_CU)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(SAN_FLAGS) -Itests -o $@ $(TEST_SRC) $(ASAN_OBJ) $(CU_OBJ_STATIC) \
+	$(call say,CCLD,$@)$(CC) $(CFLAGS) $(SAN_FLAGS) -Itests -o $@ $(TEST_SRC) $(ASAN_OBJ) $(OBJ_CU) \
 	  $(CRITERION_LIBS) $(LDLIBS_CUDA) $(RPATH_CUDA)
 test-asan: check-criterion
 	@$(MAKE) --no-print-directory $(ASAN_TEST_BIN)
@@ -334,11 +356,11 @@ test-asan: check-criterion
 
 $(FUZZ_BUILD)/src/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJ) $(CU_OBJ_STATIC)
+	$(call say,CC,$@)$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_OBJ) $(OBJ_CU)
 	@mkdir -p $(dir $@)
-	$(CLANG) $(FUZZ_CFLAGS) -Itests/fuzz -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_OBJ) \
-	  $(CU_OBJ_STATIC) $(LDLIBS_CUDA) $(RPATH_CUDA)
+	$(call say,CCLD,$@)$(CLANG) $(FUZZ_CFLAGS) -Itests/fuzz -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_OBJ) \
+	  $(OBJ_CU) $(LDLIBS_CUDA) $(RPATH_CUDA)
 fuzz-build: $(FUZZ_BIN)
 fuzz: fuzz-build
 	@for b in $(FUZZ_BIN); do \

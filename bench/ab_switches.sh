@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# bench/ab_switches.sh - the A/B of compile-time experiment switches in one device command: builds
+# bench/ab_switches.sh - the A/B of compile-time experiment switches in one script run: builds
 # the default tree and one variant per switch set (bench/variant.sh, in parallel), runs the given
 # Criterion filters on every variant (each under bench/limit.sh, so a hung test cannot keep the GPU),
 # then bench/ab.sh of the default against each variant that passed, and packs everything into one
-# archive (a device command returns at most 8 files).
+# archive (one file to copy back from the GPU machine).
 #
 #   bash bench/ab_switches.sh OUT SHAPES FILTERS NAME="-DSWITCH=1 [...]" [NAME2="..." ...]
 #
-#   OUT      folder for logs and JSON; OUT.tgz is written at the end (put OUT under $OUT on the device)
+#   OUT      folder for logs and JSON; OUT.tgz is written at the end (put OUT where the GPU machine's output is collected)
 #   SHAPES   dsa_bench shapes for the A/Bs (comma list)
 #   FILTERS  Criterion filters, comma list (e.g. 'gpu_attn_bwd/*,gpu_indexer_train/*'), or - for none
 #   NAME=... a variant: its name and its switches (bench/variant.sh NAME "SWITCHES")

@@ -3,7 +3,7 @@
  * inputs from the suites' generator (tests/test_shared.h, which also gives the relative errors the
  * programs check with), causal index construction for the GLM shapes, L2-flushed CUDA-event timing
  * (median of reps), the same-run ceilings (cuBLAS bf16 GEMM, device-to-device copy), the counting
- * rules of docs/perf.md ("Targets and counting rules"), and small helpers (card name, commit, date, JSON strings).
+ * rules of docs/perf.md ("Method"), and small helpers (card name, commit, date, JSON strings).
  * Plain C99; the only CUDA code it calls is the runtime API and cuBLAS.
  */
 #ifndef DSA_BENCH_COMMON_H
@@ -90,7 +90,7 @@ typedef struct bc_ceilings {
 } bc_ceilings;
 void bc_measure_ceilings(bc_timer *t, bc_ceilings *c);
 
-/* ---- counting rules (docs/perf.md, "Targets and counting rules") ---- */
+/* ---- counting rules (docs/perf.md, "Method") ---- */
 static inline double bc_flops_fwd(double slots, int heads) { return 2.0 * heads * slots * (576 + 512); }
 static inline double bc_flops_bwd(double slots, int heads) { return 2.0 * heads * slots * 2752; }
 /* the same five products at head dim d (d = 576: 2752; d = 512 has no rope part: 3*512 + 2*512) */

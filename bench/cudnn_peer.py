@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """cudnn_peer.py - libdsa and cuDNN Frontend (and torch.topk) in ONE process on the SAME inputs.
 
-Issue 16: a ratio is only a same-run ratio. This program loads build/libdsa.so with ctypes
+A ratio is only a same-run ratio. This program loads build/libdsa.so with ctypes
 (python/libdsa/_capi.py) and times libdsa and its peers on the same torch CUDA tensors:
 
   sparse bwd    libdsa dsa_sparse_attn_bwd det0 / det1  vs  cuDNN FE SparseAttentionBackward (SM90),
@@ -34,7 +34,7 @@ device-to-device copy (read + write bytes).
 
 The train-* shapes are opt-in because the whole default run's length on the H200 is not measured
 yet and their cuDNN kernels compile on first use (estimate: 2-3 minutes for the three shapes, most
-of it compiling); run them in a device command of their own.
+of it compiling); run them on their own.
 
 Rows follow dsa_bench's JSON schema plus: process, peer_same_run, peer_compile_s,
 peer_max_rel_diff / peer_agreement, peer_workspace_bytes, workspace_bytes, peer_status,
@@ -44,7 +44,7 @@ first_call_s, host_ms, peer_host_ms, spin_ms. The file is rewritten after every 
                               [--quick] [--skip-check] [--list] [--self-test]
   python3 bench/cudnn_peer.py --cpu-dry-run [--fe-src WHEEL_OR_DIR]
 
---cpu-dry-run runs the train-* section on tiny sizes on the CPU, no GPU and no cuDNN: every libdsa
+--cpu-dry-run runs the train-* section on tiny sizes on the CPU, without a GPU or cuDNN: every libdsa
 call goes to its dsa_ref_* CPU reference (same params structs, host pointers), cuDNN's two calls to
 a torch model of the SM90 kernels' math as read in the FE 1.32 sources, whose argument lists are
 bound against the real signatures parsed from the FE wheel (~/.cache/dsa-peers/cudnn/*.whl or
@@ -84,7 +84,7 @@ SHAPES = [
     dict(name="idx-32k-h64", op="idx", T=32768, H=64, K=2048, S=32768),
     dict(name="topk-32k", op="topk", T=4096, K=2048, S=32768),
     dict(name="topk-128k", op="topk", T=4096, K=2048, S=131072),
-    # issue 21, opt-in (not in the default run): the idx shapes' indexer (H_idx = H) with Ha attention heads
+    # opt-in (not in the default run): the idx shapes' indexer (H_idx = H) with Ha attention heads
     dict(name="train-glm-4k", op="train", T=4096, H=32, K=2048, S=4096, Ha=64, opt_in=True),
     dict(name="train-glm-cp8", op="train", T=4096, H=32, K=2048, S=32768, Ha=64, opt_in=True),
     dict(name="train-32k", op="train", T=32768, H=32, K=2048, S=32768, Ha=64, opt_in=True),
@@ -677,7 +677,7 @@ def bench_topk(sh, check):
 
 
 # ------------------------------------------------------------------------------------------------
-# Indexer training (issue 21): slot target and indexer backward
+# Indexer training: slot target and indexer backward
 # ------------------------------------------------------------------------------------------------
 def fe_dsa():
     """cuDNN FE's DSA namespace (cudnn.DSA), or --cpu-dry-run's stand-in."""

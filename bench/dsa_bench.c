@@ -1,5 +1,5 @@
 /*
- * dsa_bench.c - `make bench`: every canonical shape (docs/perf.md, "Targets and counting rules") for
+ * dsa_bench.c - `make bench`: every canonical shape (docs/perf.md, "Targets") for
  * every op, timed with CUDA events after an L2 flush (median of --reps, after one warm-up call, the
  * call's host work queued outside the events), with the same-run ceilings (cuBLAS bf16 GEMM 8192^3,
  * 1 GiB device-to-device copy). Writes a table and bench/results/YYYY-MM-DD-<card>.json (rewritten

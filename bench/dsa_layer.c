@@ -1053,7 +1053,7 @@ int main(int argc, char **argv) {
   printf("\ndone in %.1f s: %s\n", bc_now_s() - t0,
          failed_checks   ? "SOME CHECKS FAILED (see above)"
          : passed_checks ? "every GPU result that ran matched the reference"
-                         : "no GPU stage ran, so nothing was checked");
+                         : "no stage ran on a GPU, so nothing was checked");
   bc_timer_free(&tm);
   dsa_context_destroy(ctx);
   return failed_checks ? 1 : 0;

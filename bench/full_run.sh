@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# bench/full_run.sh - one complete run of every canonical shape with its peers, in one device
-# command, into bench/results/<date>-<card>-full.json (the -full suffix marks a complete run).
+# bench/full_run.sh - one complete run of every canonical shape with its peers, in one script run,
+# into bench/results/<date>-<card>-full.json (the -full suffix marks a complete run).
 #
 #   bash bench/full_run.sh OUTDIR [STEPS]      STEPS: comma list of build,bench,peer,merge (default all)
 #
 # FLASHMLA_SO (default .device/libflashmla_sparse.so) names FlashMLA's library. Set DSA_COMMIT: a copy
-# of the tree on another machine may carry a .git whose HEAD is not the tree's commit. A device command
-# runs at most 10 minutes: split the steps over two commands if the whole run does not fit.
+# of the tree on another machine may carry a .git whose HEAD is not the tree's commit. Where one
+# command may run only so long, split the steps over two commands (STEPS).
 #
 # Runs, in this order and on one GPU:
 #   1. build/bench/dsa_bench over every shape, with FlashMLA timed beside each fwd row in the same
@@ -14,8 +14,8 @@
 #   2. bench/cudnn_peer.py over the bwd, idx and topk shapes: libdsa (through build/libdsa.so) and
 #      cuDNN FE / torch.topk in one process on the same tensors;
 #   3. bench/merge_results.py: both files into OUTDIR/<date>-<card>-full.json.
-# Step 2 needs cuDNN FE on PYTHONPATH: run this script through the peers' staging command
-# (docs/perf.md, "How to run"). Each step's log goes to OUTDIR; a failed step does not stop the next.
+# Step 2 needs cuDNN FE on PYTHONPATH (docs/perf.md, "How to run"). Each step's log goes to OUTDIR;
+# a failed step does not stop the next.
 set -uo pipefail
 out=${1:?usage: bench/full_run.sh OUTDIR [STEPS]}
 steps=",${2:-build,bench,peer,merge},"

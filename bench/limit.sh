@@ -3,7 +3,7 @@
 # limit, Criterion's forked test workers included:
 #   bash bench/limit.sh SECONDS CMD [ARGS ...]
 # (plain `timeout` kills only its child: a hung test's workers then keep the GPU, and on a machine in
-# exclusive compute mode every later process of the device command finds no device). Exit status:
+# exclusive compute mode every later process of the script finds no device). Exit status:
 # the command's, or 137 when the limit killed it.
 set -u
 if [ $# -lt 2 ]; then sed -n 2,7p "$0"; exit 2; fi

@@ -2,8 +2,8 @@
 # ncu side-by-side (libdsa 64-head sm_90a backward vs cuDNN FE 1.32 SM90 backward).
 # From the repo root on the GPU machine:
 #   bash bench/ncu_bwd.sh            (writes everything under $OUT, ~2-3 min wall; SHAPE=... picks the shape)
-# Needs: build/bench/dsa_bench built; bench/cudnn_peer.py; cuDNN FE installed in /tmp/site (the peers'
-# staging, docs/perf.md "How to run"). docs/bwd-sm90-v3.md part I section 4 says what to read in it.
+# Needs: build/bench/dsa_bench built; bench/cudnn_peer.py; cuDNN FE installed in /tmp/site
+# (docs/perf.md, "How to run"). docs/bwd-sm90-v3.md part I section 4 says what to read in it.
 # Other pairs: OURS_RE / OURS_CMD pick libdsa's kernel and the program that runs it, CUDNN_MATCH the
 # substring of cuDNN's kernel name (the longest matching launch is profiled), e.g. the slot target:
 #   SHAPE=train-glm-cp8 OURS_RE=slot_target_sm90_kernel CUDNN_MATCH=Recompute \

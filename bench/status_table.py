@@ -1,18 +1,33 @@
 #!/usr/bin/env python3
 """status_table.py - the README's status table from complete runs only.
 
-    python3 bench/status_table.py bench/results/DATE-CARD-full.json [MORE-full.json ...]
+    python3 bench/status_table.py bench/results/*-full.json            # prints the table
+    python3 bench/status_table.py --readme README.md bench/results/*-full.json   # rewrites it in place
+    python3 bench/status_table.py --check README.md bench/results/*-full.json    # exit 1 if stale
 
-Each file is one bench/full_run.sh run on one card. For every canonical shape and variant that a
-peer measured in the same process, the table gives per card libdsa's time, the peer's and the ratio
-peer ms / libdsa ms (> 1: libdsa faster); one column per card. Rows without a same-run peer (the
-cuBLAS indexer engine, the mma engine, and so on) stay out: their times are in the full files.
+Each file is one bench/full_run.sh run on one card (<date>-<card>-full.json). Per card the newest
+run counts (by its rows' date, then by name); the table has one column per card, headed by the
+card, the commit and the date it ran. For every canonical shape and variant that a peer measured in
+the same process, a cell gives libdsa's time, the peer's and the ratio peer ms / libdsa ms (> 1:
+libdsa faster). Rows without a same-run peer (the cuBLAS indexer engine, the mma engine, and so on)
+stay out: their times are in the full files, like those of the shapes beyond the canonical ones
+(bench/merge_results.py's CANONICAL). A canonical shape's row with a same-run peer whose variant is
+not in ORDER is named on stderr, so that a new one is added to ORDER rather than lost.
+
+--readme writes the table between the lines BEGIN and END of the file (below), keeping the rest;
+bench/plot.sh draws the README's charts from the same selection (select()).
 """
 import json
 import os
 import sys
 
-# (shape, variant) in the table's order, with the op and the peer as the table names them
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from merge_results import CANONICAL  # noqa: E402
+
+BEGIN = "<!-- status-table begin: written by `make status` (bench/status_table.py); do not edit -->"
+END = "<!-- status-table end -->"
+
+# (shape, variant) in the table's order
 ORDER = [
     ("fwd-v32-8k", "sink"), ("fwd-v32-32k", "sink"), ("fwd-v32-128k", "sink"), ("fwd-v32-8k-h64", "sink"),
     ("fwd-glm-4k", "topk_length"), ("fwd-glm-cp8", "topk_length"),
@@ -52,6 +67,11 @@ def peer_name(r):
     return p
 
 
+def deterministic_vs_nondeterministic(r):
+    """A deterministic libdsa row timed against a peer that has no deterministic mode."""
+    return r["shape"].startswith("bwd-") and r.get("variant", "").startswith("det1")
+
+
 def indices(shape, variant):
     if not shape.startswith("bwd-"):
         return ""
@@ -61,42 +81,102 @@ def indices(shape, variant):
 
 
 def load(path):
-    d = json.load(open(path))
+    """One full run: {card, commit, date, path, rows: {(shape, variant): row with a same-run peer}}."""
+    with open(path) as f:
+        d = json.load(f)
     rows = d["rows"] if isinstance(d, dict) else d
     best = {}
     for r in rows:
         if not r.get("peer_same_run") or not r.get("peer_ratio") or r.get("status") != "ok":
             continue
-        key = (r["shape"], r.get("variant") or "")
-        # cudnn_peer.py's row is the peer's same-process measurement for bwd / idx / topk; dsa_bench's
-        # for fwd: keep the one that has the peer
-        best[key] = r
-    rows0 = rows[0] if rows else {}
-    card = (rows0.get("card") or os.path.basename(path)).replace("NVIDIA ", "")
-    commits = sorted({r.get("commit") for r in rows if r.get("commit")})
-    return card, commits, best
+        # dsa_bench writes the fwd rows with FlashMLA beside them, cudnn_peer.py the bwd / idx /
+        # topk rows with their peers (dsa_bench's rows of those shapes carry no peer)
+        best[(r["shape"], r.get("variant") or "")] = r
+    name = os.path.basename(path)
+    card = next((r["card"] for r in rows if r.get("card")), name)
+    dates = sorted({r["date"] for r in rows if r.get("date")}) or [name[:10]]
+    commits = sorted({r["commit"] for r in rows if r.get("commit")}) or ["?"]
+    ceil = lambda k: next((r[k] for r in rows if r.get("process") == "dsa_bench" and r.get(k)),
+                          next((r[k] for r in rows if r.get(k)), None))
+    return dict(card=card.replace("NVIDIA ", ""), commit=", ".join(commits), date=dates[-1], path=path,
+                rows=best, gemm=ceil("gemm_ceiling_tflops"), copy=ceil("copy_ceiling_gbps"))
 
 
-def main(paths):
-    cards = [load(p) for p in paths]
-    print("| shape | variant | indices | peer | " + " | ".join(f"{c[0]}: libdsa ms / peer ms, ratio" for c in cards) + " |")
-    print("|---|---|---|---|" + "---|" * len(cards))
-    for key in ORDER:
-        have = [c[2].get(key) for c in cards]
-        if not any(have):
-            continue
+def select(paths):
+    """(runs, keys): the newest run per card, cards in name order; the ORDER keys any run has."""
+    newest = {}
+    for p in paths:
+        run = load(p)
+        have = newest.get(run["card"])
+        if have is None or (run["date"], os.path.basename(p)) > (have["date"], os.path.basename(have["path"])):
+            newest[run["card"]] = run
+    runs = [newest[c] for c in sorted(newest)]
+    for run in runs:
+        extra = sorted(k for k in run["rows"] if k not in ORDER and k[0] in CANONICAL)
+        if extra:
+            print("status_table.py: %s: canonical rows with a same-run peer not in ORDER (left out): %s"
+                  % (run["path"], ", ".join("%s %s" % k for k in extra)), file=sys.stderr)
+    keys = [k for k in ORDER if any(k in run["rows"] for run in runs)]
+    return runs, keys
+
+
+def table(paths):
+    runs, keys = select(paths)
+    out = ["| shape | variant | indices | peer | "
+           + " | ".join("%s (%s, %s): libdsa ms / peer ms, ratio" % (r["card"], r["commit"], r["date"]) for r in runs)
+           + " |",
+           "|---|---|---|---|" + "---|" * len(runs)]
+    for key in keys:
+        have = [run["rows"].get(key) for run in runs]
         r0 = next(r for r in have if r)
-        cells = []
-        for r in have:
-            cells.append(f"{r['ms']:.3f} / {r['peer_ms']:.3f}, **{r['peer_ratio']:.2f}x**" if r else "-")
-        print(f"| {key[0]} | {key[1]} | {indices(*key)} | {peer_name(r0)} | " + " | ".join(cells) + " |")
-    print()
-    for p, c in zip(paths, cards):
-        print(f"- {c[0]}: `{p}` (commit {', '.join(c[1])})")
+        cells = [("%.3f / %.3f, **%.2fx**" % (r["ms"], r["peer_ms"], r["peer_ratio"])) if r else "-" for r in have]
+        out.append("| %s | %s | %s | %s | " % (key[0], key[1], indices(*key), peer_name(r0)) + " | ".join(cells) + " |")
+    out.append("")
+    out.append("ratio = peer ms / libdsa ms (> 1: libdsa is faster). Runs:")
+    out.append("")
+    for r in runs:
+        out.append("- %s: `%s`, commit %s, last run on a GPU %s" % (r["card"], r["path"], r["commit"], r["date"]))
+    return "\n".join(out) + "\n"
+
+
+def splice(readme, text):
+    """README text with the block between BEGIN and END replaced by text."""
+    with open(readme) as f:
+        doc = f.read()
+    b, e = doc.find(BEGIN), doc.find(END)
+    if b < 0 or e < b:
+        sys.exit("status_table.py: %s has no '%s' ... '%s' block" % (readme, BEGIN, END))
+    return doc[:b] + BEGIN + "\n" + text + doc[e:]
+
+
+def main(argv):
+    mode = None
+    if argv and argv[0] in ("--readme", "--check"):
+        if len(argv) < 3:
+            sys.exit(__doc__.strip())
+        mode, readme, argv = argv[0], argv[1], argv[2:]
+    paths = [p for p in argv if p.endswith("-full.json")]
+    if not argv or len(paths) != len(argv):
+        print(__doc__.strip(), file=sys.stderr)
+        sys.exit("status_table.py: give only complete runs (<date>-<card>-full.json)" if argv else 2)
+    text = table(paths)
+    if mode is None:
+        sys.stdout.write(text)
+        return
+    new = splice(readme, text)
+    with open(readme) as f:
+        old = f.read()
+    if mode == "--check":
+        if new != old:
+            sys.exit("status_table.py: %s's status table is not the one the full runs give: run `make status`" % readme)
+        print("status_table.py: %s's status table is up to date" % readme)
+    elif new != old:
+        with open(readme, "w") as f:
+            f.write(new)
+        print("status_table.py: rewrote the status table of %s" % readme)
+    else:
+        print("status_table.py: %s's status table is up to date" % readme)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        print(__doc__.strip())
-        sys.exit(2)
     main(sys.argv[1:])

@@ -1,8 +1,8 @@
 /* test_gpu_attn_bwd.c - GPU suite gpu_attn_bwd: dsa_sparse_attn_bwd against the CPU reference
  * dsa_ref_sparse_attn_bwd on fresh random inputs (out and lse from dsa_ref_sparse_attn_fwd on the
  * same inputs, dout random), in both modes:
- *  - non-deterministic (fp32 atomics) and deterministic (key-major, run 3 times: dq, dkv and dsink
- *    must be bitwise identical across the runs);
+ *  - non-deterministic (fp32 atomics) and deterministic (key-major, three times: dq, dkv and dsink
+ *    must be bitwise identical across the repetitions);
  *  - dq and dkv within 1e-2 relative error (tc_rel_err_bf16 over all elements), dsink within 1e-3
  *    (exactly 0 where the reference is 0: sink NULL or +-inf); the two modes within 1e-2 of each
  *    other.
@@ -270,7 +270,7 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   uint16_t *dq_host = malloc(ndq * 2), *dkv_host = malloc(ndkv * 2);
   uint16_t *dq_c = malloc(nz(T * H * D) * 2);
   uint16_t *dkv_c = malloc(nz(Tkv * D) * 2);
-  gpu_result res[4] = {{0}}; /* run 0 of each pass */
+  gpu_result res[4] = {{0}}; /* the first repetition of each pass */
   cr_assert(dq_host && dkv_host && dq_c && dkv_c);
 
   /* passes 0, 1: non-deterministic on kernel 1 (DSA_BWD_KERNEL_PORTABLE), 2 (SM90_H64); passes 2, 3:
@@ -355,16 +355,16 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
         memcpy(res[pass].dsink, dsink_got, sizeof dsink_got);
       } else if (!mode) {
         cr_assert(memcmp(res[pass].target, tg_host, ntg * 4) == 0,
-                  "%s: slot target (variant %d, mode 0) differs between run 0 and run %d", name, variant, run);
+                  "%s: slot target (variant %d, mode 0) differs between repetitions 0 and %d", name, variant, run);
       } else {
         cr_assert(memcmp(res[pass].target, tg_host, ntg * 4) == 0,
-                  "%s: slot target (variant %d, deterministic) differs between run 0 and run %d", name, variant, run);
+                  "%s: slot target (variant %d, deterministic) differs between repetitions 0 and %d", name, variant, run);
         cr_assert(memcmp(res[pass].dkv, dkv_host, ndkv * 2) == 0,
-                  "%s: deterministic dkv (variant %d) differs between run 0 and run %d", name, variant, run);
+                  "%s: deterministic dkv (variant %d) differs between repetitions 0 and %d", name, variant, run);
         cr_assert(memcmp(res[pass].dq, dq_host, ndq * 2) == 0,
-                  "%s: deterministic dq (variant %d) differs between run 0 and run %d", name, variant, run);
+                  "%s: deterministic dq (variant %d) differs between repetitions 0 and %d", name, variant, run);
         cr_assert(memcmp(res[pass].dsink, dsink_got, sizeof dsink_got) == 0,
-                  "%s: deterministic dsink (variant %d) differs between run 0 and run %d", name, variant,
+                  "%s: deterministic dsink (variant %d) differs between repetitions 0 and %d", name, variant,
                   run);
       }
     }

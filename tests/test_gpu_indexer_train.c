@@ -123,7 +123,7 @@ static void check_rows_bf16(const char *what, const uint16_t *got, int64_t n0, i
 }
 
 /* Every 2-byte element outside the logical [n0, n1, inner] region still holds the 0xFFFF poison. */
-static void check_gaps16(const char *what, const uint16_t *buf, size_t n, int64_t n0, int64_t s0, int64_t n1,
+static void check_gaps_bf16(const char *what, const uint16_t *buf, size_t n, int64_t n0, int64_t s0, int64_t n1,
                          int64_t s1, int64_t inner) {
   uint8_t *mark = calloc(nz((int64_t)n), 1);
   cr_assert(mark);
@@ -550,8 +550,8 @@ static void run_indexer_bwd(gpu_env *env, tc_rng *rng, const idx_case *c) {
                                bk, 128, 1e-2, 4e-3);
         }
         check_rows_f32_base("d_weights", dw, dw_st, dw_ref, H, dw_base, T, (int)H, 1e-4, NULL);
-        if (T > 0) check_gaps16("d_index_q", dq, ndq / 2, T, dq_st, H, dq_sh, 128);
-        if (Tk > 0) check_gaps16("d_index_k", dk, ndk / 2, Tk, dk_st, 1, 0, 128);
+        if (T > 0) check_gaps_bf16("d_index_q", dq, ndq / 2, T, dq_st, H, dq_sh, 128);
+        if (Tk > 0) check_gaps_bf16("d_index_k", dk, ndk / 2, Tk, dk_st, 1, 0, 128);
         check_gaps32("d_weights", dw, T, dw_st, (int)H);
         first_dq = dq;
         first_dk = dk;

@@ -9,15 +9,15 @@
 Every op is a torch custom op (torch.ops.libdsa.*) with a fake implementation, so torch.compile
 and CUDA graph capture work (make one call before capturing: the first call creates libdsa's
 context). CUDA tensors run libdsa's kernels on the current stream; CPU tensors run libdsa's CPU
-reference (exact and slow: for tests). The package loads libdsa.so (see _loader.py); nothing of
-torch is inside libdsa itself.
+reference (exact and slow: for tests). The import loads libdsa.so and checks the CUDA versions it
+needs (see _loader.py); nothing of torch is inside libdsa itself.
 """
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from . import _capi
+from . import _capi, _loader
 from ._capi import DSAError, DSAInvalidArgument, DSAUnsupported
 from ._loader import library
 from .ops import Plan
@@ -148,3 +148,6 @@ def _require_option(name):
     if name not in _capi.OPTIONS:
         raise DSAInvalidArgument(f"unknown option {name!r}; options: {', '.join(_capi.OPTIONS)}",
                                  _capi.DSA_ERROR_INVALID_ARGUMENT)
+
+
+_loader.load_at_import()

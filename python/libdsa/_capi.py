@@ -10,7 +10,7 @@ array.ctypes.data for the dsa_ref_* CPU references.
 
 runs the CPU self-test: the struct sizes against the ones gcc printed for dsa.h, then dsa_ref_topk,
 dsa_ref_indexer_topk (through a host plan), dsa_ref_sparse_attn_fwd and dsa_ref_sparse_attn_bwd on
-tiny numpy inputs, each checked against a numpy version of the same math (needs numpy, no GPU).
+tiny numpy inputs, each checked against a numpy version of the same math (needs numpy; runs without a GPU).
 """
 import ctypes as C
 import sys

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from . import _capi as D
-from ._loader import library
+from ._loader import library, require_cuda
 
 _contexts = {}
 
@@ -30,7 +30,11 @@ def _ptr(t: Optional[Tensor]):
 
 
 def _ctx_stream(device: torch.device):
-    """The libdsa context of a CUDA device and torch's current stream on it."""
+    """The libdsa context of a CUDA device and torch's current stream on it. Before the first context,
+    raises DSAUnsupported when the CUDA runtime or driver cannot run libdsa's CUDA ops
+    (_loader.cuda_problem), ahead of anything torch.cuda would say."""
+    if not _contexts:
+        require_cuda(library())
     idx = device.index if device.index is not None else torch.cuda.current_device()
     ctx = _contexts.get(idx)
     if ctx is None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The machine-code check of the sm_90a kernels (make sass-check; make test runs
-# it): cuobjdump -sass of every CUDA object under the folder given (default build/static/cuda), and a
+# it): cuobjdump -sass of every CUDA object under the folder given (default build/obj/cuda), and a
 # failure for each instruction whose 64-bit uniform memory descriptor is an odd register pair
 # (desc[UR<odd>]). CUDA 13.0's ptxas emitted one (an L2-hinted LDGSTS with desc[UR1]) when a
 # shared-memory destination split into a uniform base and a per-thread offset; the H200 raises an
@@ -9,7 +9,7 @@
 # nvidia-cuda-nvdisasm wheels (pip; .ci/run installs them). Without them the check says so and passes;
 # with them, an object whose sm_90a code does not disassemble fails it.
 set -u
-DIR=${1:-build/static/cuda}
+DIR=${1:-build/obj/cuda}
 find_tool() {
   local t
   t=$(command -v "$1" || true)
