@@ -106,7 +106,7 @@ check-criterion:
 	  fi; \
 	fi
 
-$(TEST_BIN): $(TEST_SRC) tests/test_common.h $(LIB_A)
+$(TEST_BIN): $(TEST_SRC) tests/test_common.h tests/test_shared.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(call say,CCLD,$@)$(CC) $(CFLAGS) -Itests -o $@ $(TEST_SRC) $(LIB_A) $(CRITERION_LIBS) $(LDLIBS_CUDA) \
 	  $(RPATH_CUDA)
@@ -202,9 +202,9 @@ sanitize: check-criterion
 	exit $$fail
 
 # ---- main job and benchmarks ---------------------------------------------------------------------
-$(BUILD)/bench/%: bench/%.c $(BENCH_COMMON) bench/bench_common.h $(LIB_A)
+$(BUILD)/bench/%: bench/%.c $(BENCH_COMMON) bench/bench_common.h tests/test_shared.h $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(call say,CCLD,$@)$(CC) $(CFLAGS) -Ibench -o $@ $< $(BENCH_COMMON) $(LIB_A) $(LDLIBS_CUDA) -ldl $(RPATH_CUDA)
+	$(call say,CCLD,$@)$(CC) $(CFLAGS) -Ibench -Itests -o $@ $< $(BENCH_COMMON) $(LIB_A) $(LDLIBS_CUDA) -ldl $(RPATH_CUDA)
 
 # ---- dev/: standalone research programs (CUDA runtime only, never part of libdsa) ---------------
 # dev/atomic_probe.cu: fp32 reduction throughput by access pattern (docs/bwd-sm90-next.md, P0);
@@ -346,7 +346,7 @@ FUZZ_ARGS     ?= -timeout=20 -rss_limit_mb=3072 -malloc_limit_mb=1024 -print_fin
 $(ASAN_BUILD)/src/%.o: src/%.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(call say,CC,$@)$(CC) $(CFLAGS) $(SAN_FLAGS) -c $< -o $@
-$(ASAN_TEST_BIN): $(TEST_SRC) tests/test_common.h $(ASAN_OBJ) $(OBJ_CU)
+$(ASAN_TEST_BIN): $(TEST_SRC) tests/test_common.h tests/test_shared.h $(ASAN_OBJ) $(OBJ_CU)
 	@mkdir -p $(dir $@)
 	$(call say,CCLD,$@)$(CC) $(CFLAGS) $(SAN_FLAGS) -Itests -o $@ $(TEST_SRC) $(ASAN_OBJ) $(OBJ_CU) \
 	  $(CRITERION_LIBS) $(LDLIBS_CUDA) $(RPATH_CUDA)

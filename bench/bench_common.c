@@ -45,12 +45,12 @@ static inline uint16_t bc_bf16(float x) {
   return (uint16_t)(u >> 16);
 }
 
-void bc_fill_bf16_host(bc_rng *r, uint16_t *x, size_t n, float lo, float hi) {
+void bc_fill_bf16_host(tc_rng *r, uint16_t *x, size_t n, float lo, float hi) {
   /* Four 16-bit draws per 64-bit output: the tensors here reach 600 MB. */
   const float step = (hi - lo) / 65536.0f;
   size_t i = 0;
   while (i < n) {
-    uint64_t z = bc_next(r);
+    uint64_t z = tc_next(r);
     for (int j = 0; j < 4 && i < n; ++j, ++i) {
       float v = lo + step * ((float)(z & 0xFFFFu) + 0.5f); /* +0.5: never exactly lo, never 0 at lo=-hi */
       x[i] = bc_bf16(v);
@@ -59,11 +59,11 @@ void bc_fill_bf16_host(bc_rng *r, uint16_t *x, size_t n, float lo, float hi) {
   }
 }
 
-void bc_fill_f32_host(bc_rng *r, float *x, size_t n, float lo, float hi) {
+void bc_fill_f32_host(tc_rng *r, float *x, size_t n, float lo, float hi) {
   const double step = ((double)hi - lo) / 4294967296.0;
   size_t i = 0;
   while (i < n) {
-    uint64_t z = bc_next(r);
+    uint64_t z = tc_next(r);
     x[i++] = (float)(lo + step * ((double)(z & 0xFFFFFFFFu) + 0.5));
     if (i < n) x[i++] = (float)(lo + step * ((double)(z >> 32) + 0.5));
   }
@@ -71,7 +71,7 @@ void bc_fill_f32_host(bc_rng *r, float *x, size_t n, float lo, float hi) {
 
 #define BC_CHUNK_BYTES ((size_t)32 << 20)
 
-void bc_fill_bf16_device(bc_rng *r, uint16_t *d, size_t n, float lo, float hi) {
+void bc_fill_bf16_device(tc_rng *r, uint16_t *d, size_t n, float lo, float hi) {
   size_t chunk = BC_CHUNK_BYTES / sizeof(uint16_t);
   uint16_t *h = bc_malloc((n < chunk ? n : chunk) * sizeof(uint16_t));
   for (size_t off = 0; off < n; off += chunk) {
@@ -82,7 +82,7 @@ void bc_fill_bf16_device(bc_rng *r, uint16_t *d, size_t n, float lo, float hi) {
   free(h);
 }
 
-void bc_fill_f32_device(bc_rng *r, float *d, size_t n, float lo, float hi) {
+void bc_fill_f32_device(tc_rng *r, float *d, size_t n, float lo, float hi) {
   size_t chunk = BC_CHUNK_BYTES / sizeof(float);
   float *h = bc_malloc((n < chunk ? n : chunk) * sizeof(float));
   for (size_t off = 0; off < n; off += chunk) {
@@ -94,14 +94,14 @@ void bc_fill_f32_device(bc_rng *r, float *d, size_t n, float lo, float hi) {
 }
 
 /* ---- indices ---- */
-void bc_random_distinct_indices(bc_rng *r, int32_t *idx, int64_t rows, int32_t k, int64_t range) {
+void bc_random_distinct_indices(tc_rng *r, int32_t *idx, int64_t rows, int32_t k, int64_t range) {
   /* Partial Fisher-Yates on a persistent permutation: each row costs O(k), and the array stays a
    * permutation, so nothing needs resetting between rows. */
   int32_t *perm = bc_malloc((size_t)range * sizeof(int32_t));
   for (int64_t i = 0; i < range; ++i) perm[i] = (int32_t)i;
   for (int64_t t = 0; t < rows; ++t) {
     for (int32_t j = 0; j < k; ++j) {
-      int64_t s = j + bc_below(r, range - j);
+      int64_t s = j + tc_below(r, range - j);
       int32_t tmp = perm[j];
       perm[j] = perm[s];
       perm[s] = tmp;
@@ -111,7 +111,7 @@ void bc_random_distinct_indices(bc_rng *r, int32_t *idx, int64_t rows, int32_t k
   free(perm);
 }
 
-void bc_causal_row(bc_rng *r, int32_t *row, int32_t k, int64_t doc_start, int64_t causal_len) {
+void bc_causal_row(tc_rng *r, int32_t *row, int32_t k, int64_t doc_start, int64_t causal_len) {
   int32_t j = 0;
   if (causal_len <= k) {
     for (; j < causal_len; ++j) row[j] = (int32_t)(doc_start + j);
@@ -119,7 +119,7 @@ void bc_causal_row(bc_rng *r, int32_t *row, int32_t k, int64_t doc_start, int64_
     /* Selection sampling (Knuth's algorithm S): an ascending uniform k-subset in one pass. */
     int64_t need = k;
     for (int64_t c = 0; c < causal_len && need > 0; ++c) {
-      if (bc_below(r, causal_len - c) < need) {
+      if (tc_below(r, causal_len - c) < need) {
         row[j++] = (int32_t)(doc_start + c);
         --need;
       }
@@ -128,7 +128,7 @@ void bc_causal_row(bc_rng *r, int32_t *row, int32_t k, int64_t doc_start, int64_
   for (; j < k; ++j) row[j] = -1;
 }
 
-void bc_causal_indices(bc_rng *r, int32_t *idx, int32_t *lengths, int64_t rows, int64_t query_start,
+void bc_causal_indices(tc_rng *r, int32_t *idx, int32_t *lengths, int64_t rows, int64_t query_start,
                        int32_t k) {
   for (int64_t t = 0; t < rows; ++t) {
     int64_t c = query_start + t + 1;
@@ -248,7 +248,7 @@ static dsa_status bc_copy_run(void *arg, cudaStream_t stream) {
 }
 
 void bc_measure_ceilings(bc_timer *t, bc_ceilings *c) {
-  bc_rng r = {0x5eed0001ull};
+  tc_rng r = {0x5eed0001ull};
   double ms;
   c->gemm_tflops = NAN;
   c->copy_gbps = NAN;
@@ -287,15 +287,6 @@ void bc_measure_ceilings(bc_timer *t, bc_ceilings *c) {
 }
 
 /* ---- environment ---- */
-int bc_have_gpu(void) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n > 0;
-}
-
 void bc_card_name(char *buf, size_t n, int spaces_to_dashes) {
   struct cudaDeviceProp prop;
   int dev = 0;

@@ -1,6 +1,7 @@
 /*
- * bench_common.h - what the benchmark programs (dsa_bench, dsa_layer) share: a fast seeded PRNG and
- * random device inputs, causal index construction for the GLM shapes, L2-flushed CUDA-event timing
+ * bench_common.h - what the benchmark programs (dsa_bench, dsa_layer) share: fast random device
+ * inputs from the suites' generator (tests/test_shared.h, which also gives the relative errors the
+ * programs check with), causal index construction for the GLM shapes, L2-flushed CUDA-event timing
  * (median of reps), the same-run ceilings (cuBLAS bf16 GEMM, device-to-device copy), the counting
  * rules of docs/perf.md ("Method"), and small helpers (card name, commit, date, JSON strings).
  * Plain C99; the only CUDA code it calls is the runtime API and cuBLAS.
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <cuda_runtime_api.h>
 #include "dsa.h"
+#include "test_shared.h" /* the generator, errors, NaN tests, tc_have_gpu: the same as the suites' */
 
 /* ---- errors: a CUDA failure in the benchmark harness itself is fatal (it is not the library's) ---- */
 #define BC_CUDA(call)                                                                  \
@@ -25,34 +27,27 @@ void bc_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn)
 void *bc_malloc(size_t bytes);      /* host malloc or die */
 void *bc_dmalloc(size_t bytes);     /* cudaMalloc or die (prints the size that failed) */
 
-/* ---- random numbers: splitmix64 ---- */
-typedef struct { uint64_t s; } bc_rng;
-static inline uint64_t bc_next(bc_rng *r) {
-  uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-static inline int64_t bc_below(bc_rng *r, int64_t n) { return (int64_t)(bc_next(r) % (uint64_t)n); }
-
-/* Host fills. Values uniform in [lo, hi); bf16 never exactly zero is not promised, but random. */
-void bc_fill_bf16_host(bc_rng *r, uint16_t *x, size_t n, float lo, float hi);
-void bc_fill_f32_host(bc_rng *r, float *x, size_t n, float lo, float hi);
+/* ---- random numbers: the suites' splitmix64 (tc_rng, tc_next, tc_below: tests/test_shared.h) ----
+ * Bulk fills for the benchmarks' large tensors (hundreds of MB): four 16-bit draws per 64-bit output
+ * for bf16, two 32-bit ones for fp32, values uniform in [lo, hi) (never exactly lo); the suites'
+ * tc_fill_* take one draw per element. */
+void bc_fill_bf16_host(tc_rng *r, uint16_t *x, size_t n, float lo, float hi);
+void bc_fill_f32_host(tc_rng *r, float *x, size_t n, float lo, float hi);
 /* Device fills from the host in 32 MiB chunks (random everywhere, no repetition). */
-void bc_fill_bf16_device(bc_rng *r, uint16_t *d, size_t n, float lo, float hi);
-void bc_fill_f32_device(bc_rng *r, float *d, size_t n, float lo, float hi);
+void bc_fill_bf16_device(tc_rng *r, uint16_t *d, size_t n, float lo, float hi);
+void bc_fill_f32_device(tc_rng *r, float *d, size_t n, float lo, float hi);
 
 /* ---- indices ---- */
 /* rows x k distinct random values in [0, range) per row (unsorted), host. Needs k <= range. */
-void bc_random_distinct_indices(bc_rng *r, int32_t *idx, int64_t rows, int32_t k, int64_t range);
+void bc_random_distinct_indices(tc_rng *r, int32_t *idx, int64_t rows, int32_t k, int64_t range);
 /* Causal GLM indices for one sequence, host: local row t is global position g = query_start + t
  * and sees keys 0..g; if g + 1 <= k the row is 0..g, else a random ascending k-subset of 0..g.
  * Slots past the valid count are -1; lengths[t] = min(g + 1, k). */
-void bc_causal_indices(bc_rng *r, int32_t *idx, int32_t *lengths, int64_t rows, int64_t query_start,
+void bc_causal_indices(tc_rng *r, int32_t *idx, int32_t *lengths, int64_t rows, int64_t query_start,
                        int32_t k);
 /* The same for a packed batch: key positions start at doc_start (the document's first row), the
  * row sees doc_start..doc_start+c-1 with c = its causal length (0: a row of -1). */
-void bc_causal_row(bc_rng *r, int32_t *row, int32_t k, int64_t doc_start, int64_t causal_len);
+void bc_causal_row(tc_rng *r, int32_t *row, int32_t k, int64_t doc_start, int64_t causal_len);
 
 /* ---- timing ---- */
 typedef dsa_status (*bc_op_fn)(void *arg, cudaStream_t stream);
@@ -104,7 +99,6 @@ static inline double bc_flops_idx(double pairs, int idx_heads) { return 2.0 * id
 static inline double bc_bytes_topk(double rows, double columns) { return rows * columns * 4; }
 
 /* ---- environment ---- */
-int bc_have_gpu(void);
 void bc_card_name(char *buf, size_t n, int spaces_to_dashes); /* device 0 name */
 void bc_commit(char *buf, size_t n);  /* DSA_COMMIT, else git rev-parse --short HEAD, else unknown */
 void bc_date(char *buf, size_t n);    /* YYYY-MM-DD (local time) */

@@ -209,7 +209,7 @@ typedef struct bench {
   dsa_context *ctx;
   bc_timer timer;
   bc_ceilings ceil;
-  bc_rng rng;
+  tc_rng rng;
   int constructed_indices;
   char card[128], card_file[128], commit[64], date[16];
   const char *out_path;
@@ -1217,7 +1217,7 @@ int main(int argc, char **argv) {
     b.flashmla = &flashmla;
     printf("peer: %s from %s (same run, same inputs, its own loop of reps)\n", FLASHMLA_NAME, flashmla.path);
   }
-  if (!bc_have_gpu()) {
+  if (!tc_have_gpu()) {
     printf("no CUDA device: nothing to benchmark\n");
     return 0;
   }

@@ -59,27 +59,6 @@ static int32_t H_ATTN = 64, H_IDX = 32, TOPK = 2048;
 static int failed_checks, passed_checks;
 
 /* ---- small host helpers ---- */
-static double rel_err_bf16(const uint16_t *got, const uint16_t *ref, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    double g = dsa_bf16_to_f32(got[i]), e = dsa_bf16_to_f32(ref[i]);
-    if (isnan(g) != isnan(e)) return INFINITY;
-    if (isnan(g)) continue;
-    num += (g - e) * (g - e);
-    den += e * e;
-  }
-  return sqrt(num) / (den > 1e-300 ? sqrt(den) : 1.0);
-}
-
-static double norm_bf16(const uint16_t *x, size_t n) {
-  double s = 0;
-  for (size_t i = 0; i < n; ++i) {
-    double v = dsa_bf16_to_f32(x[i]);
-    s += v * v;
-  }
-  return sqrt(s);
-}
-
 static const char *verdict(double err, double tol) {
   if (!(err <= tol)) {
     ++failed_checks;
@@ -123,14 +102,14 @@ static dsa_status make_plan(const layer_cfg *c, dsa_plan **plan, int64_t *T_k) {
 }
 
 /* Rows to check: the first, the last, and random valid ones (distinct). */
-static int pick_rows(bc_rng *r, const dsa_plan_view *v, int want, int64_t *rows) {
+static int pick_rows(tc_rng *r, const dsa_plan_view *v, int want, int64_t *rows) {
   int n = 0;
   int64_t T = v->num_queries;
   const int64_t cand[2] = {0, T - 1};
   for (int i = 0; i < 2 && n < want; ++i)
     if (v->query_valid[cand[i]] && (n == 0 || rows[0] != cand[i])) rows[n++] = cand[i];
   for (int tries = 0; n < want && tries < 100 * want; ++tries) {
-    int64_t t = bc_below(r, T), dup = 0;
+    int64_t t = tc_below(r, T), dup = 0;
     for (int i = 0; i < n; ++i) dup |= rows[i] == t;
     if (!dup && v->query_valid[t]) rows[n++] = t;
   }
@@ -241,7 +220,7 @@ static dsa_attn_bwd_params layer_bwd_params(const dsa_attn_fwd_params *f, const 
   return p;
 }
 
-static void check_dkv_small(dsa_context *ctx, bc_rng *rng, cudaStream_t stream) {
+static void check_dkv_small(dsa_context *ctx, tc_rng *rng, cudaStream_t stream) {
   const int32_t docs[2] = {180, 123};
   const int64_t T = 303;
   const int32_t H = 16, K = 128;
@@ -287,7 +266,7 @@ static void check_dkv_small(dsa_context *ctx, bc_rng *rng, cudaStream_t stream) 
     BC_CUDA(cudaStreamSynchronize(stream));
     BC_CUDA(cudaMemcpy(dq, d_dq, nq * 2, cudaMemcpyDeviceToHost));
     BC_CUDA(cudaMemcpy(dkv, d_dkv, nkv * 2, cudaMemcpyDeviceToHost));
-    double e_dq = rel_err_bf16(dq, dq_ref, nq), e_dkv = rel_err_bf16(dkv, dkv_ref, nkv);
+    double e_dq = tc_rel_err_bf16(dq, dq_ref, nq), e_dkv = tc_rel_err_bf16(dkv, dkv_ref, nkv);
     printf("  %-22s small problem (T=303 in 2 documents, H=16, K=128, every row): "
            "dq rel err %.2e %s, dkv rel err %.2e %s\n",
            "dkv check", e_dq, verdict(e_dq, TOL), e_dkv, verdict(e_dkv, TOL));
@@ -351,16 +330,6 @@ static dsa_status bwd_run(void *a, cudaStream_t s) {
  * row against the reference run on the device's target and scores; d_index_k for bitwise
  * reproducibility in the deterministic mode. */
 static int train_indexer;
-
-static double rel_err_f32(const float *got, const float *ref, size_t n) {
-  double m = 0, e = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (isnan(got[i])) return INFINITY;
-    m = fmax(m, fabs((double)ref[i]));
-    e = fmax(e, fabs((double)got[i] - (double)ref[i]));
-  }
-  return m > 0 ? e / m : e;
-}
 
 static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t T_k, const uint16_t *d_q,
                              const uint16_t *d_kv, const float *d_lse, const uint16_t *d_iq, const uint16_t *d_ik,
@@ -506,7 +475,7 @@ static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t 
     rl.grad = r_g;
     if (dsa_ref_indexer_loss(&rl) != DSA_SUCCESS) bc_die("dsa_ref_indexer_loss: %s", dsa_last_error_message());
     const double e_loss = fabs((double)loss - rloss) / fmax(fabs((double)rloss), 1e-30);
-    const double e_g = rel_err_f32(h_g, r_g, n_s);
+    const double e_g = tc_max_rel_err_f32(h_g, r_g, n_s);
     uint16_t *h_q = bc_malloc((size_t)H_ATTN * DIM * 2), *r_dq = bc_malloc((size_t)H_IDX * 128 * 2);
     uint16_t *g_dq = bc_malloc((size_t)H_IDX * 128 * 2), *r_dk = bc_malloc((size_t)T_k * 128 * 2);
     float *h_lse = bc_malloc((size_t)H_ATTN * 4), *r_a = bc_malloc((size_t)TOPK * 4), *r_z = bc_malloc((size_t)TOPK * 4);
@@ -525,7 +494,7 @@ static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t 
       rs.lse = h_lse;
       rs.target = r_a;
       if (dsa_ref_attn_slot_target(&rs) != DSA_SUCCESS) bc_die("dsa_ref_attn_slot_target: %s", dsa_last_error_message());
-      e_a = fmax(e_a, rel_err_f32(h_a + t * TOPK, r_a, TOPK));
+      e_a = fmax(e_a, tc_max_rel_err_f32(h_a + t * TOPK, r_a, TOPK));
       dsa_indexer_slot_scores_params rc = *cp;
       rc.num_tokens = 1;
       rc.index_q = h_iq + t * H_IDX * 128;
@@ -535,7 +504,7 @@ static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t 
       rc.lengths = h_len + t;
       rc.scores = r_z;
       if (dsa_ref_indexer_slot_scores(&rc) != DSA_SUCCESS) bc_die("dsa_ref_indexer_slot_scores: %s", dsa_last_error_message());
-      e_z = fmax(e_z, rel_err_f32(h_z + t * TOPK, r_z, TOPK));
+      e_z = fmax(e_z, tc_max_rel_err_f32(h_z + t * TOPK, r_z, TOPK));
       if (st4 == DSA_SUCCESS) {
         /* the row's d_index_q and d_weights from the device's g of that row */
         dsa_indexer_bwd_params rb = ta.bw;
@@ -553,8 +522,8 @@ static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t 
         if (dsa_ref_indexer_bwd(&rb) != DSA_SUCCESS) bc_die("dsa_ref_indexer_bwd: %s", dsa_last_error_message());
         BC_CUDA(cudaMemcpy(g_dq, d_diq + t * H_IDX * 128, (size_t)H_IDX * 128 * 2, cudaMemcpyDeviceToHost));
         BC_CUDA(cudaMemcpy(g_dw, d_dw + t * H_IDX, (size_t)H_IDX * 4, cudaMemcpyDeviceToHost));
-        e_dq = fmax(e_dq, rel_err_bf16(g_dq, r_dq, (size_t)H_IDX * 128));
-        e_dw = fmax(e_dw, rel_err_f32(g_dw, r_dw, (size_t)H_IDX));
+        e_dq = fmax(e_dq, tc_rel_err_bf16(g_dq, r_dq, (size_t)H_IDX * 128));
+        e_dw = fmax(e_dw, tc_max_rel_err_f32(g_dw, r_dw, (size_t)H_IDX));
       }
     }
     printf("  %-22s loss %.6g (reference on the device's target and scores: %.6g), rel err %.1e %s\n", "",
@@ -571,7 +540,7 @@ static void run_train_stages(dsa_context *ctx, bc_timer *tm, int64_t T, int64_t 
 }
 
 static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *ceil, const layer_cfg *c,
-                          bc_rng *rng, int sample) {
+                          tc_rng *rng, int sample) {
   cudaStream_t stream = tm->stream;
   H_ATTN = c->heads;
   H_IDX = c->idx_heads;
@@ -773,7 +742,7 @@ static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *cei
       rp.out = r_out;
       rp.lse = r_lse;
       if (dsa_ref_sparse_attn_fwd(&rp) != DSA_SUCCESS) bc_die("dsa_ref_sparse_attn_fwd: %s", dsa_last_error_message());
-      double e = rel_err_bf16(h_out, r_out, (size_t)H_ATTN * VDIM);
+      double e = tc_rel_err_bf16(h_out, r_out, (size_t)H_ATTN * VDIM);
       if (!(e <= worst_out)) worst_out = e;
       for (int h = 0; h < H_ATTN; ++h) {
         double d = fabs((double)h_lse[h] - (double)r_lse[h]);
@@ -869,7 +838,7 @@ static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *cei
         rp.dq = r_dq;
         rp.dkv = r_dkv;
         if (dsa_ref_sparse_attn_bwd(&rp) != DSA_SUCCESS) bc_die("dsa_ref_sparse_attn_bwd: %s", dsa_last_error_message());
-        double e = rel_err_bf16(h_dq, r_dq, (size_t)H_ATTN * DIM);
+        double e = tc_rel_err_bf16(h_dq, r_dq, (size_t)H_ATTN * DIM);
         if (!(e <= worst)) worst = e;
       }
       printf("  %-22s %d sampled rows: dq rel err (worst row) %.2e %s; dkv bitwise identical run to run: %s\n",
@@ -897,7 +866,7 @@ static void run_gpu_layer(dsa_context *ctx, bc_timer *tm, const bc_ceilings *cei
 /* ---------------------------------------------------------------------------------------------
  * Without a GPU: the CPU reference on a small GLM-shaped problem
  * ------------------------------------------------------------------------------------------- */
-static int run_cpu_small(bc_rng *rng) {
+static int run_cpu_small(tc_rng *rng) {
   const int32_t docs[3] = {100, 90, 66};
   const int32_t H = 4, HI = 4, K = 64;
   int32_t cu[4] = {0, docs[0], docs[0] + docs[1], docs[0] + docs[1] + docs[2]};
@@ -974,7 +943,7 @@ static int run_cpu_small(bc_rng *rng) {
     if (lse[i] > hi) hi = lse[i];
   }
   printf("  sparse forward (ref) %8.3f ms  lse in [%.4f, %.4f], |out| = %.4f\n", (bc_now_s() - t0) * 1e3, lo, hi,
-         norm_bf16(out, n_o));
+         tc_norm_bf16(out, n_o));
 
   dsa_attn_bwd_params bp = layer_bwd_params(&fp, dout, dq, dkv);
   t0 = bc_now_s();
@@ -984,7 +953,7 @@ static int run_cpu_small(bc_rng *rng) {
     return 1;
   }
   printf("  sparse backward (ref)%8.3f ms  |dq| = %.4f, |dkv| = %.4f (|dout| = %.4f)\n", (bc_now_s() - t0) * 1e3,
-         norm_bf16(dq, n_q), norm_bf16(dkv, n_kv), norm_bf16(dout, n_o));
+         tc_norm_bf16(dq, n_q), tc_norm_bf16(dkv, n_kv), tc_norm_bf16(dout, n_o));
   if (train_indexer) {
     /* the indexer-training references on the same problem (docs/indexer-training.md) */
     const size_t n_s = (size_t)T * K;
@@ -1017,7 +986,7 @@ static int run_cpu_small(bc_rng *rng) {
     for (size_t i = 0; i < n_s; ++i) sa += a[i];
     printf("  indexer training (ref) %8.3f ms  target sum %.4f (H = %d per counted row), KL loss %.6f, "
            "|d_index_q| = %.4f, |d_index_k| = %.4f\n", (bc_now_s() - t0) * 1e3, sa, H, (double)loss,
-           norm_bf16(diq, n_iq), norm_bf16(dik, n_ik));
+           tc_norm_bf16(diq, n_iq), tc_norm_bf16(dik, n_ik));
     free(a); free(z); free(g); free(dw); free(diq); free(dik);
   }
   free(iq); free(ik); free(q); free(kv); free(out); free(dout); free(dq); free(dkv);
@@ -1049,9 +1018,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "dsa_layer: --reps and --sample must be >= 1, --config packed, cp8, both or small\n");
     return 2;
   }
-  bc_rng rng = {seed};
+  tc_rng rng = {seed};
   printf("libdsa %s end-to-end DSA layer (seed %llu)\n", dsa_version_string(), (unsigned long long)seed);
-  if (force_cpu || !bc_have_gpu()) {
+  if (force_cpu || !tc_have_gpu()) {
     printf(force_cpu ? "--cpu: running the CPU reference at a small size\n"
                      : "no CUDA device: running the CPU reference at a small size\n");
     return run_cpu_small(&rng);

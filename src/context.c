@@ -89,6 +89,14 @@ DSA_API dsa_status dsa_context_create(dsa_context **ctx, int device) {
   return DSA_SUCCESS;
 }
 
+dsa_context *dsa_testing_context(int l2_bytes) {
+  dsa_context *c = (dsa_context *)calloc(1, sizeof *c);
+  if (c == NULL) return NULL;
+  dsa_context_options_init(c);
+  c->l2_bytes = l2_bytes;
+  return c;
+}
+
 DSA_API void dsa_context_destroy(dsa_context *ctx) {
   if (ctx == NULL) return;
   if (ctx->cublas != NULL) cublasDestroy((cublasHandle_t)ctx->cublas);

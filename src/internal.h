@@ -1,7 +1,9 @@
 /*
  * internal.h - what the host C files and the CUDA launchers share: the context struct (with its
  * tuning options), error reporting, the argument checks every public op runs (shared by the GPU op
- * and its dsa_ref_ twin), and the launchers the cuda/ files export. Nothing here is public.
+ * and its dsa_ref_ twin), and the kernels' interface (src/kernels.h: one launcher per op of each
+ * kernel family; a family's own kernels are private to cuda/<family>/). The part the tests reach too
+ * is src/dsa_testing.h, included here. Nothing here is public.
  */
 #ifndef DSA_INTERNAL_H
 #define DSA_INTERNAL_H
@@ -10,15 +12,11 @@
 #include <cuda_runtime_api.h>
 #include "dsa.h"
 #include "dsa_tune.h"
+#include "dsa_testing.h" /* with src/kernels.h */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define DSA_HIDDEN __attribute__((visibility("hidden")))
-
-/* One past the largest dsa_option id (include/dsa_tune.h). */
-#define DSA_OPTION_COUNT 14
 
 struct dsa_context {
   int device;
@@ -117,227 +115,11 @@ DSA_HIDDEN dsa_status dsa_kernel_smem_once(const void *fn, int bytes, int max_ca
 
 /* Context checks for GPU entry points: non-NULL, and the calling thread bound to its device. */
 DSA_HIDDEN dsa_status dsa_context_enter(dsa_context *ctx, const char *fn);
-/* Device code for the context's device (cuda/common/device_check.cu, src/context.c): the cudaError_t
- * of cudaFuncGetAttributes on a probe kernel built like every other, the build's CUDA architectures
- * ("900, ..."), and the status a probe result maps to: DSA_SUCCESS, or DSA_ERROR_UNSUPPORTED with a
- * message naming the device, its compute capability and the build's targets (separate from the
- * probe so that the CPU tests check the mapping and the message). */
-DSA_HIDDEN int dsa_device_code_probe(void);
-DSA_HIDDEN const char *dsa_device_code_targets(void);
-DSA_HIDDEN dsa_status dsa_device_code_status(int cuda_error, int device, const char *name,
-                                             int cc_major, int cc_minor);
 /* Lazily creates the cuBLAS handle of the context. */
 DSA_HIDDEN dsa_status dsa_context_cublas(dsa_context *ctx, void **handle);
 
-/* Argument checks, one per op, shared by the GPU op and the CPU reference (src/validate.c).
- * `fn` is the public function's name, used in the message. They also resolve the 0 = contiguous
- * strides: each takes the caller's struct and writes a copy with every stride filled in. */
-DSA_HIDDEN dsa_status dsa_check_compact(const dsa_compact_params *p, const char *fn,
-                                        dsa_compact_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_pad_heads(const dsa_pad_heads_params *p, const char *fn,
-                                          dsa_pad_heads_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_topk(const dsa_topk_params *p, const char *fn,
-                                     dsa_topk_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_indexer(const dsa_indexer_params *p, const char *fn,
-                                        dsa_indexer_params *resolved);
-/* dsa_indexer_topk's workspace layout for the budgets of ctx (a device-free context serves: only its
- * options are read) and the engine `fused` (0: cuBLAS, else fused), as the call plans it
- * (src/indexer.c): its total bytes and queries per scored chunk (0 when nothing is scored). For
- * host-side tests of the layout rules. */
-DSA_HIDDEN dsa_status dsa_indexer_layout(const dsa_context *ctx, const dsa_indexer_params *p, int fused,
-                                         int64_t *total, int64_t *chunk);
-DSA_HIDDEN dsa_status dsa_check_attn_fwd(const dsa_attn_fwd_params *p, const char *fn,
-                                         dsa_attn_fwd_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_attn_bwd(const dsa_attn_bwd_params *p, const char *fn,
-                                         dsa_attn_bwd_params *resolved);
-/* Indexer training (src/validate.c, the end). */
-DSA_HIDDEN dsa_status dsa_check_slot_target(const dsa_slot_target_params *p, const char *fn,
-                                            dsa_slot_target_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_indexer_slot_scores(const dsa_indexer_slot_scores_params *p,
-                                                    const char *fn,
-                                                    dsa_indexer_slot_scores_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_indexer_loss(const dsa_indexer_loss_params *p, const char *fn,
-                                             dsa_indexer_loss_params *resolved);
-DSA_HIDDEN dsa_status dsa_check_indexer_bwd(const dsa_indexer_bwd_params *p, const char *fn,
-                                            dsa_indexer_bwd_params *resolved);
-/* Section 5 check of a plan view an op is handed (src/plan.c): scalars and pointer presence, never
- * dereferenced. num_queries / total_key_tokens < 0 skip the comparison with the op's sizes. */
-DSA_HIDDEN dsa_status dsa_check_plan_view(const dsa_plan_view *v, int64_t num_queries,
-                                          int64_t total_key_tokens, const char *fn);
-
-/* CPU-reference internals (src/reference.c) the tests use: one rounding of a double to bf16
- * (nearest even), and the double-precision forward on contiguous double copies of q [T, H, D],
- * kv [T_kv, D] and sink [H] (sink NULL: the params' sink; indices, topk_length, sizes and scale come
- * from p). out [T, H, 512], lse and max_logits [T, H] are contiguous doubles, each optional. */
-DSA_HIDDEN uint16_t dsa_ref_double_to_bf16(double x);
-DSA_HIDDEN dsa_status dsa_ref_attn_fwd_f64(const dsa_attn_fwd_params *p, const double *q,
-                                           const double *kv, const double *sink, double *out,
-                                           double *lse, double *max_logits);
-
-/* Launchers exported by the cuda/ files (C linkage). They take already-validated, stride-resolved
- * params, enqueue on `stream`, and return the launch status. Options they honour are read from
- * ctx->options. */
-DSA_HIDDEN dsa_status dsa_launch_compact(const dsa_context *ctx, const dsa_compact_params *p,
-                                         cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_pad_heads(const dsa_context *ctx, const dsa_pad_heads_params *p,
-                                           cudaStream_t stream);
-
-/* Sparse attention forward (src/attn_fwd.c dispatches; DSA_OPTION_FWD_KERNEL forces one): the
- * portable kernel (cuda/attn_fwd/fwd_portable.cu: any arch, any H, D) and the sm_90a tensor-core
- * kernels, which return DSA_ERROR_UNSUPPORTED for a configuration they do not handle (the automatic
- * choice then falls back): the 64-head kernel (cuda/attn_fwd/fwd_sm90_h64.cu; zero M rows when the
- * head range is not a multiple of 64) and the small-H kernel (cuda/attn_fwd/fwd_sm90_small.cu, at
- * most 64 heads per launch). The _heads launchers run heads [head_begin, head_begin + head_count) of
- * an H-head problem (q / sink read, out / lse / max_logits written for those heads only; lse indexed
- * t * H + h as always). */
-DSA_HIDDEN dsa_status dsa_launch_attn_fwd_simple(const dsa_context *ctx,
-                                                 const dsa_attn_fwd_params *p, cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx,
-                                               const dsa_attn_fwd_params *p, cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_heads(const dsa_context *ctx,
-                                                     const dsa_attn_fwd_params *p, int head_begin,
-                                                     int head_count, cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small(const dsa_context *ctx,
-                                                     const dsa_attn_fwd_params *p, cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ctx,
-                                                           const dsa_attn_fwd_params *p, int head_begin,
-                                                           int head_count, cudaStream_t stream);
-/* Whether a launch's KV gather carries the L2 evict_last policy (DSA_OPTION_FWD_KV_L2_HINT). */
-DSA_HIDDEN int dsa_fwd_kv_evict_last(const dsa_context *ctx, const dsa_attn_fwd_params *p);
-
-/* Sparse attention backward (src/attn_bwd.c dispatches; DSA_OPTION_BWD_KERNEL forces one). The
- * portable launcher (cuda/attn_bwd/bwd_portable.cu): the workspace size for validated,
- * stride-resolved params (it depends on p->deterministic; >= 1, includes 256 bytes of alignment
- * slack), and the launcher (workspace: at least that many bytes, any alignment). */
-DSA_HIDDEN dsa_status dsa_attn_bwd_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes);
-DSA_HIDDEN dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn_bwd_params *p,
-                                          void *workspace, cudaStream_t stream);
-/* The 64-head sm_90a kernel (cuda/attn_bwd/bwd_sm90_h64.cu): both modes, D = 576 and 512, cc 9.0;
- * the same workspace layout (deterministic mode: below); DSA_ERROR_UNSUPPORTED for anything else. */
-DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
-                                               void *workspace, cudaStream_t stream);
-/* The warp-specialised variant of the 64-head sm_90a kernel (cuda/attn_bwd/bwd_sm90_ws.cu):
- * both modes, D = 576 / 512, H 1..128, cc 9.0, the same checks, workspace and small passes as
- * dsa_launch_attn_bwd_sm90 (the deterministic mode: its chunked layout, the chunk's rows stored in
- * sorted order); DSA_ERROR_UNSUPPORTED before any launch otherwise. The automatic choice
- * of both modes on cc 9.0. */
-DSA_HIDDEN dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
-                                                  void *workspace, cudaStream_t stream);
-/* The sm_90a kernels' deterministic mode: its workspace size for validated params (0 where it never
- * runs: not deterministic, D not 576 / 512) with chunk_tokens tokens per chunk (0: from the 2 GiB
- * contribution budget; DSA_OPTION_BWD_DET_CHUNK_TOKENS); the op's deterministic size is the larger
- * of this and dsa_attn_bwd_workspace_size. */
-DSA_HIDDEN dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, int64_t chunk_tokens,
-                                                           size_t *bytes);
-/* The sm_90a kernels' fp32 dKV accumulator in the non-deterministic mode: the 64-head kernels write
- * the permuted layout below in 128-B row segments per warp instruction (quads q and q ^ 1 swap the
- * 16-column group they do not write); the warp-specialised kernel's deterministic mode stores its
- * per-slot rows in the same order (its sums are per column, so acc keeps it), the lockstep kernel's
- * deterministic mode keeps the real column order. The convert pass un-permutes.
- * The permutation, one formula for host and device (a bijection of [16 g, 16 g + 16) onto
- * itself for every g, so of [0, D) for any D that is a multiple of 16: 576 and 512). Within a group,
- * real column c = 8 h + 2 q + e (h, e in {0, 1}, q in 0..3; bits c3 | c2 c1 | c0) lives in slot
- * 4 q + 2 h + e (bits c2 c1 | c3 | c0): a rotation of bits 1..3. Why: in the wgmma m64nNk16
- * accumulator fragment (docs/hopper.md section 2) lane l of a quad (q = l % 4) holds, of row 16 w + l / 4 (and
- * + 8), the columns 8 j + 2 q + {0, 1} for j = 0 .. N / 8 - 1; for j = 2 g + h these are the 4 real
- * columns 16 g + {2 q, 2 q + 1, 8 + 2 q, 8 + 2 q + 1}, i.e. slots 16 g + 4 q + {0, 1, 2, 3}: one 16-B
- * vector per lane, and the quad's 4 vectors are slots 16 g .. 16 g + 15 = 64 contiguous bytes.
- * Worked example, q = 1, g = 2 (columns 32..47 of a 64-column block): the lane holds real columns
- * 34, 35 (j = 4) and 42, 43 (j = 5); slots 32 + 4 + {0, 1, 2, 3} = 36, 37, 38, 39 (so slot 38 holds
- * real column 42). dsa_bwd_dkv_col is the inverse (slot -> real column), checked by the CPU test;
- * the convert pass gathers with dsa_bwd_dkv_slot (dkv[r][c] = acc[r][slot(c)]).
- * Checked by the CPU test bwd_dkv_layout (tests/test_bwd_dkv_layout.c). */
-#ifdef __CUDACC__
-#define DSA_HOST_DEVICE __host__ __device__
-#else
-#define DSA_HOST_DEVICE
-#endif
-static inline DSA_HOST_DEVICE int dsa_bwd_dkv_slot(int c) {
-  return (c & ~15) | (((c >> 1) & 3) << 2) | (((c >> 3) & 1) << 1) | (c & 1);
-}
-static inline DSA_HOST_DEVICE int dsa_bwd_dkv_col(int s) {
-  return (s & ~15) | (((s >> 1) & 1) << 3) | (((s >> 2) & 3) << 1) | (s & 1);
-}
-
-/* ---- top-k and indexer launchers (cuda/topk/, cuda/indexer/; used by src/topk.c and
- * src/indexer.c) ---- */
-/* One launch of the top-k: row r reads scores[r * scores_stride + off_r + c] for
- * c < L_r = clamp(lengths[r], 0, columns) (lengths NULL: columns) with off_r = starts[r] - start_base
- * (starts NULL: 0), writes its selected columns c + starts[r] ascending then -1 to
- * indices[r * indices_stride + 0..k), and min(L_r, k) to out_lengths[r] when given. scores may be
- * NULL when every row has L_r <= k. No workspace. */
-typedef struct dsa_topk_launch {
-  int64_t rows;
-  int64_t columns;
-  int32_t k;
-  const float *scores;
-  int64_t scores_stride;
-  const int32_t *lengths;  /* [rows] or NULL */
-  const int32_t *starts;   /* [rows] or NULL */
-  int64_t start_base;
-  int32_t *indices;        /* [rows, k], row stride indices_stride */
-  int64_t indices_stride;
-  int32_t *out_lengths;    /* [rows] or NULL */
-} dsa_topk_launch;
-DSA_HIDDEN dsa_status dsa_launch_topk(const dsa_context *ctx, const dsa_topk_launch *a,
-                                      cudaStream_t stream);
-/* The kernel is DSA_OPTION_TOPK_KERNEL's (cuda/topk/topk.cu dispatches: the filter kernel
- * cuda/topk/topk_filter.cu, the radix kernel cuda/topk/topk_radix.cu, whose long rows follow
- * DSA_OPTION_TOPK_COMPACT_LONG_ROWS). */
-/* Indexer helpers: copies q rows [tokens, heads, 128] (any strides) into a packed
- * [tokens * heads, 128] bf16 matrix; and the head reduction
- * scores[r * scores_ld + c] = sum_h w[r, h] * ReLU(logits[(r * heads + h) * logits_ld + c])
- * for r < rows, c < cols (ReLU keeps NaN; weights fp32 or bf16). */
-DSA_HIDDEN dsa_status dsa_launch_indexer_pack_q(const uint16_t *q, int64_t stride_token,
-                                                int64_t stride_head, int64_t tokens, int32_t heads,
-                                                uint16_t *out, cudaStream_t stream);
-/* Fused scoring (DSA_INDEXER_ENGINE_FUSED): scores[r * scores_ld + c] for the keys
- * window_start + c (c < window) that query r sees when causal_length[r] > topk; other entries are
- * left as they were. q / weights / starts / causal_lengths point at the chunk's first query. */
-typedef struct dsa_indexer_fused_args {
-  int64_t rows;
-  int32_t heads;
-  int32_t topk;
-  const uint16_t *q;        /* [rows, heads, 128] */
-  int64_t q_stride_token, q_stride_head;
-  const uint16_t *k;        /* index_k [T_k, 128] (global rows) */
-  int64_t k_stride;
-  const void *weights;      /* [rows, heads] fp32 or bf16 */
-  int weights_bf16;
-  int64_t weights_stride;
-  const int32_t *starts;    /* [rows] device */
-  const int32_t *causal_lengths; /* [rows] device */
-  int64_t window_start, window;
-  float *scores;            /* [rows, scores_ld] */
-  int64_t scores_ld;
-} dsa_indexer_fused_args;
-DSA_HIDDEN dsa_status dsa_launch_indexer_fused(const dsa_context *ctx, const dsa_indexer_fused_args *a,
-                                               cudaStream_t stream);
-/* The same scoring on sm_90a wgmma (cuda/indexer/idx_fused_wgmma.cu): the check says whether it runs
- * on this context (cc 9.0 and enough opt-in shared memory; else DSA_ERROR_UNSUPPORTED with a
- * message), the launcher takes the args of dsa_launch_indexer_fused. DSA_OPTION_INDEXER_FUSED_KERNEL
- * picks between the two (src/indexer.c). */
-DSA_HIDDEN dsa_status dsa_indexer_fused_sm90_check(const dsa_context *ctx);
-DSA_HIDDEN dsa_status dsa_launch_indexer_fused_sm90(const dsa_context *ctx, const dsa_indexer_fused_args *a,
-                                                    cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_indexer_reduce(int64_t rows, int32_t heads, int64_t cols,
-                                                const float *logits, int64_t logits_ld,
-                                                const void *weights, int weights_bf16,
-                                                int64_t weights_stride, float *scores,
-                                                int64_t scores_ld, cudaStream_t stream);
-
-/* ---- indexer training (cuda/indexer_train/; used by src/indexer_train.c) ----
- * Params validated and stride-resolved (dsa_check_*), T > 0 unless said otherwise; every launch
- * checked. Workspace pointers: at least the size below, any alignment (aligned up inside). */
-DSA_HIDDEN dsa_status dsa_launch_slot_target(const dsa_context *ctx, const dsa_slot_target_params *p,
-                                             cudaStream_t stream);
-/* Its sm_90a kernel (cuda/indexer_train/slot_target_sm90.cu): cc 9.0, D 576 / 512, 16-B aligned q / kv
- * rows; DSA_ERROR_UNSUPPORTED before any launch otherwise (dsa_launch_slot_target then runs the
- * CUDA-core kernel, unless DSA_OPTION_TRAIN_KERNEL forces this one). */
-DSA_HIDDEN dsa_status dsa_launch_slot_target_sm90(const dsa_context *ctx, const dsa_slot_target_params *p,
-                                                  cudaStream_t stream);
 /* The slot target's params for the inputs of a validated, stride-resolved backward call whose
- * slot_target is non-NULL (the backward's optional output; src/attn_bwd.c, src/reference.c). */
+ * slot_target is non-NULL (the backward's optional output; cuda/attn_bwd/dispatch.cu, src/reference.c). */
 static inline dsa_slot_target_params dsa_slot_target_of_bwd(const dsa_attn_bwd_params *p) {
   dsa_slot_target_params s;
   memset(&s, 0, sizeof s);
@@ -361,39 +143,6 @@ static inline dsa_slot_target_params dsa_slot_target_of_bwd(const dsa_attn_bwd_p
   s.target_stride = p->slot_target_stride;
   return s;
 }
-DSA_HIDDEN dsa_status dsa_launch_indexer_slot_scores(const dsa_context *ctx,
-                                                     const dsa_indexer_slot_scores_params *p,
-                                                     cudaStream_t stream);
-/* The loss: its workspace size (>= 1, no device needed); the launcher also runs T = 0 (loss = 0). */
-DSA_HIDDEN size_t dsa_indexer_loss_workspace_size(const dsa_indexer_loss_params *p);
-DSA_HIDDEN dsa_status dsa_launch_indexer_loss(const dsa_context *ctx, const dsa_indexer_loss_params *p,
-                                              void *workspace, cudaStream_t stream);
-/* The indexer backward: its workspace size (depends on p->deterministic; the deterministic one asks
- * CUB, which needs a device); the launcher also runs T = 0 (d_index_k = 0). */
-DSA_HIDDEN dsa_status dsa_indexer_bwd_workspace_size(const dsa_indexer_bwd_params *p, size_t *bytes);
-DSA_HIDDEN dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
-                                             void *workspace, cudaStream_t stream);
-/* Its sm_90a per-token kernel (cuda/indexer_train/indexer_bwd_sm90.cu, T > 0 or nothing): d_index_q,
- * d_weights and, with acc non-NULL (zeroed [T_k, 128] fp32), d_index_k's fp32 reductions into acc in
- * the permuted layout of dsa_bwd_dkv_slot, which dsa_launch_indexer_dk_convert_lay1 turns into
- * d_index_k. DSA_ERROR_UNSUPPORTED before any launch off cc 9.0. */
-DSA_HIDDEN dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc,
-                                                  cudaStream_t stream);
-/* The launch checks of both sm_90a indexer-backward launchers, alone: DSA_ERROR_UNSUPPORTED with a
- * message where they decline (dsa_launch_indexer_bwd's automatic choice of the deterministic pass). */
-DSA_HIDDEN dsa_status dsa_indexer_bwd_sm90_check(const dsa_context *ctx, const dsa_indexer_bwd_params *p);
-/* The same kernel over tokens [t0, t0 + count), writing each valid slot's fp32 dK row at rows[((t -
- * t0) topk + j) 128] instead of reducing it (the deterministic d_index_k's chunked pass); d_index_q
- * and d_weights as above; DSA_ERROR_UNSUPPORTED likewise. */
-DSA_HIDDEN dsa_status dsa_launch_indexer_bwd_sm90_rows(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
-                                                       float *rows, int64_t t0, int64_t count, cudaStream_t stream);
-/* The slot scores on sm_90a (the same file; T > 0): zeroes the scores, then one warpgroup per token
- * computes X = K q^T by wgmma and sum_h w ReLU(X) per slot. DSA_ERROR_UNSUPPORTED off cc 9.0. */
-DSA_HIDDEN dsa_status dsa_launch_indexer_slot_scores_sm90(const dsa_context *ctx,
-                                                          const dsa_indexer_slot_scores_params *p,
-                                                          cudaStream_t stream);
-DSA_HIDDEN dsa_status dsa_launch_indexer_dk_convert_lay1(const dsa_indexer_bwd_params *p, const float *acc,
-                                                         cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /* test_bwd_dkv_layout.c - CPU suite bwd_dkv_layout: the sm_90a backward's permuted fp32 dKV
- * accumulator layout 1 (src/internal.h dsa_bwd_dkv_slot / dsa_bwd_dkv_col, the formula the kernels
+ * accumulator layout 1 (src/kernels.h dsa_bwd_dkv_slot / dsa_bwd_dkv_col, the formula the kernels
  * and the convert pass use):
  *  - at D = 576 and D = 512 every real column maps to exactly one slot in [0, D) and back (bijection,
  *    dsa_bwd_dkv_col the inverse of dsa_bwd_dkv_slot), and every slot stays in its 16-column group;
@@ -9,7 +9,7 @@
  *    consecutive slots 16 g + 4 q + {0, 1, 2, 3} (one 16-B red.global.add.v4.f32), and the quad's 4
  *    lanes cover slots 16 g .. 16 g + 15 (64 contiguous bytes) exactly once. */
 #include "test_common.h"
-#include "internal.h"
+#include "dsa_testing.h"
 
 static void check_bijection(int D) {
   int *seen = calloc((size_t)D, sizeof(int));
@@ -50,7 +50,7 @@ Test(bwd_dkv_layout, quad_writes_64_contiguous_bytes) {
           }
         for (int x = 0; x < 16; ++x) cr_assert_eq(hit[x], 1, "group %d slot %d hit %d times", g, x, hit[x]);
       }
-  /* the worked example of src/internal.h: q = 1, g = 2 -> real 34, 35, 42, 43 at slots 36..39 */
+  /* the worked example of src/kernels.h: q = 1, g = 2 -> real 34, 35, 42, 43 at slots 36..39 */
   cr_assert_eq(dsa_bwd_dkv_slot(34), 36);
   cr_assert_eq(dsa_bwd_dkv_slot(35), 37);
   cr_assert_eq(dsa_bwd_dkv_slot(42), 38);

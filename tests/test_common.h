@@ -1,6 +1,8 @@
 /*
  * test_common.h - helpers every Criterion suite shares: seeded random inputs (the seed is printed),
- * bf16 helpers, poisoning, error norms, and the GPU gate (cr_skip_test when there is no device).
+ * the GPU gate (cr_skip_test when there is no device), the sanitizer switches, the assertion macros
+ * and hand-made plan views; the helpers the benchmarks use too (fills, poisoning, error norms) are in
+ * tests/test_shared.h, which this header includes.
  * Every GPU suite is named "gpu_*" so `make sanitize` can select them.
  */
 #ifndef DSA_TEST_COMMON_H
@@ -16,22 +18,7 @@
 #include <cuda_runtime_api.h>
 #include "dsa.h"
 #include "dsa_tune.h"
-
-/* ---- random numbers: splitmix64, seeded from DSA_TEST_SEED or the clock, printed ---- */
-typedef struct { uint64_t s; } tc_rng;
-
-static inline uint64_t tc_next(tc_rng *r) {
-  uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-/* Uniform in [0, 1). */
-static inline double tc_uniform(tc_rng *r) { return (double)(tc_next(r) >> 11) * (1.0 / 9007199254740992.0); }
-/* Uniform in [lo, hi). */
-static inline double tc_range(tc_rng *r, double lo, double hi) { return lo + (hi - lo) * tc_uniform(r); }
-/* Integer in [0, n). */
-static inline int64_t tc_below(tc_rng *r, int64_t n) { return (int64_t)(tc_next(r) % (uint64_t)n); }
+#include "test_shared.h" /* the generator, fills, poison, NaN tests, errors, tc_have_gpu (with bench/) */
 
 /* A fresh seed per test (DSA_TEST_SEED overrides), printed so a failure can be replayed. */
 static inline tc_rng tc_seed(const char *what) {
@@ -45,47 +32,10 @@ static inline tc_rng tc_seed(const char *what) {
   return r;
 }
 
-/* ---- bf16 ---- */
-static inline void tc_fill_bf16(tc_rng *r, uint16_t *x, size_t n, double lo, double hi) {
-  for (size_t i = 0; i < n; ++i) x[i] = dsa_f32_to_bf16((float)tc_range(r, lo, hi));
-}
-static inline void tc_fill_f32(tc_rng *r, float *x, size_t n, double lo, double hi) {
-  for (size_t i = 0; i < n; ++i) x[i] = (float)tc_range(r, lo, hi);
-}
-
-/* ---- poison: a NaN bit pattern for floats, 0x7FC1 (NaN) for bf16, a marker for ints ---- */
-#define TC_POISON_I32 ((int32_t)0x5A5A5A5A)
-#define TC_POISON_BF16 ((uint16_t)0x7FC1)
-static inline void tc_poison_f32(float *x, size_t n) {
-  for (size_t i = 0; i < n; ++i) x[i] = nanf("");
-}
-
-/* Relative Frobenius error ||a - b|| / max(||b||, tiny); returns INFINITY if any NaN appears
- * where the reference has none (NaN never passes). */
-static inline double tc_rel_err_bf16(const uint16_t *got, const uint16_t *ref, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    double g = dsa_bf16_to_f32(got[i]), e = dsa_bf16_to_f32(ref[i]);
-    if (isnan(g) != isnan(e)) return INFINITY;
-    if (isnan(g)) continue;
-    num += (g - e) * (g - e);
-    den += e * e;
-  }
-  return sqrt(num) / (den > 1e-300 ? sqrt(den) : 1.0);
-}
-
 /* ---- GPU gate ----
  * GPU suites create their streams with cudaStreamDefault (blocking): the setup's cudaMemcpy and
  * cudaMemset run on the legacy default stream, which a blocking stream waits for. A
  * cudaStreamNonBlocking stream does not, and then the op can race its own inputs. */
-static inline int tc_have_gpu(void) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n > 0;
-}
 #define TC_REQUIRE_GPU()                                        \
   do {                                                          \
     if (!tc_have_gpu()) cr_skip_test("no CUDA device: GPU suite skipped"); \

@@ -6,7 +6,7 @@
  *    every size query gives the same answer with ctx = NULL as with a context (the indexer's
  *    DEFAULT engine: at least the context's answer). */
 #include "test_common.h"
-#include "internal.h" /* the device-code probe (hidden; the tests link the static library) */
+#include "dsa_testing.h" /* the device-code probe (hidden; the tests link the static library) */
 
 Test(device, targets_are_known) {
   const char *t = dsa_device_code_targets();

@@ -19,7 +19,7 @@
  * slot, head block) order whatever the chunk size, so with chunk_sweep its reruns with 1, 2 and 5
  * tokens per chunk (DSA_OPTION_BWD_DET_CHUNK_TOKENS) must be bitwise identical to the one-chunk run.
  * The non-deterministic mode of the sm_90a kernels (fp32 atomics into their permuted dKV
- * accumulators, src/internal.h) is also held against the same kernel's deterministic mode.
+ * accumulators, src/kernels.h) is also held against the same kernel's deterministic mode.
  * The ws_* tests run the same cases on the warp-specialised 64-head sm_90a kernel
  * (DSA_BWD_KERNEL_SM90_WS, 4; cuda/attn_bwd/bwd_sm90_ws.cu): both modes of it alone per case
  * (only_kernel), checked as above (reference, poison, gaps, dsink, the deterministic reruns, the two
@@ -27,7 +27,6 @@
  * under racecheck (ws_gate below). */
 #include <limits.h>
 #include "test_common.h"
-#include "internal.h"
 
 typedef enum { LEN_NULL, LEN_ZERO, LEN_FULL, LEN_RANDOM } len_mode;
 typedef enum { SINK_NULL, SINK_FINITE, SINK_POS_INF, SINK_NEG_INF, SINK_MIX } sink_mode;
@@ -93,16 +92,6 @@ static void check_gaps(const char *what, const uint16_t *buf, size_t n, int64_t 
       cr_assert(buf[i] == TC_POISON_BF16, "%s: gap element %zu was written (0x%04x)", what, i,
                 (unsigned)buf[i]);
   free(mark);
-}
-
-static double rel_err_f32(const float *g, const float *r, int n) {
-  double num = 0, den = 0;
-  for (int i = 0; i < n; ++i) {
-    if (isnan(g[i]) != isnan(r[i])) return INFINITY;
-    num += ((double)g[i] - r[i]) * ((double)g[i] - r[i]);
-    den += (double)r[i] * r[i];
-  }
-  return sqrt(num) / (den > 1e-300 ? sqrt(den) : 1.0);
 }
 
 /* Nonzero: run_case runs this DSA_OPTION_BWD_KERNEL value alone, one pass per mode (the ws_* tests:
@@ -347,7 +336,7 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
               cr_assert(dsink_got[h] == 0.f, "%s mode %d: dsink[%d] = %g, reference 0", name, mode,
                         h, (double)dsink_got[h]);
           }
-          const double e_ds = rel_err_f32(dsink_got, dsink_ref, (int)H);
+          const double e_ds = tc_rel_err_f32(dsink_got, dsink_ref, (size_t)H);
           cr_assert(e_ds <= 1e-3, "%s mode %d variant %d: dsink rel err %g (h0: %g vs %g)", name,
                     mode, variant, e_ds,
                     (double)dsink_got[0], (double)dsink_ref[0]);

@@ -24,7 +24,6 @@
  * comparison measures the accumulation, not a coin flip at x ~ 0. */
 #include <limits.h>
 #include "test_common.h"
-#include "internal.h"
 
 static void *dcopy(const void *h, size_t bytes) {
   void *d = NULL;
@@ -43,12 +42,6 @@ static void *hget(const void *d, size_t bytes) {
   cr_assert(h);
   if (bytes) TC_CUDA(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
   return h;
-}
-static int is_poison_bytes(const void *p, size_t n) {
-  const unsigned char *c = p;
-  for (size_t i = 0; i < n; ++i)
-    if (c[i] != 0xFF) return 0;
-  return 1;
 }
 static size_t nz(int64_t n) { return n > 0 ? (size_t)n : 1; }
 
@@ -143,7 +136,7 @@ static void check_gaps_bf16(const char *what, const uint16_t *buf, size_t n, int
 static void check_gaps32(const char *what, const float *buf, int64_t rows, int64_t st, int cols) {
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t j = cols; j < st; ++j)
-      cr_assert(is_poison_bytes(buf + t * st + j, 4), "%s: gap [%lld, %lld] was written", what, (long long)t,
+      cr_assert(tc_bytes_are(buf + t * st + j, 4, 0xFF), "%s: gap [%lld, %lld] was written", what, (long long)t,
                 (long long)j);
 }
 
@@ -685,7 +678,7 @@ static void run_loss(gpu_env *env, tc_rng *rng, int64_t T, int K, int64_t nkeys,
   TC_SYNC(env);
   float loss_got, *first = NULL, first_loss = 0;
   TC_CUDA(cudaMemcpy(&loss_got, d.loss, 4, cudaMemcpyDeviceToHost));
-  cr_assert(is_poison_bytes(&loss_got, 4), "a failed call wrote the loss");
+  cr_assert(tc_bytes_are(&loss_got, 4, 0xFF), "a failed call wrote the loss");
   for (int run = 0; run < 2; ++run) {
     TC_CUDA(cudaMemset((void *)d.loss, 0xFF, 4));
     TC_CUDA(cudaMemset(dgrad, 0xFF, ng));
@@ -705,7 +698,7 @@ static void run_loss(gpu_env *env, tc_rng *rng, int64_t T, int K, int64_t nkeys,
         check_rows_f32_base("g", got, gst, g_ref, K, g_base, T, K, 1e-4, zero);
         check_gaps32("g", got, T, gst, K);
       } else {
-        cr_assert(is_poison_bytes(got, ng), "grad = NULL but the buffer was written");
+        cr_assert(tc_bytes_are(got, ng, 0xFF), "grad = NULL but the buffer was written");
       }
       first = got;
       first_loss = loss_got;
@@ -793,7 +786,7 @@ Test(gpu_indexer_train, bad_inputs_write_nothing) {
       {"d_index_k", dk, TK * 128 * 2}, {"loss", loss, 4}};
   for (size_t i = 0; i < sizeof outs / sizeof outs[0]; ++i) {
     void *h = hget(outs[i].ptr, outs[i].bytes);
-    cr_assert(is_poison_bytes(h, outs[i].bytes), "%s was written by a failed call", outs[i].name);
+    cr_assert(tc_bytes_are(h, outs[i].bytes, 0xFF), "%s was written by a failed call", outs[i].name);
     free(h);
   }
   cudaFree(q); cudaFree(kv); cudaFree(idx); cudaFree(lse); cudaFree(out); cudaFree(w);

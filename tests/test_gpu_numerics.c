@@ -69,7 +69,6 @@ static float bits_f32(uint32_t u) {
   memcpy(&x, &u, 4);
   return x;
 }
-static int bf_isnan(uint16_t x) { return (x & 0x7F80) == 0x7F80 && (x & 0x7F) != 0; }
 static int bf_finite(uint16_t x) { return (x & 0x7F80) != 0x7F80; }
 
 /* ============================================================================================= *
@@ -480,7 +479,7 @@ static void f_check(int H, const f_res *g0, const f_res *gc, const f_res *r0, co
       cr_assert(isnan(gc->lse[th]), "%s: lse[t=%lld, h=%lld] = %g, want NaN", what, (long long)t,
                 (long long)h, gc->lse[th]);
       for (int d = 0; d < AT_V; ++d)
-        if (!bf_isnan(go[d]))
+        if (!tc_bf16_isnan(go[d]))
           cr_assert_fail("%s: out[t=%lld, h=%lld, %d] = %g, want NaN", what, (long long)t,
                          (long long)h, d, dsa_bf16_to_f32(go[d]));
     } else {
@@ -696,7 +695,7 @@ static void b_check_bf16(const char *name, const uint16_t *g0, const uint16_t *g
     double num = 0, den = 0;
     for (int64_t i = b; i < b + w; ++i) {
       if (!bf_finite(rc[i]) || !bf_finite(gc[i])) {
-        const int ok = nan_case ? bf_isnan(rc[i]) == bf_isnan(gc[i]) && bf_finite(rc[i]) == bf_finite(gc[i])
+        const int ok = nan_case ? tc_bf16_isnan(rc[i]) == tc_bf16_isnan(gc[i]) && bf_finite(rc[i]) == bf_finite(gc[i])
                                 : bf_finite(rc[i]) == bf_finite(gc[i]);
         if (!ok)
           cr_assert_fail("%s: %s[%lld] (row %lld) = %g, reference %g", what, name, (long long)i,

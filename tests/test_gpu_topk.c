@@ -10,7 +10,7 @@
  * sampled_filter_paths drives, and runs launches of rows of at most 4096 columns on its bisection
  * kernel); messages name the kernel by that value. */
 #include "test_common.h"
-#include "internal.h" /* dsa_launch_topk: the indexer's launch interface */
+#include "dsa_testing.h" /* dsa_launch_topk: the indexer's launch interface */
 
 static const int tk_variants[] = {DSA_TOPK_KERNEL_RADIX, DSA_TOPK_KERNEL_FILTER};
 #define TK_NVARIANTS 2

@@ -1,6 +1,6 @@
 /* test_indexer_layout.c - CPU suite indexer_layout: dsa_indexer_topk's workspace layout rules
- * (src/indexer.c), read through dsa_indexer_layout on a device-free context (src/internal.h's struct,
- * options at their defaults, set through the public dsa_context_set_option):
+ * (cuda/indexer/dispatch.cu), read through dsa_indexer_layout on a device-free context
+ * (dsa_testing_context: options at their defaults, set through the public dsa_context_set_option):
  *  - the bench's indexer shapes at the default budgets (256 MiB of scores, 64 MiB of cuBLAS logits):
  *    idx-glm-4k in one chunk of 2048 scored queries (32 MiB), idx-glm-cp8 and idx-32k in chunks of
  *    2048 rows of 32768 columns (the whole 256 MiB), 300 queries at the end of a 64k sequence in one
@@ -10,7 +10,7 @@
  *    workspace is bounded by the budgets, the cuBLAS layout holds the fused one, and the size query
  *    without a context is the layout of a context with the default budgets. */
 #include "test_common.h"
-#include "internal.h"
+#include "dsa_testing.h"
 
 typedef struct {
   dsa_plan *plan;
@@ -28,9 +28,8 @@ static void lay_make(lay_case *c, int64_t tk, int64_t nq, int64_t qs, int h, int
 static int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 Test(indexer_layout, bench_shapes) {
-  dsa_context ctx;
-  memset(&ctx, 0, sizeof ctx);
-  dsa_context_options_init(&ctx);
+  dsa_context *ctx = dsa_testing_context(0);
+  cr_assert_not_null(ctx);
   static const struct {
     const char *name;
     int64_t tk, nq, qs;
@@ -53,7 +52,7 @@ Test(indexer_layout, bench_shapes) {
     const int64_t want[2] = {scores + sub * 32 * tile * 4 + 256, scores + 256};
     for (int fused = 0; fused < 2; ++fused) {
       int64_t total, chunk;
-      TC_OK(dsa_indexer_layout(&ctx, &c.p, fused, &total, &chunk));
+      TC_OK(dsa_indexer_layout(ctx, &c.p, fused, &total, &chunk));
       cr_assert_eq(chunk, shapes[i].chunk, "%s, engine %d: %lld queries per chunk, want %lld", shapes[i].name, fused,
                    (long long)chunk, (long long)shapes[i].chunk);
       cr_assert_eq(total, want[fused], "%s, engine %d: %lld B, want %lld", shapes[i].name, fused, (long long)total,
@@ -62,12 +61,10 @@ Test(indexer_layout, bench_shapes) {
     }
     dsa_plan_destroy(c.plan);
   }
+  dsa_context_destroy(ctx);
 }
 
 Test(indexer_layout, chunks_fit_the_budgets) {
-  dsa_context ctx;
-  memset(&ctx, 0, sizeof ctx);
-  dsa_context_options_init(&ctx);
   tc_rng r = tc_seed("indexer_layout.chunks_fit_the_budgets");
   int multi = 0; /* cases of more than one chunk */
   for (int it = 0; it < 300; ++it) {
@@ -77,17 +74,20 @@ Test(indexer_layout, chunks_fit_the_budgets) {
     const int64_t qs = whole ? 0 : (int64_t)tc_below(&r, tk - nq + 1);
     const int h = 1 + (int)tc_below(&r, 64), k = 1 + (int)tc_below(&r, 2048);
     const int own_budgets = tc_below(&r, 2);
-    dsa_context x = ctx;
+    dsa_context *x = dsa_testing_context(0); /* the default budgets unless own_budgets */
+    cr_assert_not_null(x);
     if (own_budgets) {
-      TC_SET_OPTION(&x, DSA_OPTION_INDEXER_SCORES_BUDGET, (int64_t)(1 + tc_below(&r, 512)) << 20);
-      TC_SET_OPTION(&x, DSA_OPTION_INDEXER_LOGITS_BUDGET, (int64_t)(1 + tc_below(&r, 128)) << 20);
-      TC_SET_OPTION(&x, DSA_OPTION_INDEXER_KEY_TILE, 64 + (int64_t)tc_below(&r, 32768 - 63));
+      TC_SET_OPTION(x, DSA_OPTION_INDEXER_SCORES_BUDGET, (int64_t)(1 + tc_below(&r, 512)) << 20);
+      TC_SET_OPTION(x, DSA_OPTION_INDEXER_LOGITS_BUDGET, (int64_t)(1 + tc_below(&r, 128)) << 20);
+      TC_SET_OPTION(x, DSA_OPTION_INDEXER_KEY_TILE, 64 + (int64_t)tc_below(&r, 32768 - 63));
     }
-    const int64_t sbud = x.options[DSA_OPTION_INDEXER_SCORES_BUDGET], lbud = x.options[DSA_OPTION_INDEXER_LOGITS_BUDGET];
+    int64_t sbud = 0, lbud = 0;
+    TC_OK(dsa_context_get_option(x, DSA_OPTION_INDEXER_SCORES_BUDGET, &sbud));
+    TC_OK(dsa_context_get_option(x, DSA_OPTION_INDEXER_LOGITS_BUDGET, &lbud));
     lay_case c;
     lay_make(&c, tk, nq, qs, h, k);
     int64_t total[2], chunk[2];
-    for (int fused = 0; fused < 2; ++fused) TC_OK(dsa_indexer_layout(&x, &c.p, fused, &total[fused], &chunk[fused]));
+    for (int fused = 0; fused < 2; ++fused) TC_OK(dsa_indexer_layout(x, &c.p, fused, &total[fused], &chunk[fused]));
     cr_assert_eq(chunk[0], chunk[1], "case %d: the engines chunk the queries differently", it);
     /* a chunk of n queries sees at most min(T_k, max_seqlen_k - 1 + n) keys (src/indexer.c) */
     const int64_t msk = c.p.plan->max_seqlen_k > 0 && c.p.plan->max_seqlen_k < tk ? c.p.plan->max_seqlen_k : tk;
@@ -132,6 +132,7 @@ Test(indexer_layout, chunks_fit_the_budgets) {
                      (long long)total[0]);
       }
     dsa_plan_destroy(c.plan);
+    dsa_context_destroy(x);
   }
   cr_assert(multi > 0, "no random case took more than one chunk: the budget bound went untested");
 }

@@ -7,7 +7,6 @@
  * indexer_train_entry: size queries with ctx = NULL, bad arguments named). CPU only. */
 #include <math.h>
 #include "test_common.h"
-#include "internal.h"
 
 #define TC_FAILS_INVALID(call, word) TC_FAILS(call, DSA_ERROR_INVALID_ARGUMENT, word)
 

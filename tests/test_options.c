@@ -3,13 +3,12 @@
  * (dsa_tune.h), so every rejection is testable without a device: with ctx = NULL, an unknown option
  * or an out-of-range value is reported as such (the message names it and the allowed range), and a
  * valid one reaches the ctx check. Defaults, round trips and "a rejected set changes nothing" run on
- * a device-free context (src/internal.h's struct with dsa_context_options_init, as
- * dsa_context_create sets it up).
+ * a device-free context (dsa_testing_context: the options as dsa_context_create sets them up).
  * GPU suite gpu_options: the same defaults on a context from dsa_context_create, independent
  * per context, and the zero-size ops accept every kernel choice. */
 #include <limits.h>
 #include "test_common.h"
-#include "internal.h" /* the device-free context */
+#include "dsa_testing.h" /* the device-free context */
 
 /* Every option with its range and default, as documented in include/dsa_tune.h. */
 static const struct {
@@ -32,9 +31,10 @@ static const struct {
 };
 #define NOPT (sizeof kOptions / sizeof kOptions[0])
 
-static void device_free_context(struct dsa_context *ctx) {
-  memset(ctx, 0, sizeof *ctx);
-  dsa_context_options_init(ctx);
+static dsa_context *device_free_context(void) {
+  dsa_context *ctx = dsa_testing_context(0);
+  cr_assert_not_null(ctx);
+  return ctx;
 }
 
 Test(options, ids_are_pinned) {
@@ -65,16 +65,16 @@ Test(options, ids_are_pinned) {
 
 Test(options, unknown_option_rejected) {
   static const int bad[] = {0, -1, DSA_OPTION_COUNT, 100, INT_MAX, INT_MIN};
-  struct dsa_context ctx;
-  device_free_context(&ctx);
+  dsa_context *ctx = device_free_context();
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
     int64_t v = 12345;
-    TC_FAILS(dsa_context_set_option(&ctx, (dsa_option)bad[i], 0), DSA_ERROR_INVALID_ARGUMENT, "opt =");
+    TC_FAILS(dsa_context_set_option(ctx, (dsa_option)bad[i], 0), DSA_ERROR_INVALID_ARGUMENT, "opt =");
     TC_FAILS(dsa_context_set_option(NULL, (dsa_option)bad[i], 0), DSA_ERROR_INVALID_ARGUMENT, "opt =");
-    TC_FAILS(dsa_context_get_option(&ctx, (dsa_option)bad[i], &v), DSA_ERROR_INVALID_ARGUMENT, "opt =");
+    TC_FAILS(dsa_context_get_option(ctx, (dsa_option)bad[i], &v), DSA_ERROR_INVALID_ARGUMENT, "opt =");
     TC_FAILS(dsa_context_get_option(NULL, (dsa_option)bad[i], NULL), DSA_ERROR_INVALID_ARGUMENT, "opt =");
     cr_assert_eq(v, 12345, "a rejected get wrote its value");
   }
+  dsa_context_destroy(ctx);
 }
 
 Test(options, out_of_range_values_rejected_without_a_context) {
@@ -100,40 +100,40 @@ Test(options, get_checks_its_arguments) {
   int64_t v = 0;
   TC_FAILS(dsa_context_get_option(NULL, DSA_OPTION_FWD_KERNEL, &v), DSA_ERROR_INVALID_ARGUMENT, "ctx");
   TC_FAILS(dsa_context_get_option(NULL, DSA_OPTION_FWD_KERNEL, NULL), DSA_ERROR_INVALID_ARGUMENT, "value");
-  struct dsa_context ctx;
-  device_free_context(&ctx);
-  TC_FAILS(dsa_context_get_option(&ctx, DSA_OPTION_FWD_KERNEL, NULL), DSA_ERROR_INVALID_ARGUMENT, "value");
+  dsa_context *ctx = device_free_context();
+  TC_FAILS(dsa_context_get_option(ctx, DSA_OPTION_FWD_KERNEL, NULL), DSA_ERROR_INVALID_ARGUMENT, "value");
+  dsa_context_destroy(ctx);
 }
 
 Test(options, defaults_round_trip_and_rejected_sets) {
-  struct dsa_context ctx;
-  device_free_context(&ctx);
+  dsa_context *ctx = device_free_context();
   for (size_t i = 0; i < NOPT; ++i) {
     const dsa_option o = kOptions[i].opt;
     int64_t v = -7;
-    TC_OK(dsa_context_get_option(&ctx, o, &v));
+    TC_OK(dsa_context_get_option(ctx, o, &v));
     cr_assert_eq(v, kOptions[i].def, "option %d: default %lld, documented %lld", (int)o, (long long)v,
                  (long long)kOptions[i].def);
     const int64_t vals[] = {kOptions[i].lo, kOptions[i].hi, kOptions[i].def};
     for (size_t j = 0; j < 3; ++j) {
-      TC_OK(dsa_context_set_option(&ctx, o, vals[j]));
-      TC_OK(dsa_context_get_option(&ctx, o, &v));
+      TC_OK(dsa_context_set_option(ctx, o, vals[j]));
+      TC_OK(dsa_context_get_option(ctx, o, &v));
       cr_assert_eq(v, vals[j], "option %d: set %lld, got %lld", (int)o, (long long)vals[j], (long long)v);
       /* a rejected set leaves the value as it was */
-      TC_FAILS(dsa_context_set_option(&ctx, o, kOptions[i].hi + 1), DSA_ERROR_INVALID_ARGUMENT, "outside");
-      TC_OK(dsa_context_get_option(&ctx, o, &v));
+      TC_FAILS(dsa_context_set_option(ctx, o, kOptions[i].hi + 1), DSA_ERROR_INVALID_ARGUMENT, "outside");
+      TC_OK(dsa_context_get_option(ctx, o, &v));
       cr_assert_eq(v, vals[j], "option %d: a rejected set changed the value to %lld", (int)o, (long long)v);
     }
   }
   /* options are independent of each other */
-  struct dsa_context other;
-  device_free_context(&other);
-  TC_OK(dsa_context_set_option(&ctx, DSA_OPTION_TOPK_KERNEL, DSA_TOPK_KERNEL_RADIX));
+  dsa_context *other = device_free_context();
+  TC_OK(dsa_context_set_option(ctx, DSA_OPTION_TOPK_KERNEL, DSA_TOPK_KERNEL_RADIX));
   for (size_t i = 0; i < NOPT; ++i) {
     int64_t v;
-    TC_OK(dsa_context_get_option(&other, kOptions[i].opt, &v));
+    TC_OK(dsa_context_get_option(other, kOptions[i].opt, &v));
     cr_assert_eq(v, kOptions[i].def);
   }
+  dsa_context_destroy(other);
+  dsa_context_destroy(ctx);
 }
 
 /* ---- with a device ---- */

@@ -3,7 +3,7 @@
  * recomputation written independently here, and the upload's size query and argument errors
  * (all without a GPU). */
 #include "test_common.h"
-#include "internal.h" /* dsa_check_plan_view */
+#include "dsa_testing.h" /* dsa_check_plan_view */
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
 static dsa_plan_desc desc_of(const int32_t *cu, const int32_t *padded, int64_t S, int64_t tk,

@@ -4,7 +4,7 @@
  * differences of the double forward, duplicate accumulation). CPU only. */
 #include <limits.h>
 #include "test_common.h"
-#include "internal.h"
+#include "dsa_testing.h"
 
 static void *ref_alloc(size_t bytes) {
   void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);

@@ -147,7 +147,7 @@ __global__ void bwd_convert_kernel(const __grid_constant__ dsa_attn_bwd_params p
   }
 }
 
-/* ---- the same from the sm_90a kernels' permuted accumulator (layout 1, src/internal.h
+/* ---- the same from the sm_90a kernels' permuted accumulator (layout 1, src/kernels.h
  * dsa_bwd_dkv_slot): dkv[r][c] = bf16(src[r][slot(c)]). The permutation stays inside aligned
  * 16-column groups, so a warp's reads still cover the same 128 B as layout 0's. D (576 / 512) is a
  * template constant; a template so that only the launchers that run layout 1 instantiate it.
@@ -401,7 +401,8 @@ __global__ void __launch_bounds__(D / 4) bwd_det_reduce_kernel(const float *cont
  * vals1 [C * K] i32, off [T_kv + 1] i64, CUB radix-sort temp for C * K items, pos [C * K] i32; C = tokens per chunk (at most 2 GiB
  * of contrib; chunk_tokens > 0, DSA_OPTION_BWD_DET_CHUNK_TOKENS, overrides it; clamped to 1..T and to
  * int32 entry ids), then a second sort region and rank array (the warp-specialised launcher sorts
- * chunk c + 1 on the context's side stream while chunk c is reduced). Both sm_90a launchers and the op's size query (dsa_attn_bwd_sm90_det_workspace_size) compute this one
+ * chunk c + 1 on the context's side stream while chunk c is reduced). Both sm_90a launchers and the
+ * op's size query (dsa_bwd_sm90_det_workspace_size, cuda/attn_bwd/bwd_launch.cuh) compute this one
  * layout. */
 /* The caller's workspace pointer aligned up to kBwdAlign (every size query counts that slack). */
 inline unsigned char *bwd_align_workspace(void *workspace) {

@@ -1,7 +1,7 @@
 /*
- * bwd_portable.cu - sparse MLA attention backward, the portable kernels (dsa_launch_attn_bwd;
- * docs/contract.md section 9.3 with this project's rules): dq, dkv, dsink, with a deterministic mode
- * for dkv.
+ * bwd_portable.cu - sparse MLA attention backward, the portable kernels (dsa_bwd_launch_portable,
+ * cuda/attn_bwd/bwd_launch.cuh; docs/contract.md section 9.3 with this project's rules): dq, dkv,
+ * dsink, with a deterministic mode for dkv.
  *
  * Math per row t, head h (L' = logaddexp(lse, sink[h]); slot j valid iff j < clamp(len[t], 0, K)
  * and 0 <= idx < T_kv):
@@ -50,6 +50,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include "internal.h"
+#include "attn_bwd/bwd_launch.cuh"
 #include "attn_bwd/bwd_common.cuh" /* prep, convert, dsink, keys, offsets */
 
 namespace {
@@ -383,15 +384,15 @@ cudaError_t launch_main(const BwdArgs &a, const float *delta, const float *lp, f
 
 }  // namespace
 
-extern "C" dsa_status dsa_attn_bwd_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes) {
+extern "C" dsa_status dsa_bwd_portable_workspace_size(const dsa_attn_bwd_params *p, size_t *bytes) {
   Layout L;
   DSA_TRY(make_layout(p, &L));
   *bytes = L.total;
   return DSA_SUCCESS;
 }
 
-extern "C" dsa_status dsa_launch_attn_bwd(const dsa_context *ctx, const dsa_attn_bwd_params *p,
-                                          void *workspace, cudaStream_t stream) {
+extern "C" dsa_status dsa_bwd_launch_portable(const dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                              void *workspace, cudaStream_t stream) {
   static const char fn[] = "dsa_sparse_attn_bwd";
   Layout L;
   DSA_TRY(make_layout(p, &L));

@@ -1,12 +1,13 @@
 /*
  * bwd_sm90_h64.cu - sparse MLA attention backward on sm_90a tensor cores (wgmma), 64 heads per CTA
- * (dsa_launch_attn_bwd_sm90, src/internal.h): dsa_sparse_attn_bwd's main pass in both modes: non-deterministic (fp32 atomic dkv) and
- * deterministic (per-slot dKV rows to a chunk buffer, then a fixed-order key-major reduction; see
- * "Deterministic mode" below). The portable kernels (cuda/attn_bwd/bwd_portable.cu) cover every configuration
- * this one declines with DSA_ERROR_UNSUPPORTED. The automatic choice runs it only where the
- * warp-specialised kernel declines (no sm_90 device does at D = 576 / 512); it stays as the checkable
- * stand-in that compute-sanitizer racecheck runs in place of the warp-specialised kernel in both
- * modes (tests/test_common.h, docs/reliability.md 3c).
+ * (dsa_bwd_launch_sm90_h64, cuda/attn_bwd/bwd_launch.cuh): dsa_sparse_attn_bwd's main pass in both
+ * modes: non-deterministic (fp32 atomic dkv) and deterministic (per-slot dKV rows to a chunk buffer,
+ * then a fixed-order key-major reduction; see "Deterministic mode" below). The portable kernels
+ * (cuda/attn_bwd/bwd_portable.cu) cover every configuration this one declines with
+ * DSA_ERROR_UNSUPPORTED. The automatic choice runs it only where the warp-specialised kernel declines
+ * (no sm_90 device does at D = 576 / 512); it stays as the checkable stand-in that compute-sanitizer
+ * racecheck runs in place of the warp-specialised kernel in both modes (tests/test_common.h,
+ * docs/reliability.md 3c).
  *
  * Math and workspace are those of cuda/attn_bwd/bwd_portable.cu (docs/design.md section 6): the prep pass writes
  * Delta = sum_{d<512} out*dout, L' = logaddexp(lse, sink) (+inf for rows that contribute nothing)
@@ -52,7 +53,7 @@
  *      atomics (red.global.add.v4.f32) into acc[idx[key]] for valid keys.
  * dQ is written (bf16 pairs) from registers after the last tile.
  * dKV accumulator (non-deterministic mode): the columns of each acc row are permuted inside 16-column
- * groups (src/internal.h dsa_bwd_dkv_slot), and quads q and q ^ 1 swap one 16-column group each
+ * groups (src/kernels.h dsa_bwd_dkv_slot), and quads q and q ^ 1 swap one 16-column group each
  * (shfl.xor 4), so that every red.global.add.v4.f32 instruction writes 4 rows x 128 contiguous bytes
  * (the fp32 reductions bound this kernel: dev/atomic_probe.cu, docs/bwd-sm90-next.md); the convert
  * pass un-permutes (bwd_convert_lay1_kernel).
@@ -85,8 +86,8 @@
  *     delta, lp, part [T, H] f32; acc [T_kv, D] f32         (as in the non-deterministic layout)
  *     contrib [C * ceil(H / 64) * K, D] f32                   (<= 2 GiB unless one token exceeds it)
  *     keys0, keys1 [C * K] u32; vals0, vals1 [C * K] i32; off [T_kv + 1] i64; CUB temp (C * K items)
- *   The op's deterministic size (src/attn_bwd.c) is the larger of this and the portable layout (the
- *   op falls back to the portable path where this kernel declines at launch). At bwd-glm-4k (T 4096,
+ *   The op's deterministic size (cuda/attn_bwd/dispatch.cu) is the larger of this and the portable
+ *   layout (the op falls back to the portable path where this kernel declines at launch). At bwd-glm-4k (T 4096,
  *   H 64, K 2048, causal topk_length): 9 chunks of 455 tokens, ~6.3 M valid slots x 2304 B = ~14.5 GB
  *   written by the main kernels and read back by the reductions.
  * Declined with DSA_ERROR_UNSUPPORTED: a device other than cc 9.0, D other than 576 / 512,
@@ -110,6 +111,7 @@
 
 #include "internal.h"
 #include "common/sm90_common.cuh"
+#include "attn_bwd/bwd_launch.cuh"
 #include "attn_bwd/bwd_common.cuh" /* prep, convert, dsink, keys, offsets, det layout */
 #include "attn_bwd/bwd_sm90_shared.cuh" /* Smem, MainArgs, P / dS, reductions, dq store, checks */
 
@@ -448,23 +450,11 @@ dsa_status launch_impl(const dsa_context *ctx, const dsa_attn_bwd_params *p, voi
 
 }  // namespace
 
-extern "C" dsa_status dsa_launch_attn_bwd_sm90(const dsa_context *ctx, const dsa_attn_bwd_params *p,
-                                               void *workspace, cudaStream_t stream) {
+extern "C" dsa_status dsa_bwd_launch_sm90_h64(const dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                              void *workspace, cudaStream_t stream) {
   static const char fn[] = "dsa_sparse_attn_bwd";
   int num_hblocks = 0;
   DSA_TRY(bwd_sm90_check(ctx, p, fn, &num_hblocks));
   return p->head_dim == 576 ? launch_impl<9>(ctx, p, workspace, stream, num_hblocks)
                             : launch_impl<8>(ctx, p, workspace, stream, num_hblocks);
-}
-
-extern "C" dsa_status dsa_attn_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, int64_t chunk_tokens,
-                                                           size_t *bytes) {
-  *bytes = 0;
-  if (!p->deterministic || (p->head_dim != 576 && p->head_dim != 512) || p->num_heads < 1 ||
-      p->num_heads > DSA_MAX_HEADS)
-    return DSA_SUCCESS;
-  BwdDetLayout L;
-  DSA_TRY(bwd_det_layout(p, chunk_tokens, &L));
-  *bytes = L.total;
-  return DSA_SUCCESS;
 }

@@ -112,7 +112,7 @@ __device__ __forceinline__ void bwd_sm90_p_ds(const float *sacc, const float *dp
  * register i = key row 16 warp + lane / 4 + 8 ((i >> 1) & 1), dim 64 b + 8 (i >> 2) + 2 (lane % 4) +
  * (i & 1)) into the fp32 accumulator gacc [T_kv][kD]. kr0 / kr1: this thread's two key rows' kv rows
  * (-1 = invalid: nothing added), kp0 / kp1: the same of lane ^ 4.
- * The permuted accumulator (src/internal.h dsa_bwd_dkv_slot: for 16-column group g the registers
+ * The permuted accumulator (src/kernels.h dsa_bwd_dkv_slot: for 16-column group g the registers
  * 8 g + {0, 1, 4, 5} (row r0; + 2 for row r0 + 8) are real columns 64 b + 16 g + {2 q, 2 q + 1,
  * 8 + 2 q, 9 + 2 q}, q = lane % 4, at slots 64 b + 16 g + 4 q + {0..3}), each warp instruction 4 rows
  * x 128 contiguous bytes: the quads q and q ^ 1 (lanes l, l ^ 4) pair up. Per 32-column pair G (groups

@@ -1,6 +1,6 @@
 /*
  * bwd_sm90_ws.cu - sparse MLA attention backward on sm_90a, warp-specialised, 64 heads per CTA
- * (dsa_launch_attn_bwd_sm90_ws, src/internal.h; the design: docs/bwd-sm90-v3.md part II): the
+ * (dsa_bwd_launch_sm90_ws, cuda/attn_bwd/bwd_launch.cuh; the design: docs/bwd-sm90-v3.md part II): the
  * automatic choice of both modes on cc 9.0 at every H (DSA_BWD_KERNEL_SM90_WS, 4, include/dsa_tune.h,
  * forces it). Non-deterministic: fp32 L2 reductions into the permuted dKV accumulator, 128-B row
  * segments per warp instruction. Deterministic: the same instructions as plain stores of every slot's
@@ -13,10 +13,10 @@
  * streaming: each chunk's reductions are issued while the next chunk's wgmmas run; the other (WG0)
  * gathers, computes S / dP / softmax / dS and the lower part of dQ underneath.
  *
- * Same math, workspace, small passes and checks as dsa_launch_attn_bwd_sm90 in the non-deterministic
+ * Same math, workspace, small passes and checks as dsa_bwd_launch_sm90_h64 in the non-deterministic
  * mode (memset of acc; main; bwd_convert_lay1_kernel; dsink; all from cuda/attn_bwd/bwd_common.cuh),
- * so dsa_attn_bwd_workspace_size holds. Pieces shared with that kernel (tile constants, Smem map,
- * MainArgs and its fill, P / dS, Q / dO and L' / Delta loads, dq store, launch checks) are in
+ * so the op's workspace size (cuda/attn_bwd/dispatch.cu) holds. Pieces shared with that kernel (tile
+ * constants, Smem map, MainArgs and its fill, P / dS, Q / dO and L' / Delta loads, dq store, launch checks) are in
  * cuda/attn_bwd/bwd_sm90_shared.cuh.
  * No prep pass for the row statistics: each CTA sums its rows' Delta from out and the dO it loads and
  * computes L' and the dsink partials (bwd_row_stats) in its prologue (ws_stats_issue /
@@ -27,7 +27,7 @@
  * (ws_dq_out) and ws_dq_combine_kernel writes their sum to dq.
  * Declined with DSA_ERROR_UNSUPPORTED before any launch: everything bwd_sm90_check declines (a device
  * other than cc 9.0, D not 576 / 512, H outside 1..128, unaligned rows, too many tokens, smem above
- * the opt-in). No fallback: a forced kernel that declines returns the error (src/attn_bwd.c).
+ * the opt-in). No fallback: a forced kernel that declines returns the error (cuda/attn_bwd/dispatch.cu).
  *
  * Deterministic mode (kDet; ws_launch): tokens run in chunks of C (bwd_det_layout's C, rounded down to
  * whole waves of sm_count / ceil(H / 64) tokens: bwd_det_run_chunk), the part-filled chunk first. Per
@@ -141,6 +141,7 @@
 
 #include "internal.h"
 #include "common/sm90_common.cuh"
+#include "attn_bwd/bwd_launch.cuh"
 #include "attn_bwd/bwd_common.cuh"       /* prep, convert (permuted accumulator), dsink, workspace regions */
 #include "attn_bwd/bwd_sm90_shared.cuh" /* Smem, MainArgs, P / dS, reductions, Q / dO load, dq, checks */
 
@@ -849,11 +850,23 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
 
 }  // namespace
 
-extern "C" dsa_status dsa_launch_attn_bwd_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
-                                                  void *workspace, cudaStream_t stream) {
+extern "C" dsa_status dsa_bwd_launch_sm90_ws(const dsa_context *ctx, const dsa_attn_bwd_params *p,
+                                             void *workspace, cudaStream_t stream) {
   static const char fn[] = "dsa_sparse_attn_bwd";
   int num_hblocks = 0;
   DSA_TRY(bwd_sm90_check(ctx, p, fn, &num_hblocks));
   return p->head_dim == 576 ? ws_launch<9>(ctx, p, workspace, stream, num_hblocks)
                             : ws_launch<8>(ctx, p, workspace, stream, num_hblocks);
+}
+
+extern "C" dsa_status dsa_bwd_sm90_det_workspace_size(const dsa_attn_bwd_params *p, int64_t chunk_tokens,
+                                                      size_t *bytes) {
+  *bytes = 0;
+  if (!p->deterministic || (p->head_dim != 576 && p->head_dim != 512) || p->num_heads < 1 ||
+      p->num_heads > DSA_MAX_HEADS)
+    return DSA_SUCCESS;
+  BwdDetLayout L;
+  DSA_TRY(bwd_det_layout(p, chunk_tokens, &L));
+  *bytes = L.total;
+  return DSA_SUCCESS;
 }

@@ -1,5 +1,6 @@
 /*
- * fwd_portable.cu - sparse MLA attention forward, the portable kernel (dsa_launch_attn_fwd_simple).
+ * fwd_portable.cu - sparse MLA attention forward, the portable kernel (dsa_fwd_launch_portable,
+ * cuda/attn_fwd/fwd_launch.cuh).
  *
  * What it computes (dsa.h dsa_attn_fwd_params, docs/contract.md section 9.2): for every token t and head h,
  * over the valid top-k slots j (j < clamp(topk_length[t], 0, K) and 0 <= idx < T_kv; duplicates
@@ -33,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include "internal.h"
+#include "attn_fwd/fwd_launch.cuh"
 
 /* kv rows per tile: one per lane, so the transpose-reduce ends with lane r owning row r. */
 #define FWD_TILE 32
@@ -354,9 +356,8 @@ static size_t fwd_smem_bytes(int D, int K) {
 
 typedef void (*fwd_kernel_fn)(const fwd_args);
 
-extern "C" dsa_status dsa_launch_attn_fwd_simple(const dsa_context *ctx,
-                                                 const dsa_attn_fwd_params *p,
-                                                 cudaStream_t stream) {
+extern "C" dsa_status dsa_fwd_launch_portable(const dsa_context *ctx, const dsa_attn_fwd_params *p,
+                                              cudaStream_t stream) {
   static int prepared[2][2][DSA_TRACKED_DEVICES]; /* [D == 576][HPW == 2][device]: smem limit set */
   const int H = p->num_heads, D = p->head_dim;
   if (D != 512 && D != 576)

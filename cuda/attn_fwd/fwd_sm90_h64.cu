@@ -1,10 +1,11 @@
 /*
  * fwd_sm90_h64.cu - sparse MLA attention forward on sm_90a tensor cores (wgmma), 64 heads per CTA on
- * the wgmma M: dsa_launch_attn_fwd_sm90_heads and dsa_launch_attn_fwd_sm90 (src/internal.h). The
- * small-H kernel (fwd_sm90_small.cu) takes head ranges that are not a multiple of 64 in automatic
- * mode, the portable kernel (fwd_portable.cu) every configuration this one declines with
- * DSA_ERROR_UNSUPPORTED. Design and rationale: docs/fwd-sm90-next.md (the tile-split layout that
- * FlashMLA's sm90 sparse prefill uses; written from that description, no code taken).
+ * the wgmma M: dsa_fwd_launch_sm90_h64 (cuda/attn_fwd/fwd_launch.cuh). The forward's dispatch point
+ * (cuda/attn_fwd/dispatch.cu) gives the small-H kernel (fwd_sm90_small.cu) head ranges that are not a
+ * multiple of 64 in automatic mode, the portable kernel (fwd_portable.cu) every configuration this
+ * one declines with DSA_ERROR_UNSUPPORTED. Design and rationale: docs/fwd-sm90-next.md (the
+ * tile-split layout that FlashMLA's sm90 sparse prefill uses; written from that description, no code
+ * taken).
  *
  * One CTA = one query token x one block of 64 heads (H = 128: two CTAs per token, adjacent in the
  * 1-D grid so they share the gathered KV rows in L2). A launch covers heads [head_begin, head_end) of
@@ -17,7 +18,7 @@
  *       0..3 (dims 0..255), R = blocks 4..NB-1 (dims 256..D-1). Tile 2i goes to buffer 0, tile 2i + 1
  *       to buffer 1. Invalid slots (beyond topk_length, index < 0 or >= num_kv) are zero-filled and
  *       flagged in a per-buffer byte mask. The gather's cp.async carry the L2 policy of
- *       DSA_OPTION_FWD_KV_L2_HINT (dsa_fwd_kv_evict_last, src/attn_fwd.c).
+ *       DSA_OPTION_FWD_KV_L2_HINT (dsa_fwd_kv_evict_last, cuda/attn_fwd/dispatch.cu).
  *   WG0, WG1 consumers (224 registers): first load Q (cp.async, evict_first; the producer never waits
  *       for it), then WG w computes the whole S = Q K^T (m64n64k16 SS, D/16 steps)
  *       of the tiles in buffer w, i.e. WG0 the even tiles, WG1 the odd ones. WG0 owns value dims
@@ -81,6 +82,7 @@
 
 #include "internal.h"
 #include "common/sm90_common.cuh"
+#include "attn_fwd/fwd_launch.cuh"
 
 namespace {
 
@@ -739,8 +741,8 @@ dsa_status launch(const dsa_context *ctx, const dsa_attn_fwd_params *p, cudaStre
 
 }  // namespace
 
-extern "C" dsa_status dsa_launch_attn_fwd_sm90_heads(const dsa_context *ctx, const dsa_attn_fwd_params *p,
-                                                     int head_begin, int head_count, cudaStream_t stream) {
+extern "C" dsa_status dsa_fwd_launch_sm90_h64(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin,
+                                              int head_count, cudaStream_t stream) {
   const char *fn = "dsa_sparse_attn_fwd";
   DSA_TRY(dsa_sm90_check_cc(ctx, fn));
   if (p->head_dim != 576 && p->head_dim != 512)
@@ -774,9 +776,4 @@ extern "C" dsa_status dsa_launch_attn_fwd_sm90_heads(const dsa_context *ctx, con
               : launch<9, false>(ctx, p, stream, head_begin, head_end, num_hblocks);
   return mb ? launch<8, true>(ctx, p, stream, head_begin, head_end, num_hblocks)
             : launch<8, false>(ctx, p, stream, head_begin, head_end, num_hblocks);
-}
-
-extern "C" dsa_status dsa_launch_attn_fwd_sm90(const dsa_context *ctx, const dsa_attn_fwd_params *p,
-                                               cudaStream_t stream) {
-  return dsa_launch_attn_fwd_sm90_heads(ctx, p, 0, p->num_heads, stream);
 }

@@ -1,9 +1,10 @@
 /*
  * fwd_sm90_small.cu - sparse MLA attention forward on sm_90a tensor cores for few heads (H = 1..64,
- * or any range of up to 64 heads of a larger H): dsa_launch_attn_fwd_sm90_small_heads and
- * dsa_launch_attn_fwd_sm90_small (src/internal.h). Same contract as fwd_sm90_h64.cu (see its top
+ * or any range of up to 64 heads of a larger H): dsa_fwd_launch_sm90_small (cuda/attn_fwd/fwd_launch.cuh).
+ * Same contract as fwd_sm90_h64.cu (see its top
  * comment and docs/design.md section 5); declines with DSA_ERROR_UNSUPPORTED what it does not run
- * (the caller then falls back to the 64-head sm_90a kernel or the portable one).
+ * (the dispatch point, cuda/attn_fwd/dispatch.cu, then falls back to the 64-head sm_90a kernel or the
+ * portable one).
  *
  * Why a second kernel: the 64-head kernel puts heads on the wgmma M dimension (m64), so H = 8..32
  * does the tensor work of H = 64. Here keys go on M and heads on N (N = H rounded up to 8):
@@ -85,6 +86,7 @@
 
 #include "internal.h"
 #include "common/sm90_common.cuh"
+#include "attn_fwd/fwd_launch.cuh"
 
 /* The block ring (N <= 32: two CTAs per SM, one KV stage per CTA): the stage is a ring of its
  * 64-column blocks, each with its own empty mbarrier. The consumer releases the RoPE block once S^T
@@ -986,8 +988,8 @@ dsa_status launch_nb(const dsa_context *ctx, const dsa_attn_fwd_params *p, int h
 
 }  // namespace
 
-extern "C" dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ctx, const dsa_attn_fwd_params *p,
-                                                           int head_begin, int head_count, cudaStream_t stream) {
+extern "C" dsa_status dsa_fwd_launch_sm90_small(const dsa_context *ctx, const dsa_attn_fwd_params *p, int head_begin,
+                                                int head_count, cudaStream_t stream) {
   const char *fn = "dsa_sparse_attn_fwd";
   if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
     return dsa_fail(DSA_ERROR_UNSUPPORTED,
@@ -1018,9 +1020,4 @@ extern "C" dsa_status dsa_launch_attn_fwd_sm90_small_heads(const dsa_context *ct
                     0x7fffffff, (long long)p->num_tokens);
   return p->head_dim == 576 ? launch_nb<9>(ctx, p, head_begin, head_count, stream)
                              : launch_nb<8>(ctx, p, head_begin, head_count, stream);
-}
-
-extern "C" dsa_status dsa_launch_attn_fwd_sm90_small(const dsa_context *ctx, const dsa_attn_fwd_params *p,
-                                                     cudaStream_t stream) {
-  return dsa_launch_attn_fwd_sm90_small_heads(ctx, p, 0, p->num_heads, stream);
 }

@@ -352,7 +352,7 @@ __device__ __forceinline__ void sm90_ldmatrix_x4(uint32_t addr, uint32_t r[4]) {
                : "memory");
 }
 
-/* ---- fp32 row reductions into a permuted accumulator ("layout 1", src/internal.h dsa_bwd_dkv_slot:
+/* ---- fp32 row reductions into a permuted accumulator ("layout 1", src/kernels.h dsa_bwd_dkv_slot:
  * the backward's dKV and the indexer backward's d_index_k), 128-B row segments per warp instruction --- */
 /* One red.global.add.v4.f32 of four fp32 where the row is valid (row >= 0), with the L2 policy `pol`
  * (evict_last: the accumulator's lines stay while gathers and other operands stream past them). (A predicate set inside the asm instead of

@@ -1,6 +1,7 @@
 /*
- * idx_cublas.cu - the small kernels of the lightning indexer's cuBLAS engine (src/indexer.c drives
- * it; the GEMM is cublasGemmEx, bf16 in, fp32 accumulate):
+ * idx_cublas.cu - the small kernels of the lightning indexer's cuBLAS engine (the indexer's
+ * dispatch point, cuda/indexer/dispatch.cu, drives it; the GEMM is cublasGemmEx, bf16 in, fp32
+ * accumulate):
  *
  *  - idx_pack_q: copies a chunk of index_q [tokens, heads, 128] with arbitrary (validated) strides
  *    into a plain [tokens * heads, 128] matrix, for layouts cuBLAS cannot read as one matrix
@@ -15,6 +16,7 @@
 #include <cuda_runtime.h>
 #include "internal.h"
 #include "indexer/idx_common.cuh"
+#include "indexer/idx_launch.cuh"
 
 #define IDX_REDUCE_THREADS 256 /* columns per CTA; heads loop inside the thread */
 #define IDX_PACK_THREADS 256
@@ -57,9 +59,8 @@ idx_reduce(int32_t heads, int64_t cols, const float *__restrict__ logits, int64_
   scores[r * scores_ld + c] = acc;
 }
 
-extern "C" dsa_status dsa_launch_indexer_pack_q(const uint16_t *q, int64_t stride_token,
-                                                int64_t stride_head, int64_t tokens, int32_t heads,
-                                                uint16_t *out, cudaStream_t stream) {
+extern "C" dsa_status dsa_idx_launch_pack_q(const uint16_t *q, int64_t stride_token, int64_t stride_head,
+                                            int64_t tokens, int32_t heads, uint16_t *out, cudaStream_t stream) {
   int64_t n = tokens * heads * 16, blocks = (n + IDX_PACK_THREADS - 1) / IDX_PACK_THREADS;
   if (n <= 0) return DSA_SUCCESS;
   if (blocks > 65536) blocks = 65536;
@@ -68,11 +69,10 @@ extern "C" dsa_status dsa_launch_indexer_pack_q(const uint16_t *q, int64_t strid
   return dsa_cuda_status(cudaGetLastError(), "dsa_indexer_topk (pack kernel launch)");
 }
 
-extern "C" dsa_status dsa_launch_indexer_reduce(int64_t rows, int32_t heads, int64_t cols,
-                                                const float *logits, int64_t logits_ld,
-                                                const void *weights, int weights_bf16,
-                                                int64_t weights_stride, float *scores,
-                                                int64_t scores_ld, cudaStream_t stream) {
+extern "C" dsa_status dsa_idx_launch_reduce(int64_t rows, int32_t heads, int64_t cols, const float *logits,
+                                            int64_t logits_ld, const void *weights, int weights_bf16,
+                                            int64_t weights_stride, float *scores, int64_t scores_ld,
+                                            cudaStream_t stream) {
   dim3 grid;
   if (rows <= 0 || cols <= 0) return DSA_SUCCESS;
   /* rows is a GEMM sub-chunk (the caller keeps it <= 65535); columns are at most 2^31 */

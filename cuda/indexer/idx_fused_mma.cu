@@ -1,6 +1,7 @@
 /*
- * idx_fused_mma.cu - the lightning indexer's fused scoring on mma.sync (dsa_launch_indexer_fused;
- * src/indexer.c drives it, the top-k of cuda/topk/ selects from its scores).
+ * idx_fused_mma.cu - the lightning indexer's fused scoring on mma.sync (dsa_idx_launch_fused_mma,
+ * cuda/indexer/idx_launch.cuh; the indexer's dispatch point, cuda/indexer/dispatch.cu, drives it, the
+ * top-k of cuda/topk/ selects from its scores).
  *
  * idx_fused (DSA_INDEXER_ENGINE_FUSED, DSA_INDEXER_FUSED_MMA_SYNC): the head-summed scores computed
  * on chip, so the [queries * H_idx, keys] logits never exist in memory. Tensor cores through
@@ -20,6 +21,7 @@
 #include <cuda_runtime.h>
 #include "internal.h"
 #include "indexer/idx_common.cuh"
+#include "indexer/idx_launch.cuh"
 
 #define FX_THREADS 128 /* 4 warps x 32 keys = one 128-key tile */
 #define FX_MT 2        /* m16 tiles per warp: each B fragment read from smem feeds FX_MT mma */
@@ -231,7 +233,7 @@ idx_fused(dsa_indexer_fused_args a, int hp, int qg) {
   }
 }
 
-extern "C" dsa_status dsa_launch_indexer_fused(const dsa_context *ctx, const dsa_indexer_fused_args *a,
+extern "C" dsa_status dsa_idx_launch_fused_mma(const dsa_context *ctx, const dsa_indexer_fused_args *a,
                                                cudaStream_t stream) {
   static int attr_set[DSA_TRACKED_DEVICES]; /* the smem limit set per device */
   const int hp = (a->heads + 7) / 8 * 8, qg = FX_QROWS / hp;

@@ -1,11 +1,11 @@
 /*
  * idx_fused_wgmma.cu - the lightning indexer's fused scoring on sm_90a tensor cores (wgmma), the
  * second fused kernel beside idx_fused (cuda/indexer/idx_fused_mma.cu, mma.sync). Same contract as
- * idx_fused (src/internal.h dsa_indexer_fused_args): for each chunk query r that scores (causal_length > K),
- * scores[r, c] = sum_h w[r, h] ReLU(q[r, h, :] . k[window_start + c, :]) for the window columns
- * c in [starts[r] - window_start, + causal_length); every other entry is left as it was.
- * The automatic fused kernel on cc 9.0 for H_idx > 16 (src/indexer.c); DSA_OPTION_INDEXER_FUSED_KERNEL
- * = DSA_INDEXER_FUSED_WGMMA forces it.
+ * idx_fused (dsa_indexer_fused_args, cuda/indexer/idx_launch.cuh): for each chunk query r that scores
+ * (causal_length > K), scores[r, c] = sum_h w[r, h] ReLU(q[r, h, :] . k[window_start + c, :]) for
+ * the window columns c in [starts[r] - window_start, + causal_length); every other entry is left as
+ * it was. The automatic fused kernel on cc 9.0 for H_idx > 16 (cuda/indexer/dispatch.cu);
+ * DSA_OPTION_INDEXER_FUSED_KERNEL = DSA_INDEXER_FUSED_WGMMA forces it.
  *
  * Operand map (docs/hopper.md section 8, as DeepGEMM's sm90 mqa logits): keys on the wgmma M, (query, head)
  * pairs on N:
@@ -52,7 +52,7 @@
  * Shared memory: Q 2 x 64 KB + 4 stages x 16 KB + windows + barriers + 1 KB alignment slack =
  * 197832 B. ptxas (nvcc 13, -Xptxas -v): 168 registers at entry (the launch cap), no spills, no
  * wgmma serialisation warning, in all four instantiations (HP 32 / 64, padded or not).
- * Declined (DSA_ERROR_UNSUPPORTED, by dsa_indexer_fused_sm90_check before anything is launched): a
+ * Declined (DSA_ERROR_UNSUPPORTED, by dsa_idx_fused_wgmma_check before anything is launched): a
  * device other than cc 9.0, or less opt-in shared memory than the kernel needs. The validator
  * already guarantees 16-B aligned q / k rows (cp.async) and H_idx <= 64.
  */
@@ -61,6 +61,7 @@
 
 #include "internal.h"
 #include "common/sm90_common.cuh"
+#include "indexer/idx_launch.cuh"
 
 namespace {
 
@@ -395,7 +396,7 @@ dsa_status launch(const dsa_context *ctx, const dsa_indexer_fused_args *a, cudaS
 
 }  // namespace
 
-extern "C" dsa_status dsa_indexer_fused_sm90_check(const dsa_context *ctx) {
+extern "C" dsa_status dsa_idx_fused_wgmma_check(const dsa_context *ctx) {
   if (!(ctx->cc_major == 9 && ctx->cc_minor == 0))
     return dsa_fail(DSA_ERROR_UNSUPPORTED,
                     "dsa_indexer_topk: the sm_90a fused scoring kernel needs compute capability 9.0, device has %d.%d",
@@ -407,8 +408,8 @@ extern "C" dsa_status dsa_indexer_fused_sm90_check(const dsa_context *ctx) {
   return DSA_SUCCESS;
 }
 
-extern "C" dsa_status dsa_launch_indexer_fused_sm90(const dsa_context *ctx, const dsa_indexer_fused_args *a,
-                                                    cudaStream_t stream) {
+extern "C" dsa_status dsa_idx_launch_fused_wgmma(const dsa_context *ctx, const dsa_indexer_fused_args *a,
+                                                 cudaStream_t stream) {
   if (a->rows <= 0 || a->window <= 0) return DSA_SUCCESS;
   if (a->heads < 32) return launch<32, true>(ctx, a, stream);
   if (a->heads == 32) return launch<32, false>(ctx, a, stream);

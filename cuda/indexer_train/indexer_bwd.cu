@@ -1,7 +1,8 @@
 /*
  * indexer_bwd.cu - the indexer's side of indexer training (docs/indexer-training.md sections 2 and 4):
- * dsa_indexer_slot_scores' kernel (dsa_launch_indexer_slot_scores) and dsa_indexer_bwd's
- * (dsa_launch_indexer_bwd). One file because both recompute the same per-(slot, head) logit
+ * dsa_indexer_slot_scores' CUDA-core kernel and dsa_indexer_bwd's CUDA-core passes and workspace
+ * layout (cuda/indexer_train/train_launch.cuh; the family's dispatch point,
+ * cuda/indexer_train/dispatch.cu, chooses between them and the sm_90a kernels). One file because both recompute the same per-(slot, head) logit
  * x = q_idx[t, h] . k_idx[s_j] with the same code (head_dot: fp32 fma in dimension order), so the
  * backward's ReLU' = [x > 0] decisions are those of the forward scores and are identical in all of
  * its kernels.
@@ -28,22 +29,24 @@
  *    c q[t, h, d] over the entries in sorted order and the heads in ascending order, then writes
  *    bf16 d_index_k[r, d] (0 for rows nothing references). No atomics: bitwise reproducible.
  *  - deterministic d_index_k from slot rows (where the sm_90a kernel runs: the automatic choice on
- *    cc 9.0, DSA_OPTION_TRAIN_KERNEL forces either pass): the same sort and offsets, then per chunk of kDetChunkTokens tokens the sm_90a kernel
- *    writes each valid slot's fp32 dK row (the tensor-core G q of the non-deterministic mode) and
- *    dk_rows_reduce_kernel adds them per key in sorted order onto the key's fp32 sum (one warp per
- *    key, a cursor per key carried between chunks); the last chunk writes bf16 d_index_k.
+ *    cc 9.0, DSA_OPTION_TRAIN_KERNEL forces either pass): the same sort and offsets, then per chunk
+ *    of kIbDetChunkTokens tokens the sm_90a kernel writes each valid slot's fp32 dK row (the
+ *    tensor-core G q of the non-deterministic mode) and dk_rows_reduce_kernel adds them per key in
+ *    sorted order onto the key's fp32 sum (one warp per key, a cursor per key carried between
+ *    chunks); the last chunk writes bf16 d_index_k.
  *
  * Workspace (the caller's pointer aligned up to 256 B; regions 256-B aligned; the slack counted):
  *   deterministic = 0: acc [T_k, 128] f32;
  *   deterministic = 1: keys0, keys1 [T K] u32, vals0, vals1 [T K] i32, off [T_k + 1] i64, CUB's
  *   radix-sort temp for T K pairs (CUB sizes it from the current device: the size query needs one),
- *   and for the slot-rows pass (T K > 0) rows [min(T, kDetChunkTokens) K, 128] f32, cursor [T_k] i64,
- *   acc [T_k, 128] f32 (counted whichever pass runs: the size query has no context).
+ *   and for the slot-rows pass (T K > 0) rows [min(T, kIbDetChunkTokens) K, 128] f32, cursor [T_k]
+ *   i64, acc [T_k, 128] f32 (counted whichever pass runs: the size query has no context).
  */
 #include <math.h>
 #include <cub/device/device_radix_sort.cuh>
 #include "internal.h"
 #include "indexer_train/train_common.cuh"
+#include "indexer_train/train_launch.cuh"
 #include "common/radix_sort.cuh"
 
 /* CUB lives in dsa_cub::cub (-DCUB_WRAPPED_NAMESPACE); CUB_NS_QUALIFIER names it either way. */
@@ -330,20 +333,16 @@ __global__ void dk_rows_reduce_kernel(const __grid_constant__ dsa_indexer_bwd_pa
 }
 
 /* ---- host side -------------------------------------------------------------------------------- */
-/* Tokens per chunk of the deterministic slot-rows pass: two CTAs per SM on 132 SMs. */
-constexpr int64_t kDetChunkTokens = 264;
+template <int NI>
+cudaError_t launch_token(const dsa_indexer_bwd_params *p, float *acc, cudaStream_t stream) {
+  bwd_token_kernel<NI><<<tr_grid_for(p->num_tokens, 1), kThreads, 0, stream>>>(*p, acc);
+  return cudaGetLastError();
+}
 
-struct BwdLayout {
-  size_t acc;                              /* deterministic = 0; = 1: the rows pass's fp32 sums */
-  size_t keys0, keys1, vals0, vals1, off;  /* deterministic = 1 */
-  size_t rows, cursor;                     /* deterministic = 1: the slot-rows pass */
-  size_t temp, temp_bytes;
-  int end_bit;                             /* radix sort key bits: the sentinel T_k fits */
-  size_t total;
-};
+}  // namespace
 
-dsa_status bwd_layout(const dsa_indexer_bwd_params *p, BwdLayout *L) {
-  *L = BwdLayout();
+extern "C" dsa_status dsa_ib_layout(const dsa_indexer_bwd_params *p, IbLayout *L) {
+  *L = IbLayout();
   size_t o = 0;
   if (!p->deterministic) {
     L->acc = o; o += tr_align_up((size_t)p->num_keys * kD * 4);
@@ -362,7 +361,7 @@ dsa_status bwd_layout(const dsa_indexer_bwd_params *p, BwdLayout *L) {
     if (n > 0 && p->num_keys > 0) DSA_TRY(dsa_radix_sort_temp_bytes(n, L->end_bit, &L->temp_bytes, "dsa_indexer_bwd"));
     L->temp = o; o += tr_align_up(L->temp_bytes);
     if (n > 0) { /* the slot-rows pass (nothing to sum without a slot) */
-      const int64_t chunk = p->num_tokens < kDetChunkTokens ? p->num_tokens : kDetChunkTokens;
+      const int64_t chunk = p->num_tokens < kIbDetChunkTokens ? p->num_tokens : kIbDetChunkTokens;
       L->rows = o; o += tr_align_up((size_t)chunk * (size_t)p->topk * kD * 4);
       L->cursor = o; o += tr_align_up((size_t)p->num_keys * 8);
       L->acc = o; o += tr_align_up((size_t)p->num_keys * kD * 4);
@@ -372,61 +371,12 @@ dsa_status bwd_layout(const dsa_indexer_bwd_params *p, BwdLayout *L) {
   return DSA_SUCCESS;
 }
 
-template <int NI>
-cudaError_t launch_token(const dsa_indexer_bwd_params *p, float *acc, cudaStream_t stream) {
-  bwd_token_kernel<NI><<<tr_grid_for(p->num_tokens, 1), kThreads, 0, stream>>>(*p, acc);
-  return cudaGetLastError();
-}
-
-}  // namespace
-
-/* DSA_OPTION_TRAIN_KERNEL: AUTO tries the sm_90a kernel (cuda/indexer_train/indexer_bwd_sm90.cu) and
- * falls back here where it declines; SM90 forces it (its decline is the op's error); PORTABLE runs
- * slot_scores_kernel. */
-extern "C" dsa_status dsa_launch_indexer_slot_scores(const dsa_context *ctx,
-                                                     const dsa_indexer_slot_scores_params *p,
-                                                     cudaStream_t stream) {
-  const int64_t kernel = ctx->options[DSA_OPTION_TRAIN_KERNEL];
-  if (kernel == DSA_TRAIN_KERNEL_SM90) return dsa_launch_indexer_slot_scores_sm90(ctx, p, stream);
-  if (kernel == DSA_TRAIN_KERNEL_AUTO) {
-    dsa_saved_message saved;
-    dsa_message_save(&saved);
-    const dsa_status s = dsa_launch_indexer_slot_scores_sm90(ctx, p, stream);
-    if (!dsa_declined(s, &saved)) return s;
-  }
+extern "C" dsa_status dsa_ss_launch_portable(const dsa_indexer_slot_scores_params *p, cudaStream_t stream) {
   slot_scores_kernel<<<tr_grid_for(p->num_tokens, 1), kThreads, 0, stream>>>(*p);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_indexer_slot_scores");
 }
 
-extern "C" dsa_status dsa_indexer_bwd_workspace_size(const dsa_indexer_bwd_params *p, size_t *bytes) {
-  BwdLayout L;
-  DSA_TRY(bwd_layout(p, &L));
-  *bytes = L.total;
-  return DSA_SUCCESS;
-}
-
-/* The per-token pass (d_index_q, d_weights, and d_index_k's reductions into acc when non-NULL):
- * DSA_OPTION_TRAIN_KERNEL AUTO tries the sm_90a kernel (cuda/indexer_train/indexer_bwd_sm90.cu, its
- * accumulator in the permuted layout: *lay1 = 1) and falls back to bwd_token_kernel where it declines;
- * SM90 forces it; PORTABLE runs bwd_token_kernel (*lay1 = 0). */
-static dsa_status token_pass(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc, cudaStream_t stream,
-                             int *lay1) {
-  const int64_t kernel = ctx->options[DSA_OPTION_TRAIN_KERNEL];
-  *lay1 = 0;
-  if (kernel == DSA_TRAIN_KERNEL_SM90) {
-    DSA_TRY(dsa_launch_indexer_bwd_sm90(ctx, p, acc, stream));
-    *lay1 = 1;
-    return DSA_SUCCESS;
-  }
-  if (kernel == DSA_TRAIN_KERNEL_AUTO) {
-    dsa_saved_message saved;
-    dsa_message_save(&saved);
-    const dsa_status s = dsa_launch_indexer_bwd_sm90(ctx, p, acc, stream);
-    if (!dsa_declined(s, &saved)) {
-      *lay1 = s == DSA_SUCCESS;
-      return s;
-    }
-  }
+extern "C" dsa_status dsa_ib_launch_token_portable(const dsa_indexer_bwd_params *p, float *acc, cudaStream_t stream) {
   const int H = p->num_heads; /* NI >= ceil(H * 128 / 256) elements of d_index_q per thread */
   cudaError_t e;
   if (H <= 2) e = launch_token<1>(p, acc, stream);
@@ -438,67 +388,41 @@ static dsa_status token_pass(const dsa_context *ctx, const dsa_indexer_bwd_param
   return dsa_cuda_status((int)e, "dsa_indexer_bwd");
 }
 
-extern "C" dsa_status dsa_launch_indexer_bwd(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
-                                             void *workspace, cudaStream_t stream) {
+extern "C" dsa_status dsa_ib_launch_convert(const dsa_indexer_bwd_params *p, const float *acc, cudaStream_t stream) {
+  dk_convert_kernel<<<tr_grid_for(p->num_keys * kD, kThreads), kThreads, 0, stream>>>(*p, acc);
+  return dsa_cuda_status((int)cudaGetLastError(), "dsa_indexer_bwd");
+}
+
+extern "C" dsa_status dsa_ib_launch_sort(const dsa_indexer_bwd_params *p, unsigned char *ws, const IbLayout *L,
+                                         const int32_t **vals, cudaStream_t stream) {
   static const char fn[] = "dsa_indexer_bwd";
-  BwdLayout L;
-  DSA_TRY(bwd_layout(p, &L));
-  unsigned char *ws = tr_align_workspace(workspace);
-  const int64_t T = p->num_tokens, Tk = p->num_keys;
-  float *acc = (!p->deterministic && Tk > 0) ? (float *)(ws + L.acc) : nullptr;
-  /* the deterministic d_index_k from the sm_90a kernel's slot rows: SM90 forces it (a decline is the
-   * op's error, at the first chunk's launch), AUTO takes it where the kernel's launch checks pass,
-   * PORTABLE keeps the CUDA-core pass */
-  bool rows_pass = false;
-  if (p->deterministic && T > 0 && Tk > 0) {
-    const int64_t kernel = ctx->options[DSA_OPTION_TRAIN_KERNEL];
-    if (kernel == DSA_TRAIN_KERNEL_SM90) {
-      rows_pass = true;
-    } else if (kernel == DSA_TRAIN_KERNEL_AUTO) {
-      dsa_saved_message saved;
-      dsa_message_save(&saved);
-      const dsa_status s = dsa_indexer_bwd_sm90_check(ctx, p);
-      if (!dsa_declined(s, &saved)) {
-        if (s != DSA_SUCCESS) return s;
-        rows_pass = true;
-      }
-    }
-  }
-  int lay1 = 0;
-  if (T > 0 && !rows_pass) {
-    if (acc != nullptr) DSA_TRY(dsa_cuda_status(cudaMemsetAsync(acc, 0, (size_t)Tk * kD * 4, stream), fn));
-    DSA_TRY(token_pass(ctx, p, acc, stream, &lay1));
-  }
-  if (Tk == 0) return DSA_SUCCESS;
-  if (T > 0 && !p->deterministic && lay1) return dsa_launch_indexer_dk_convert_lay1(p, acc, stream);
-  if (T == 0 || !p->deterministic) { /* d_index_k from the accumulator, or zeros without tokens */
-    dk_convert_kernel<<<tr_grid_for(Tk * kD, kThreads), kThreads, 0, stream>>>(*p, T > 0 ? acc : nullptr);
-    return dsa_cuda_status((int)cudaGetLastError(), fn);
-  }
-  const int64_t n = T * (int64_t)p->topk;
-  uint32_t *k0 = (uint32_t *)(ws + L.keys0), *k1 = (uint32_t *)(ws + L.keys1);
-  int32_t *v0 = (int32_t *)(ws + L.vals0), *v1 = (int32_t *)(ws + L.vals1);
-  int64_t *off = (int64_t *)(ws + L.off);
+  const int64_t Tk = p->num_keys;
+  const int64_t n = p->num_tokens * (int64_t)p->topk;
+  uint32_t *k0 = (uint32_t *)(ws + L->keys0), *k1 = (uint32_t *)(ws + L->keys1);
+  int32_t *v0 = (int32_t *)(ws + L->vals0), *v1 = (int32_t *)(ws + L->vals1);
+  int64_t *off = (int64_t *)(ws + L->off);
   dk_keys_kernel<<<tr_grid_for(n, kThreads), kThreads, 0, stream>>>(*p, n, k0, v0);
   DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
   cub::DoubleBuffer<uint32_t> kb(k0, k1);
   cub::DoubleBuffer<int32_t> vb(v0, v1);
-  size_t tb = L.temp_bytes;
-  DSA_TRY(dsa_cuda_status((int)cub::DeviceRadixSort::SortPairs(ws + L.temp, tb, kb, vb, n, 0, L.end_bit, stream), fn));
+  size_t tb = L->temp_bytes;
+  DSA_TRY(dsa_cuda_status((int)cub::DeviceRadixSort::SortPairs(ws + L->temp, tb, kb, vb, n, 0, L->end_bit, stream), fn));
   dsa_sorted_key_offsets_kernel<<<tr_grid_for(Tk + 1, kThreads), kThreads, 0, stream>>>(kb.Current(), n, Tk, off);
   DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-  if (!rows_pass) {
-    dk_det_kernel<<<tr_grid_for(Tk, 1), kDetThreads, 0, stream>>>(*p, off, vb.Current());
-    return dsa_cuda_status((int)cudaGetLastError(), fn);
-  }
-  float *rows = (float *)(ws + L.rows), *sums = (float *)(ws + L.acc);
-  int64_t *cursor = (int64_t *)(ws + L.cursor);
-  for (int64_t t0 = 0; t0 < T; t0 += kDetChunkTokens) {
-    const int64_t t1 = T - t0 < kDetChunkTokens ? T : t0 + kDetChunkTokens;
-    DSA_TRY(dsa_launch_indexer_bwd_sm90_rows(ctx, p, rows, t0, t1 - t0, stream));
-    dk_rows_reduce_kernel<<<tr_grid_for(Tk, kThreads / 32), kThreads, 0, stream>>>(*p, off, vb.Current(), cursor, rows,
-                                                                                   sums, t0, t1, t0 == 0, t1 == T);
-    DSA_TRY(dsa_cuda_status((int)cudaGetLastError(), fn));
-  }
+  *vals = vb.Current();
   return DSA_SUCCESS;
+}
+
+extern "C" dsa_status dsa_ib_launch_det(const dsa_indexer_bwd_params *p, const int64_t *off, const int32_t *vals,
+                                        cudaStream_t stream) {
+  dk_det_kernel<<<tr_grid_for(p->num_keys, 1), kDetThreads, 0, stream>>>(*p, off, vals);
+  return dsa_cuda_status((int)cudaGetLastError(), "dsa_indexer_bwd");
+}
+
+extern "C" dsa_status dsa_ib_launch_rows_reduce(const dsa_indexer_bwd_params *p, const int64_t *off,
+                                                const int32_t *vals, int64_t *cursor, const float *rows, float *sums,
+                                                int64_t t0, int64_t t1, cudaStream_t stream) {
+  dk_rows_reduce_kernel<<<tr_grid_for(p->num_keys, kThreads / 32), kThreads, 0, stream>>>(
+      *p, off, vals, cursor, rows, sums, t0, t1, t0 == 0, t1 == p->num_tokens);
+  return dsa_cuda_status((int)cudaGetLastError(), "dsa_indexer_bwd");
 }

@@ -1,6 +1,6 @@
 /*
- * indexer_bwd_sm90.cu - dsa_indexer_bwd's per-token kernel on sm_90a (dsa_launch_indexer_bwd_sm90,
- * src/internal.h; the math: docs/indexer-training.md section 4), and dsa_indexer_slot_scores' (its
+ * indexer_bwd_sm90.cu - dsa_indexer_bwd's per-token kernel on sm_90a (dsa_ib_launch_sm90,
+ * cuda/indexer_train/train_launch.cuh; the math: docs/indexer-training.md section 4), and dsa_indexer_slot_scores' (its
  * tiles, stages and X = K q^T, then z = sum_h w ReLU(x) per slot: slot_scores_sm90_kernel at the end
  * of the file). With x[j, h] = k_idx[s_j] .
  * q_idx[t, h] and G[j, h] = g[t, j] w[t, h] [x > 0] over the valid slots j of token t:
@@ -48,6 +48,7 @@
 
 #include "internal.h"
 #include "common/sm90_common.cuh"
+#include "indexer_train/train_launch.cuh"
 
 namespace {
 
@@ -376,12 +377,12 @@ dsa_status ib_check(const dsa_context *ctx, int64_t num_tokens, const char *fn) 
 
 }  // namespace
 
-extern "C" dsa_status dsa_indexer_bwd_sm90_check(const dsa_context *ctx, const dsa_indexer_bwd_params *p) {
+extern "C" dsa_status dsa_ib_sm90_check(const dsa_context *ctx, const dsa_indexer_bwd_params *p) {
   return ib_check(ctx, p->num_tokens, "dsa_indexer_bwd");
 }
 
-extern "C" dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc,
-                                                  cudaStream_t stream) {
+extern "C" dsa_status dsa_ib_launch_sm90(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *acc,
+                                         cudaStream_t stream) {
   static const char fn[] = "dsa_indexer_bwd";
   static int attr_set[DSA_TRACKED_DEVICES];
   DSA_TRY(ib_check(ctx, p->num_tokens, fn));
@@ -392,8 +393,8 @@ extern "C" dsa_status dsa_launch_indexer_bwd_sm90(const dsa_context *ctx, const 
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
-extern "C" dsa_status dsa_launch_indexer_bwd_sm90_rows(const dsa_context *ctx, const dsa_indexer_bwd_params *p,
-                                                       float *rows, int64_t t0, int64_t count, cudaStream_t stream) {
+extern "C" dsa_status dsa_ib_launch_sm90_rows(const dsa_context *ctx, const dsa_indexer_bwd_params *p, float *rows,
+                                              int64_t t0, int64_t count, cudaStream_t stream) {
   static const char fn[] = "dsa_indexer_bwd";
   static int attr_set[DSA_TRACKED_DEVICES];
   DSA_TRY(ib_check(ctx, p->num_tokens, fn));
@@ -404,8 +405,8 @@ extern "C" dsa_status dsa_launch_indexer_bwd_sm90_rows(const dsa_context *ctx, c
   return dsa_cuda_status((int)cudaGetLastError(), fn);
 }
 
-extern "C" dsa_status dsa_launch_indexer_dk_convert_lay1(const dsa_indexer_bwd_params *p, const float *acc,
-                                                         cudaStream_t stream) {
+extern "C" dsa_status dsa_ib_launch_convert_lay1(const dsa_indexer_bwd_params *p, const float *acc,
+                                                 cudaStream_t stream) {
   const int64_t n = p->num_keys * kD;
   int64_t g = (n + 255) / 256;
   if (g > (1 << 20)) g = 1 << 20;
@@ -414,8 +415,8 @@ extern "C" dsa_status dsa_launch_indexer_dk_convert_lay1(const dsa_indexer_bwd_p
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_indexer_bwd");
 }
 
-extern "C" dsa_status dsa_launch_indexer_slot_scores_sm90(const dsa_context *ctx, const dsa_indexer_slot_scores_params *p,
-                                                          cudaStream_t stream) {
+extern "C" dsa_status dsa_ss_launch_sm90(const dsa_context *ctx, const dsa_indexer_slot_scores_params *p,
+                                         cudaStream_t stream) {
   static const char fn[] = "dsa_indexer_slot_scores";
   static int attr_set[DSA_TRACKED_DEVICES];
   DSA_TRY(ib_check(ctx, p->num_tokens, fn));

@@ -1,6 +1,6 @@
 /*
- * indexer_loss.cu - dsa_indexer_loss's kernels (dsa_launch_indexer_loss; docs/indexer-training.md
- * section 3): the KL loss between the normalised attention target and the indexer's softmax over
+ * indexer_loss.cu - dsa_indexer_loss's kernels (dsa_launch_indexer_loss, src/kernels.h: the op has
+ * one kernel sequence, so its launcher is the family's for this op; docs/indexer-training.md section 3): the KL loss between the normalised attention target and the indexer's softmax over
  * each row's valid slots, in log-softmax form, and its score gradient. Three launches, all in a
  * fixed summation order (no atomics), so the loss and g are bitwise reproducible run to run:
  *  - rows:   one CTA per row (block-stride), 256 threads over the slots. Block reductions (warp

@@ -1,6 +1,6 @@
 /*
- * slot_target.cu - dsa_attn_slot_target's kernel (dsa_launch_slot_target; docs/indexer-training.md
- * section 1): the attention's probability mass at each selected slot, summed over the heads,
+ * slot_target.cu - dsa_attn_slot_target's CUDA-core kernel (dsa_st_launch_portable,
+ * cuda/indexer_train/train_launch.cuh; docs/indexer-training.md section 1): the attention's probability mass at each selected slot, summed over the heads,
  *   a[t, j] = sum_h exp(scale * q[t, h, :D] . kv[s_j, :D] - L'[t, h]),  L' = logaddexp(lse, sink[h]),
  * a head with lse = +inf contributing 0, invalid slots 0 (read nothing).
  *
@@ -18,6 +18,7 @@
 #include <math.h>
 #include "internal.h"
 #include "indexer_train/train_common.cuh"
+#include "indexer_train/train_launch.cuh"
 
 namespace {
 
@@ -94,19 +95,7 @@ __global__ void __launch_bounds__(kThreads) slot_target_kernel(const __grid_cons
 
 }  // namespace
 
-/* DSA_OPTION_TRAIN_KERNEL: AUTO tries the sm_90a kernel (cuda/indexer_train/slot_target_sm90.cu)
- * and falls back here where it declines; SM90 forces it (its decline is the op's error); PORTABLE
- * runs this kernel. */
-extern "C" dsa_status dsa_launch_slot_target(const dsa_context *ctx, const dsa_slot_target_params *p,
-                                             cudaStream_t stream) {
-  const int64_t kernel = ctx->options[DSA_OPTION_TRAIN_KERNEL];
-  if (kernel == DSA_TRAIN_KERNEL_SM90) return dsa_launch_slot_target_sm90(ctx, p, stream);
-  if (kernel == DSA_TRAIN_KERNEL_AUTO) {
-    dsa_saved_message saved;
-    dsa_message_save(&saved);
-    const dsa_status s = dsa_launch_slot_target_sm90(ctx, p, stream);
-    if (!dsa_declined(s, &saved)) return s;
-  }
+extern "C" dsa_status dsa_st_launch_portable(const dsa_slot_target_params *p, cudaStream_t stream) {
   slot_target_kernel<<<tr_grid_for(p->num_tokens, 1), kThreads, 0, stream>>>(*p);
   return dsa_cuda_status((int)cudaGetLastError(), "dsa_attn_slot_target");
 }

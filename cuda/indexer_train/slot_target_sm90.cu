@@ -1,6 +1,6 @@
 /*
- * slot_target_sm90.cu - dsa_attn_slot_target on sm_90a (dsa_launch_slot_target_sm90, src/internal.h;
- * the math: docs/indexer-training.md section 1):
+ * slot_target_sm90.cu - dsa_attn_slot_target on sm_90a (dsa_st_launch_sm90,
+ * cuda/indexer_train/train_launch.cuh; the math: docs/indexer-training.md section 1):
  *   a[t, j] = sum_h exp(scale * q[t, h, :D] . kv[s_j, :D] - L'[t, h]),  L' = logaddexp(lse, sink[h]),
  * a head with lse = +inf contributing 0, invalid slots 0. The automatic choice on cc 9.0 for D = 576
  * / 512 (DSA_OPTION_TRAIN_KERNEL forces either kernel); the CUDA-core kernel of slot_target.cu
@@ -46,6 +46,7 @@
 
 #include "internal.h"
 #include "common/sm90_common.cuh"
+#include "indexer_train/train_launch.cuh"
 
 namespace {
 
@@ -260,8 +261,8 @@ dsa_status st_launch(const dsa_context *ctx, const dsa_slot_target_params *p, cu
 
 }  // namespace
 
-extern "C" dsa_status dsa_launch_slot_target_sm90(const dsa_context *ctx, const dsa_slot_target_params *p,
-                                                  cudaStream_t stream) {
+extern "C" dsa_status dsa_st_launch_sm90(const dsa_context *ctx, const dsa_slot_target_params *p,
+                                         cudaStream_t stream) {
   static const char fn[] = "dsa_attn_slot_target";
   DSA_TRY(dsa_sm90_check_cc(ctx, fn));
   if (p->head_dim != 576 && p->head_dim != 512)

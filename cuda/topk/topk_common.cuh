@@ -2,7 +2,7 @@
  * topk_common.cuh - what the two top-k kernels share (cuda/topk/): the order-preserving key of a
  * score, a row's start (length, column offset, the L <= k rows written whole), the block scan, the
  * radix bin search, and the count / emit sweeps of a row read from global memory; the kernels'
- * launchers, which cuda/topk/topk.cu chooses between.
+ * launchers, which the top-k's dispatch point (cuda/topk/topk.cu) chooses between.
  */
 #ifndef DSA_TOPK_COMMON_CUH
 #define DSA_TOPK_COMMON_CUH
@@ -158,8 +158,14 @@ static __device__ __forceinline__ void tk_emit_stretch(const float *__restrict__
  * runs two CTAs per SM. */
 #define TKF_SMEM ((2 * 8192 + 3 * TK_BINS) * 4)
 
-/* The launchers (rows > 0): the filter kernel (cuda/topk/topk_filter.cu; needs TKF_SMEM of opt-in
- * shared memory) and the radix kernel (cuda/topk/topk_radix.cu; any device). */
+/* The bisection kernel's bound: the columns of a launch's rows at most (cuda/topk/topk_filter.cu). */
+#define TKB_CAP 4096
+
+/* The launchers (rows > 0): the bisection kernel (cuda/topk/topk_filter.cu; rows of at most TKB_CAP
+ * columns), the filter kernel (the same file; any row length; needs TKF_SMEM of opt-in shared
+ * memory) and the radix kernel (cuda/topk/topk_radix.cu; any device). */
+extern "C" DSA_HIDDEN dsa_status dsa_topk_launch_bisect(const dsa_context *ctx, const dsa_topk_launch *a,
+                                                       cudaStream_t stream);
 extern "C" DSA_HIDDEN dsa_status dsa_topk_launch_filter(const dsa_context *ctx, const dsa_topk_launch *a,
                                                        cudaStream_t stream);
 extern "C" DSA_HIDDEN dsa_status dsa_topk_launch_radix(const dsa_context *ctx, const dsa_topk_launch *a,

@@ -1,9 +1,9 @@
 /*
  * topk_filter.cu - deterministic per-row top-k (dsa_topk and the indexer's selection) on two kernels
- * behind one launcher (DSA_TOPK_KERNEL_FILTER, the automatic choice where the device has its
- * 2 x 90 KB of shared memory per SM: cuda/topk/topk.cu): the bisection kernel (tkb_kernel) for
- * launches whose rows all have at most 4096 columns (`columns` <= 4096: the indexer's windows of
- * short sequences), the filter kernel (tkf_kernel) for the others. Same output as the radix kernel
+ * (DSA_TOPK_KERNEL_FILTER, the automatic choice where the device has its 2 x 90 KB of shared memory
+ * per SM; the top-k's dispatch point, cuda/topk/topk.cu, chooses between them): the bisection kernel
+ * (tkb_kernel) for launches whose rows all have at most TKB_CAP = 4096 columns (`columns` <= 4096:
+ * the indexer's windows of short sequences), the filter kernel (tkf_kernel) for the others. Same output as the radix kernel
  * (cuda/topk/topk_radix.cu: the rule, the key order, ties to the smaller column, ascending output).
  *
  * The filter kernel, per row (one CTA of 512 threads, two CTAs per SM, grid-stride over rows;
@@ -439,6 +439,7 @@ static __global__ void __launch_bounds__(C::NT, C::MINB) tkf_kernel(dsa_topk_lau
 namespace {
 constexpr int kTkbThreads = 256, kTkbKeys = 16, kTkbMinBlocks = 5;
 constexpr int kTkbCap = kTkbThreads * kTkbKeys; /* columns of a row at most */
+static_assert(kTkbCap == TKB_CAP, "the dispatch's column bound (cuda/topk/topk_common.cuh) is this kernel's");
 }  // namespace
 
 /* The K-th largest of the n keys held KPT per thread (key[u] of
@@ -564,7 +565,7 @@ static __global__ void __launch_bounds__(kTkbThreads, kTkbMinBlocks) tkb_kernel(
   }
 }
 
-static dsa_status tkb_launch(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream) {
+extern "C" dsa_status dsa_topk_launch_bisect(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream) {
   const int64_t slots = (int64_t)kTkbMinBlocks * ctx->sm_count;
   const int64_t grid = a->rows < slots ? a->rows : slots;
   tkb_kernel<<<(unsigned)grid, kTkbThreads, 0, stream>>>(*a);
@@ -582,9 +583,6 @@ static dsa_status tkf_launch(const dsa_context *ctx, const dsa_topk_launch *a, c
   return dsa_cuda_status(cudaGetLastError(), "dsa_topk (kernel launch)");
 }
 
-/* Launches the bisection kernel when no row can exceed its 4096 columns and some row is read (scores
- * given), else the filter kernel (any row length; needs TKF_SMEM of opt-in shared memory per CTA). */
 extern "C" dsa_status dsa_topk_launch_filter(const dsa_context *ctx, const dsa_topk_launch *a, cudaStream_t stream) {
-  if (a->scores != NULL && a->columns <= kTkbCap) return tkb_launch(ctx, a, stream);
   return tkf_launch<TkfLong>(ctx, a, stream);
 }

@@ -4,7 +4,7 @@
  * accepted one must satisfy every invariant of the plan view (causal windows inside [0, T_k) and
  * causal, monotone segment arrays, consistent counts) and pass dsa_check_plan_view. */
 #include "fuzz_common.h"
-#include "internal.h"
+#include "dsa_testing.h"
 
 #define MAX_SEQS 64
 

@@ -8,7 +8,7 @@
  *    filled with the input's bytes (any index, NaN, inf), handed to the dsa_ref_* twin: ASan sees
  *    every read and write; a failed call must leave the outputs byte for byte as they were. */
 #include "fuzz_common.h"
-#include "internal.h"
+#include "dsa_testing.h"
 
 /* ---- buffers of the reference path ------------------------------------------------------------ */
 typedef struct {
