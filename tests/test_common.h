@@ -36,9 +36,11 @@ static inline tc_rng tc_seed(const char *what) {
  * GPU suites create their streams with cudaStreamDefault (blocking): the setup's cudaMemcpy and
  * cudaMemset run on the legacy default stream, which a blocking stream waits for. A
  * cudaStreamNonBlocking stream does not, and then the op can race its own inputs. */
+/* The start of the message of a test that skips without a GPU (tests/test_summary.c counts them). */
+#define TC_NO_GPU_SKIP "no CUDA device"
 #define TC_REQUIRE_GPU()                                        \
   do {                                                          \
-    if (!tc_have_gpu()) cr_skip_test("no CUDA device: GPU suite skipped"); \
+    if (!tc_have_gpu()) cr_skip_test(TC_NO_GPU_SKIP ": GPU suite skipped"); \
   } while (0)
 
 /* DSA_TEST_SANITIZE=1 (set by `make sanitize`): the GPU suites run under compute-sanitizer,

@@ -50,14 +50,22 @@ static int run_example(const char *name, const char *args, char *out, size_t n) 
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
+/* The example's output holds (or lacks) a line's text; the message shows the whole output. */
+static void assert_output_has(const char *out, const char *text) {
+  cr_assert(strstr(out, text) != NULL, "no \"%s\" in:\n%s", text, out);
+}
+static void assert_output_lacks(const char *out, const char *text) {
+  cr_assert(strstr(out, text) == NULL, "\"%s\" in:\n%s", text, out);
+}
+
 Test(examples, train_step_cpu_half, .timeout = 300) {
   static char out[1 << 16];
   const int rc = run_example("train_step", "--cpu", out, sizeof out);
   cr_assert_eq(rc, 0, "train_step --cpu exited with %d:\n%s", rc, out);
-  cr_assert(strstr(out, "320 of 320 rows hold the K best keys") != NULL, "indexer rows:\n%s", out);
-  cr_assert(strstr(out, "CPU half: OK") != NULL, "no \"CPU half: OK\" in:\n%s", out);
-  cr_assert(strstr(out, "GPU half: SKIPPED (--cpu)") != NULL, "%s", out);
-  cr_assert(strstr(out, "MISMATCH") == NULL, "%s", out);
+  assert_output_has(out, "320 of 320 rows hold the K best keys");
+  assert_output_has(out, "CPU half: OK");
+  assert_output_has(out, "GPU half: SKIPPED (--cpu)");
+  assert_output_lacks(out, "MISMATCH");
 }
 
 Test(gpu_examples, train_step_matches_the_reference, .timeout = 300) {
@@ -66,9 +74,9 @@ Test(gpu_examples, train_step_matches_the_reference, .timeout = 300) {
   static char out[1 << 16];
   const int rc = run_example("train_step", "", out, sizeof out);
   cr_assert_eq(rc, 0, "train_step exited with %d:\n%s", rc, out);
-  cr_assert(strstr(out, "CPU half: OK") != NULL, "no \"CPU half: OK\" in:\n%s", out);
-  cr_assert(strstr(out, "train_step: OK") != NULL, "no \"train_step: OK\" in:\n%s", out);
-  cr_assert(strstr(out, "320 of 320 rows equal to the reference") != NULL, "indexer rows:\n%s", out);
-  cr_assert(strstr(out, "MISMATCH") == NULL, "%s", out);
-  cr_assert(strstr(out, "SKIPPED") == NULL, "the example found no device where the test did:\n%s", out);
+  assert_output_has(out, "CPU half: OK");
+  assert_output_has(out, "train_step: OK");
+  assert_output_has(out, "320 of 320 rows equal to the reference");
+  assert_output_lacks(out, "MISMATCH");
+  assert_output_lacks(out, "SKIPPED"); /* the example found no device where the test did */
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
+#include "test_common.h"
 
 static size_t n_passed, n_failed, n_crashed, n_skipped, n_no_gpu, n_unselected;
 
@@ -38,8 +39,7 @@ ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
         continue;
       }
       ++n_skipped;
-      /* TC_REQUIRE_GPU's message (tests/test_common.h) */
-      n_no_gpu += t->message != NULL && strncmp(t->message, "no CUDA device", 14) == 0;
+      n_no_gpu += t->message != NULL && strncmp(t->message, TC_NO_GPU_SKIP, strlen(TC_NO_GPU_SKIP)) == 0;
     }
   n_passed = stats->tests_passed, n_failed = stats->tests_failed, n_crashed = stats->tests_crashed;
   atexit(print_summary);
