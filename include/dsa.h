@@ -318,8 +318,9 @@ typedef struct dsa_attn_bwd_params {
   int64_t num_kv;            /* T_kv */
   int32_t topk;              /* K, 1..DSA_MAX_ATTN_TOPK */
   float softmax_scale;
-  int32_t deterministic;     /* 0: fp32 atomics; 1: dkv bitwise identical run to run; other values
-                                are rejected */
+  int32_t deterministic;     /* 0: fp32 atomics (dkv's low bits, and dq's where T_kv's accumulator
+                                exceeds half the L2, vary run to run); 1: dq, dkv and dsink bitwise
+                                identical run to run; other values are rejected */
   const uint16_t *q;         /* [T, H, D] bf16; strides (0: H*D and D) */
   int64_t q_stride_token, q_stride_head;
   const uint16_t *kv;        /* [T_kv, D] bf16; row stride (0: D) */

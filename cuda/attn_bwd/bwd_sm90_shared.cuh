@@ -78,6 +78,8 @@ struct MainArgs {
   float *dq_part;          /* warp-specialised kernel, the split tail: [2][split_tokens][H][D] fp32 */
   int64_t split_cta0;      /* first CTA of the split tokens' halves (the grid size: none) */
   int split_tokens;
+  int sweep;               /* warp-specialised kernel, non-deterministic mode: each CTA starts its row
+                              * at the tile the resident CTAs are at (ws_sweep_phase) */
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
@@ -276,6 +278,7 @@ inline MainArgs bwd_sm90_main_args(const dsa_attn_bwd_params *p, const BwdBaseRe
   args.dq_part = nullptr; /* no token split (the warp-specialised launcher sets these) */
   args.split_cta0 = INT64_MAX;
   args.split_tokens = 0;
+  args.sweep = 0;
   return args;
 }
 

@@ -50,6 +50,12 @@
  * never written). 256 threads, __launch_bounds__(256, 1), templated on NBT = D / 64 (9 or 8).
  * Tile = 64 heads (wgmma M) x 64 keys.
  *
+ * Tile order: a row's tiles run 0, 1, .., ntiles - 1, or, with args.sweep (the non-deterministic mode
+ * where the accumulator exceeds half the L2: ws_launch), from tile phi = ws_sweep_phase around to
+ * phi - 1: every resident CTA then works on the same part of its row at once (g_ws_sweep_tiles). Step
+ * n below is the n-th tile in that order; only WG0 (the gather's indices, the slot target's slots)
+ * needs the tile's index.
+ *
  * Roles, per 64-key tile n (s = n & 1):
  *   WG0 (threads 0..127, "front"):
  *     1. cp.async.wait_all + fence.proxy.async + bar.sync kBarKV (128): KV(n) landed and idx[s] (plain
@@ -156,6 +162,22 @@ constexpr int kBarKVFree = 3;  /* WG1 -> WG0: WG1's dQ wgmmas reading KV(n) have
 constexpr int kBarKV = 4;      /* WG0: every WG0 thread's copies of KV(n), idx(n) landed and fenced */
 constexpr int kBarTgt = 5;     /* WG0: the four warps' slot-target partial sums in spart */
 #endif /* __CUDA_ARCH_FEAT_SM90_ALL */
+
+/* The sweep (MainArgs::sweep): tiles finished by the sweeping CTAs of every launch (it wraps, and
+ * concurrent launches share it: it only sets a phase). A CTA starts its row at tile (finished /
+ * resident CTAs) mod ntiles, the tile index the resident CTAs are at, so they all work on the same part
+ * of their rows at once; with ascending rows (the indexer's output, causal subsets) the keys they
+ * gather and reduce into then stay a narrow window of KV and of the accumulator, which L2 holds where
+ * the whole accumulator would not. The order of a row's tiles changes only dq's fp32 summation order. */
+__device__ uint32_t g_ws_sweep_tiles;
+__device__ __forceinline__ void ws_sweep_add() { atomicAdd(&g_ws_sweep_tiles, 1u); }
+__device__ __forceinline__ uint32_t ws_sweep_read() { return *(volatile uint32_t *)&g_ws_sweep_tiles; }
+__device__ __forceinline__ uint32_t ws_sweep_phase(uint32_t swept, int ntiles) {
+  uint32_t nsm;
+  asm("mov.u32 %0, %%nsmid;\n" : "=r"(nsm));
+  const uint32_t r = gridDim.x < nsm ? gridDim.x : nsm;
+  return (swept / (r > 0 ? r : 1u)) % (uint32_t)ntiles;
+}
 
 /* This kernel's shared memory: the Smem<NBT> map, then spart, f32 [4][64] (the slot target's per-warp
  * column sums), at the map's end: 232448 / 216064 B with the alignment slack (the D = 576 one is the
@@ -370,6 +392,7 @@ template <int NBT>
 __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, int ntiles, int64_t tok, int h0,
                                          int klen
                                          , int k0 /* first slot of this CTA's tiles (a multiple of 64) */
+                                         , int phi /* the first tile; tiles phi, phi + 1, .. mod ntiles */
 ) {
   typedef Smem<NBT> L;
   const dsa_attn_bwd_params &p = args.p;
@@ -394,11 +417,13 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
 #pragma unroll
   for (int i = 0; i < 128; ++i) dq[i] = 0.f;
 
+  int tcur = phi; /* the row's tile that step n works on */
   for (int n = 0; n < ntiles; ++n) {
     const int s = n & 1;
-    /* tile n + 1's indices (-1 past the row's length), read now: the latency hides behind S / dP */
+    const int tnext = tcur + 1 == ntiles ? 0 : tcur + 1;
+    /* the next step's indices (-1 past the row's length), read now: the latency hides behind S / dP */
     int32_t nidx[4];
-    sm90_gather_read_indices(irow, n + 1, g, klen, nidx);
+    sm90_gather_read_indices(irow, tnext, g, klen, nidx);
     if (n > 0) { /* tile 0 landed before the role split */
       sm90_cp_async_wait_all(); /* this thread's copies of tile n */
       sm90_fence_proxy_async(); /* cp.async (generic proxy) -> wgmma (async proxy) */
@@ -445,7 +470,7 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
      * k16 slice kk (docs/hopper.md section 2). */
     float pv[32], dsv[32];
     bwd_sm90_p_ds<8>(sacc, dpacc, sidx + s * kBlockN, 0, lane, lp2, dl, scale, scale_log2, pv, dsv);
-    if (p.slot_target) ws_target_tile(p, pv, spart, sidx + s * kBlockN, tok, n + (k0 >> 6), t, warp, lane);
+    if (p.slot_target) ws_target_tile(p, pv, spart, sidx + s * kBlockN, tok, tcur + (k0 >> 6), t, warp, lane);
     uint32_t pp[16], dsp[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -496,6 +521,8 @@ __device__ __forceinline__ void ws_front(const MainArgs &args, uint8_t *smem, in
       sm90_named_bar_sync_any(kBarKVFree, kThreads);
       ws_gather<NBT>(p, skv, sidx + (s ^ 1) * kBlockN, nidx, g, j);
     }
+    if (args.sweep && t == 0) ws_sweep_add();
+    tcur = tnext;
   }
   ws_dq_out<128, 0, 64 * NBT>(args, dq, warp, lane);
 }
@@ -634,16 +661,26 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
   (void)si;
   (void)klen_row;
   const int ntiles = (klen + kBlockN - 1) / kBlockN;
+  int phi = 0; /* WG0's first tile */
 
   if (ntiles > 0) {
     /* Q and dO rows by all 256 threads (thread (g, j): rows g, g + 32, chunk j; heads past H: zero
      * rows), tile 0's KV by WG0 (ws_gather), the row statistics' loads (ws_stats_issue) under them,
      * then Delta, L' log2e and the dsink partials from the landed dO (ws_stats_finish) */
     const int g = tid >> 3, j = tid & 7;
+    const bool sweep = !kDet && args.sweep && ntiles > 1;
+    uint32_t swept = 0;
+    if (sweep && tid == 0) swept = ws_sweep_read(); /* its latency under the Q / dO copies */
     bwd_sm90_load_q_do<NBT>(p, sm90_smem_addr(smem + L::kQ), sm90_smem_addr(smem + L::kDO), tok, h0, g, j);
     if (wg == 0) {
+      if (sweep) { /* spart is free until the tile loop */
+        volatile uint32_t *sw = (volatile uint32_t *)(smem + kWsTgt<NBT>);
+        if (tid == 0) *sw = ws_sweep_phase(swept, ntiles);
+        sm90_named_bar_sync_any(kBarKV, 128);
+        phi = (int)*sw;
+      }
       int32_t idxs[4];
-      sm90_gather_read_indices(p.indices + tok * p.indices_stride + k0, 0, tid >> 3, klen, idxs);
+      sm90_gather_read_indices(p.indices + tok * p.indices_stride + k0, phi, tid >> 3, klen, idxs);
       ws_gather<NBT>(p, sm90_smem_addr(smem + L::kKV), (int32_t *)(smem + L::kIdx), idxs, tid >> 3, tid & 7);
     }
     WsStats st;
@@ -659,7 +696,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_sm90_ws_kernel(const __g
     args.part[tok * p.num_heads + h0 + tid] = 0.f; /* no slot: the row adds nothing to dsink */
   }
   if (wg == 0)
-    ws_front<NBT>(args, smem, ntiles, tok, h0, klen, k0);
+    ws_front<NBT>(args, smem, ntiles, tok, h0, klen, k0, phi);
   else
     ws_back<NBT, kDet>(args, smem, ntiles);
 #elif defined(__CUDA_ARCH__)
@@ -787,6 +824,10 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
     args.dq_part = R.acc + bwd_align_up((size_t)acc_rows * kD * 4) / 4;
   }
   args.part = p->dsink ? R.part : nullptr;
+  /* the sweep where the accumulator (T_kv rows of D fp32) exceeds half the L2: below it the
+   * accumulator stays in L2 in any order and the sweep costs ~2% (H100, bwd-glm-4k); above it the
+   * narrow window of keys saves 15-20% (bwd-glm-32k, bwd-tp-h16), 1.5% at bwd-glm-16k */
+  args.sweep = !det && p->num_kv * kD * 4 > (int64_t)ctx->l2_bytes / 2;
   if (!det) {
     const unsigned grid = (unsigned)((p->num_tokens + split_s) * num_hblocks);
     attn_bwd_sm90_ws_kernel<NBT, false><<<grid, kThreads, kWsBytes<NBT>, stream>>>(args);
