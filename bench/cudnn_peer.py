@@ -11,8 +11,8 @@ A ratio is only a same-run ratio. This program loads build/libdsa.so with ctypes
   indexer+topk  libdsa dsa_indexer_topk (engine DEFAULT)  vs  cuDNN indexer_forward_wrapper + IndexerTopK
   topk          libdsa dsa_topk  vs  cuDNN IndexerTopK (deterministic False and True; causal lengths)
                 and vs torch.topk (full rows)
-  indexer train (opt-in: --shapes train-glm-4k,train-glm-cp8,train-32k, not in the default
-                run, see below) on the idx-glm-4k / idx-glm-cp8 / idx-32k shapes, indices from
+  indexer train (opt-in: --shapes all, as bench/full_run.sh runs it, or --shapes train-glm-4k,...;
+                not in the default run, see below) on the idx-glm-4k / idx-glm-cp8 / idx-32k shapes, indices from
                 dsa_indexer_topk (H_idx = 32, bf16 weights), attention q [T, 64, 576] / kv random:
     slot target libdsa dsa_attn_slot_target  vs  cuDNN sparse_attn_score_recompute_wrapper (SM90;
                 cuDNN's target is L1-normalised: compared after dividing libdsa's a by its row sum)
@@ -32,9 +32,9 @@ Each implementation runs its own loop of reps (alternating them rep by rep biase
 Median of --reps. Ceilings in the same process: bf16 GEMM 8192^3 (torch.matmul) and a 1 GiB
 device-to-device copy (read + write bytes).
 
-The train-* shapes are opt-in because the whole default run's length on the H200 is not measured
-yet and their cuDNN kernels compile on first use (estimate: 2-3 minutes for the three shapes, most
-of it compiling); run them on their own.
+The train-* shapes are opt-in because their cuDNN kernels compile on first use (estimate: 2-3
+minutes for the three shapes, most of it compiling): `--shapes all` runs every shape, the train-*
+ones after the rest (bench/full_run.sh's peer step).
 
 Rows follow dsa_bench's JSON schema plus: process, peer_same_run, peer_compile_s,
 peer_max_rel_diff / peer_agreement, peer_workspace_bytes, workspace_bytes, peer_status,
@@ -1265,7 +1265,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lib", default="build/libdsa.so")
     ap.add_argument("--out", default=None, help="JSON output (default bench/results/DATE-CARD-cudnn-peer.json)")
-    ap.add_argument("--shapes", default=None, help="comma-separated shape names (see --list)")
+    ap.add_argument("--shapes", default=None, help="comma-separated shape names (see --list), or all: "
+                    "every shape, the opt-in train-* ones included")
     ap.add_argument("--reps", type=int, default=None, help="reps per implementation (default 20; "
                     "--cpu-dry-run: 1)")
     ap.add_argument("--list", action="store_true")
@@ -1281,7 +1282,7 @@ def main():
         for sh in SHAPES:
             log(f"{sh['name']:<14} {OP_NAMES[sh['op']]:<13} " +
                 " ".join(f"{k}={v}" for k, v in sh.items() if k not in ("name", "op", "opt_in")) +
-                ("  (opt-in: --shapes; not in the default run)" if sh.get("opt_in") else ""))
+                ("  (opt-in: --shapes all, or by name; not in the default run)" if sh.get("opt_in") else ""))
         return 0
     if a.self_test:
         D._self_test(a.lib)
@@ -1290,14 +1291,14 @@ def main():
         ap.error("--reps must be >= 1")
     names = [s["name"] for s in SHAPES]
     default = [s["name"] for s in SHAPES if not s.get("opt_in")]  # the train-* shapes: --shapes only
-    sel = default if not a.shapes else [s for s in a.shapes.split(",") if s]
+    sel = default if not a.shapes else names if a.shapes == "all" else [s for s in a.shapes.split(",") if s]
     bad = [s for s in sel if s not in names]
     if bad:
         ap.error(f"unknown shape(s) {bad}; see --list")
     if a.cpu_dry_run:
         import torch as _torch
         torch = _torch
-        return cpu_dry_run(a, sel if a.shapes else [s["name"] for s in SHAPES if s["op"] == "train"])
+        return cpu_dry_run(a, sel if a.shapes and a.shapes != "all" else [s["name"] for s in SHAPES if s["op"] == "train"])
     a.reps = a.reps or 20
     shapes = [quick_shape(s) if a.quick else s for s in SHAPES if s["name"] in sel]
 

@@ -11,8 +11,9 @@
 # Runs, in this order and on one GPU:
 #   1. build/bench/dsa_bench over every shape, with FlashMLA timed beside each fwd row in the same
 #      process;
-#   2. bench/cudnn_peer.py over the bwd, idx and topk shapes: libdsa (through build/libdsa.so) and
-#      cuDNN FE / torch.topk in one process on the same tensors;
+#   2. bench/cudnn_peer.py over every shape (--shapes all: bwd, idx, topk and the indexer-training
+#      train-* shapes): libdsa (through build/libdsa.so) and cuDNN FE / torch.topk in one process on
+#      the same tensors;
 #   3. bench/merge_results.py: both files into OUTDIR/<date>-<card>-full.json.
 # Step 2 needs cuDNN FE on PYTHONPATH (docs/perf.md, "How to run"). Each step's log goes to OUTDIR;
 # a failed step does not stop the next.
@@ -35,7 +36,7 @@ if [[ $steps == *,bench,* ]]; then
   echo "dsa_bench: rc $? at $(( $(date +%s) - t0 )) s"
 fi
 if [[ $steps == *,peer,* ]]; then
-  python3 bench/cudnn_peer.py --lib build/libdsa.so --out "$out/cudnn_peer.json" >"$out/cudnn_peer.log" 2>&1
+  python3 bench/cudnn_peer.py --lib build/libdsa.so --shapes all --out "$out/cudnn_peer.json" >"$out/cudnn_peer.log" 2>&1
   echo "cudnn_peer: rc $? at $(( $(date +%s) - t0 )) s"
 fi
 if [[ $steps == *,merge,* ]]; then

@@ -43,6 +43,9 @@ ORDER = [
     ("idx-glm-4k", "default"), ("idx-glm-cp8", "default"), ("idx-32k", "default"), ("idx-32k-h64", "default"),
     ("topk-32k", "causal"), ("topk-32k", "causal,peer-det"), ("topk-32k", "full"),
     ("topk-128k", "causal"), ("topk-128k", "causal,peer-det"), ("topk-128k", "full"),
+    ("train-glm-4k", "target"), ("train-glm-cp8", "target"), ("train-32k", "target"),
+    ("train-glm-4k", "det0"), ("train-glm-cp8", "det0"), ("train-32k", "det0"),
+    ("train-glm-4k", "det1"), ("train-glm-cp8", "det1"), ("train-32k", "det1"),
 ]
 
 
@@ -58,6 +61,12 @@ def peer_name(r):
         return "cuDNN IndexerTopK"
     if "torch.topk" in p:
         return "torch.topk"
+    if "sparse_attn_score_recompute" in p:
+        return "cuDNN score recompute (slot target)"
+    if "indexer_backward_wrapper" in p:
+        if r.get("variant", "").startswith("det1"):
+            return "cuDNN indexer backward (non-deterministic: it has no deterministic mode)"
+        return "cuDNN indexer backward, heads padded to 64"
     if "SparseAttentionBackward" in p:
         if r.get("variant", "").startswith("det1"):
             return "cuDNN (non-deterministic: it has no SM90 deterministic mode)"
@@ -69,10 +78,12 @@ def peer_name(r):
 
 def deterministic_vs_nondeterministic(r):
     """A deterministic libdsa row timed against a peer that has no deterministic mode."""
-    return r["shape"].startswith("bwd-") and r.get("variant", "").startswith("det1")
+    return r["shape"].startswith(("bwd-", "train-")) and r.get("variant", "").startswith("det1")
 
 
 def indices(shape, variant):
+    if shape.startswith("train-"):
+        return "from the indexer"
     if not shape.startswith("bwd-"):
         return ""
     if shape.startswith("bwd-v32"):
