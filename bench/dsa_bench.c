@@ -439,9 +439,9 @@ static dsa_status idx_run(void *arg, cudaStream_t stream) {
 
 /* Indices for a GLM attention shape (one causal sequence of s_kv tokens, the last T queries):
  * from the indexer (DEFAULT engine, random inputs) when it runs, else constructed on the host.
- * h_len gets the lengths; the note says which. */
-static void glm_indices(bench *b, int64_t T, int64_t s_kv, int32_t k, int32_t *d_idx, int32_t *d_len,
-                        int32_t *h_len, char *note, size_t note_n) {
+ * h_len gets the lengths; the note says which, and so does the result (1: the indexer's). */
+static int glm_indices(bench *b, int64_t T, int64_t s_kv, int32_t k, int32_t *d_idx, int32_t *d_len,
+                       int32_t *h_len, char *note, size_t note_n) {
   int64_t qs = s_kv - T;
   if (!b->constructed_indices) {
     idx_setup s;
@@ -457,7 +457,7 @@ static void glm_indices(bench *b, int64_t T, int64_t s_kv, int32_t k, int32_t *d
       for (int64_t t = 0; t < T; ++t) bad += h_len[t] != (qs + t + 1 < k ? qs + t + 1 : k);
       if (!bad) {
         snprintf(note, note_n, "indices from dsa_indexer_topk (H_idx=32, random inputs)");
-        return;
+        return 1;
       }
     }
     snprintf(note, note_n, "indices constructed (indexer: %s)",
@@ -471,6 +471,7 @@ static void glm_indices(bench *b, int64_t T, int64_t s_kv, int32_t k, int32_t *d
   BC_CUDA(cudaMemcpy(d_idx, h_idx, (size_t)T * k * 4, cudaMemcpyHostToDevice));
   BC_CUDA(cudaMemcpy(d_len, h_len, (size_t)T * 4, cudaMemcpyHostToDevice));
   free(h_idx);
+  return 0;
 }
 
 static double sum_i32(const int32_t *x, int64_t n) {
@@ -498,6 +499,7 @@ typedef struct attn_inputs {
   uint16_t *q, *kv;
   int32_t *idx, *len; /* len NULL for the V3.2 shapes */
   int32_t *h_len;
+  int from_indexer;   /* GLM shapes: idx is dsa_indexer_topk's choice (else constructed) */
   float *sink;
   double slots;       /* counted slots: T*K or sum(topk_length) */
   float scale;
@@ -531,7 +533,7 @@ static void attn_inputs_create(bench *b, const shape *sh, attn_inputs *in) {
   } else {
     in->len = bc_dmalloc((size_t)in->T * 4);
     in->h_len = bc_malloc((size_t)in->T * 4);
-    glm_indices(b, in->T, in->s_kv, in->K, in->idx, in->len, in->h_len, in->note, sizeof in->note);
+    in->from_indexer = glm_indices(b, in->T, in->s_kv, in->K, in->idx, in->len, in->h_len, in->note, sizeof in->note);
     in->slots = sum_i32(in->h_len, in->T);
     in->scale = 0.0625f;
   }
@@ -754,83 +756,123 @@ static dsa_status bwd_run(void *arg, cudaStream_t stream) {
   return dsa_sparse_attn_bwd(a->ctx, &a->p, a->ws, &a->ws_bytes, stream);
 }
 
+/* out and lse of in's indices from the forward when it runs, else consistent-looking stand-ins; note
+ * gets in's note and which of the two. */
+static void bwd_fwd_outputs(bench *b, const attn_inputs *in, uint16_t *out, float *lse, char *note, size_t note_n) {
+  size_t no = (size_t)in->T * in->H * 512, nl = (size_t)in->T * in->H;
+  fwd_arg fa;
+  fa.ctx = b->ctx;
+  fill_fwd_params(in, &fa.p, out, lse);
+  const dsa_status fst = dsa_sparse_attn_fwd(b->ctx, &fa.p, b->timer.stream);
+  if (fst == DSA_SUCCESS) {
+    BC_CUDA(cudaStreamSynchronize(b->timer.stream));
+    snprintf(note, note_n, "%s; out, lse from the forward", in->note);
+    return;
+  }
+  /* lse ~ ln(n) + var(s)/2 with s ~ N(0, 0.5^2) for these inputs; out ~ a small average of kv. */
+  bc_fill_bf16_device(&b->rng, out, no, -0.05f, 0.05f);
+  float *h = bc_malloc(nl * 4);
+  for (int64_t t = 0; t < in->T; ++t)
+    for (int32_t hh = 0; hh < in->H; ++hh)
+      h[t * in->H + hh] = (float)log(in->h_len ? (in->h_len[t] > 0 ? in->h_len[t] : 1) : in->K) + 0.125f;
+  BC_CUDA(cudaMemcpy(lse, h, nl * 4, cudaMemcpyHostToDevice));
+  free(h);
+  snprintf(note, note_n, "%s; forward not on the GPU yet: synthetic out, lse", in->note);
+}
+
+/* The backward's buffers, shared by every row of a shape. */
+typedef struct {
+  uint16_t *out, *dout, *dq, *dkv;
+  float *lse, *target;
+} bwd_bufs;
+
+/* One timed backward row on in's indices: det 0 / 1, with the slot target (tgt), or without
+ * topk_length (pad: the lists read as -1-padded). */
+static void bwd_row(bench *b, const shape *sh, const attn_inputs *in, const bwd_bufs *f, const char *variant_,
+                    const char *note, int det, int tgt, int pad) {
+  char variant[48];
+  snprintf(variant, sizeof variant, "%s", variant_);
+  if (bwd_variant_forced > 0) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",bv%d", bwd_variant_forced);
+  progress(sh, variant);
+  bwd_arg a;
+  memset(&a, 0, sizeof a);
+  a.ctx = b->ctx;
+  dsa_attn_bwd_params *p = &a.p;
+  p->num_tokens = in->T;
+  p->num_heads = in->H;
+  p->head_dim = in->D;
+  p->num_kv = in->s_kv;
+  p->topk = in->K;
+  p->softmax_scale = in->scale;
+  p->deterministic = det;
+  p->q = in->q;
+  p->kv = in->kv;
+  p->indices = in->idx;
+  p->topk_length = pad ? NULL : in->len;
+  p->sink = in->sink;
+  p->out = f->out;
+  p->dout = f->dout;
+  p->lse = f->lse;
+  p->dq = f->dq;
+  p->dkv = f->dkv;
+  p->slot_target = tgt ? f->target : NULL;
+  double ms = NAN;
+  dsa_status st = dsa_sparse_attn_bwd(b->ctx, p, NULL, &a.ws_bytes, b->timer.stream);
+  if (st == DSA_SUCCESS) {
+    a.ws = bc_dmalloc(a.ws_bytes);
+    st = bc_time_op(&b->timer, bwd_run, &a, &ms);
+    cudaFree(a.ws);
+  }
+  add_result(b, sh, variant, note, st, ms, bc_flops_bwd_d(in->slots, in->H, in->D), 0, NULL);
+}
+
+/* The GLM shapes run on two index distributions, named as bench/cudnn_peer.py names them: rows det0 /
+ * det1 (and det0,tgt, det0,pad, slot-target) on uniform causal subsets (an ascending uniform K-subset
+ * of 0..g per row, as cuDNN's and FlashMLA's tests draw them), rows det0,indexer / det1,indexer on the
+ * indices dsa_indexer_topk chooses (when it runs; --constructed-indices: the uniform rows only). The
+ * V3.2 shapes: random distinct indices, rows det0 / det1 / det0,tgt. */
 static void bench_bwd(bench *b, const shape *sh) {
   attn_inputs in;
   printf("[setup] %s: inputs and forward ... ", sh->name);
   fflush(stdout);
   attn_inputs_create(b, sh, &in);
-  size_t no = (size_t)in.T * in.H * 512, nl = (size_t)in.T * in.H;
-  uint16_t *out = bc_dmalloc(no * 2), *dout = bc_dmalloc(no * 2);
-  uint16_t *dq = bc_dmalloc((size_t)in.T * in.H * 576 * 2), *dkv = bc_dmalloc((size_t)in.s_kv * 576 * 2);
-  float *lse = bc_dmalloc(nl * 4);
-  bc_fill_bf16_device(&b->rng, dout, no, -1.0f, 1.0f);
+  size_t no = (size_t)in.T * in.H * 512, nl = (size_t)in.T * in.H, ni = (size_t)in.T * in.K;
+  bwd_bufs f;
+  f.out = bc_dmalloc(no * 2);
+  f.dout = bc_dmalloc(no * 2);
+  f.dq = bc_dmalloc((size_t)in.T * in.H * 576 * 2);
+  f.dkv = bc_dmalloc((size_t)in.s_kv * 576 * 2);
+  f.lse = bc_dmalloc(nl * 4);
+  f.target = bc_dmalloc(ni * 4);
+  bc_fill_bf16_device(&b->rng, f.dout, no, -1.0f, 1.0f);
 
-  /* out and lse from the forward when it runs; else consistent-looking stand-ins. */
-  fwd_arg fa;
-  fa.ctx = b->ctx;
-  fill_fwd_params(&in, &fa.p, out, lse);
-  char note[400];
-  dsa_status fst = dsa_sparse_attn_fwd(b->ctx, &fa.p, b->timer.stream);
-  if (fst == DSA_SUCCESS) {
-    BC_CUDA(cudaStreamSynchronize(b->timer.stream));
-    snprintf(note, sizeof note, "%s; out, lse from the forward", in.note);
-  } else {
-    /* lse ~ ln(n) + var(s)/2 with s ~ N(0, 0.5^2) for these inputs; out ~ a small average of kv. */
-    bc_fill_bf16_device(&b->rng, out, no, -0.05f, 0.05f);
-    float *h = bc_malloc(nl * 4);
-    for (int64_t t = 0; t < in.T; ++t)
-      for (int32_t hh = 0; hh < in.H; ++hh)
-        h[t * in.H + hh] = (float)log(in.h_len ? (in.h_len[t] > 0 ? in.h_len[t] : 1) : in.K) + 0.125f;
-    BC_CUDA(cudaMemcpy(lse, h, nl * 4, cudaMemcpyHostToDevice));
+  /* the indexer's set aside, the uniform subsets in in.idx (the lengths, min(g + 1, K), are the same) */
+  int32_t *ix_idx = NULL;
+  char ix_note[sizeof in.note];
+  if (in.from_indexer) {
+    ix_idx = in.idx;
+    snprintf(ix_note, sizeof ix_note, "%s", in.note);
+    in.idx = bc_dmalloc(ni * 4);
+    int32_t *h = bc_malloc(ni * 4);
+    bc_causal_indices(&b->rng, h, NULL, in.T, in.s_kv - in.T, in.K);
+    BC_CUDA(cudaMemcpy(in.idx, h, ni * 4, cudaMemcpyHostToDevice));
     free(h);
-    snprintf(note, sizeof note, "%s; forward not on the GPU yet: synthetic out, lse", in.note);
+    snprintf(in.note, sizeof in.note, "uniform causal subsets (ascending)");
   }
+  char note[400];
+  bwd_fwd_outputs(b, &in, f.out, f.lse, note, sizeof note);
   printf("done\n");
 
-  /* passes: det0, det1, det0 with the slot target (dsa_attn_bwd_params.slot_target: what the
-   * fused target costs the backward), and, where some row holds fewer than K keys, det0
-   * without topk_length: the same lists read as -1-padded (how a caller that passes no lengths
-   * sees them; the kernels then walk every slot of every row) */
+  /* det0, det1, det0 with the slot target (dsa_attn_bwd_params.slot_target: what the fused target
+   * costs the backward), and, where some row holds fewer than K keys, det0 without topk_length: the
+   * same lists read as -1-padded (how a caller that passes no lengths sees them; the kernels then
+   * walk every slot of every row) */
   int padded = 0;
   for (int64_t t = 0; in.h_len && t < in.T && !padded; ++t) padded = in.h_len[t] < in.K;
-  float *target = bc_dmalloc((size_t)in.T * in.K * 4);
-  for (int pass = 0; pass < 3 + padded; ++pass) {
-    const int det = pass == 1, tgt = pass == 2, pad = pass == 3;
-    char variant[32];
-    snprintf(variant, sizeof variant, "%s", det ? "det1" : tgt ? "det0,tgt" : pad ? "det0,pad" : "det0");
-    if (bwd_variant_forced > 0) snprintf(variant + strlen(variant), sizeof variant - strlen(variant), ",bv%d", bwd_variant_forced);
-    progress(sh, variant);
-    bwd_arg a;
-    memset(&a, 0, sizeof a);
-    a.ctx = b->ctx;
-    dsa_attn_bwd_params *p = &a.p;
-    p->num_tokens = in.T;
-    p->num_heads = in.H;
-    p->head_dim = in.D;
-    p->num_kv = in.s_kv;
-    p->topk = in.K;
-    p->softmax_scale = in.scale;
-    p->deterministic = det;
-    p->q = in.q;
-    p->kv = in.kv;
-    p->indices = in.idx;
-    p->topk_length = pad ? NULL : in.len;
-    p->sink = in.sink;
-    p->out = out;
-    p->dout = dout;
-    p->lse = lse;
-    p->dq = dq;
-    p->dkv = dkv;
-    p->slot_target = tgt ? target : NULL;
-    double ms = NAN;
-    dsa_status st = dsa_sparse_attn_bwd(b->ctx, p, NULL, &a.ws_bytes, b->timer.stream);
-    if (st == DSA_SUCCESS) {
-      a.ws = bc_dmalloc(a.ws_bytes);
-      st = bc_time_op(&b->timer, bwd_run, &a, &ms);
-      cudaFree(a.ws);
-    }
-    add_result(b, sh, variant, note, st, ms, bc_flops_bwd_d(in.slots, in.H, in.D), 0, NULL);
-  }
+  bwd_row(b, sh, &in, &f, "det0", note, 0, 0, 0);
+  bwd_row(b, sh, &in, &f, "det1", note, 1, 0, 0);
+  bwd_row(b, sh, &in, &f, "det0,tgt", note, 0, 1, 0);
+  if (padded) bwd_row(b, sh, &in, &f, "det0,pad", note, 0, 0, 1);
   { /* the standalone slot target on the same inputs (op "slot target"; FLOP 2 H D per slot: S only) */
     progress(sh, "slot-target");
     bc_train_arg ta;
@@ -848,18 +890,26 @@ static void bench_bwd(bench *b, const shape *sh) {
     tp->indices = in.idx;
     tp->topk_length = in.len;
     tp->sink = in.sink;
-    tp->lse = lse;
-    tp->target = target;
+    tp->lse = f.lse;
+    tp->target = f.target;
     double ms = NAN;
     const dsa_status st = bc_time_op(&b->timer, bc_slot_target_run, &ta, &ms);
     add_result_op(b, sh, "slot target", "slot-target", note, st, ms, 2.0 * in.H * in.slots * in.D, 0, NULL);
   }
-  cudaFree(target);
-  cudaFree(out);
-  cudaFree(dout);
-  cudaFree(dq);
-  cudaFree(dkv);
-  cudaFree(lse);
+  if (ix_idx) { /* the indexer's indices: out and lse from their own forward */
+    cudaFree(in.idx);
+    in.idx = ix_idx;
+    snprintf(in.note, sizeof in.note, "%s", ix_note);
+    bwd_fwd_outputs(b, &in, f.out, f.lse, note, sizeof note);
+    bwd_row(b, sh, &in, &f, "det0,indexer", note, 0, 0, 0);
+    bwd_row(b, sh, &in, &f, "det1,indexer", note, 1, 0, 0);
+  }
+  cudaFree(f.target);
+  cudaFree(f.out);
+  cudaFree(f.dout);
+  cudaFree(f.dq);
+  cudaFree(f.dkv);
+  cudaFree(f.lse);
   attn_inputs_free(&in);
 }
 
@@ -1095,7 +1145,8 @@ static void usage(FILE *f) {
           "  --out      JSON output (default bench/results/YYYY-MM-DD-<card>.json)\n"
           "  --flashmla PATH  libflashmla_sparse.so: every fwd row also runs FlashMLA on the same inputs\n"
           "                   (same run; also from DSA_BENCH_FLASHMLA=PATH)\n"
-          "  --constructed-indices  GLM rows use host-constructed causal indices, not the indexer's\n"
+          "  --constructed-indices  GLM rows use host-constructed causal indices, not the indexer's (the bwd\n"
+          "                   shapes then have no det0,indexer / det1,indexer rows)\n"
           "  --fwd-variant N  force the forward kernel: 1 portable, 2 sm_90a 64-head, 3 sm_90a small-H, 4 split\n"
           "                   (variant gets ,portable / ,sm90 / ,small / ,split)\n"
           "  --fwd-handoff LIST  the 64-head sm_90a forward's hand-offs between its consumer warpgroups, e.g.\n"

@@ -169,6 +169,7 @@ constexpr int kBarTgt = 5;     /* WG0: the four warps' slot-target partial sums 
  * of their rows at once; with ascending rows (the indexer's output, causal subsets) the keys they
  * gather and reduce into then stay a narrow window of KV and of the accumulator, which L2 holds where
  * the whole accumulator would not. The order of a row's tiles changes only dq's fp32 summation order. */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ uint32_t g_ws_sweep_tiles;
 __device__ __forceinline__ void ws_sweep_add() { atomicAdd(&g_ws_sweep_tiles, 1u); }
 __device__ __forceinline__ uint32_t ws_sweep_read() { return *(volatile uint32_t *)&g_ws_sweep_tiles; }
@@ -178,6 +179,7 @@ __device__ __forceinline__ uint32_t ws_sweep_phase(uint32_t swept, int ntiles) {
   const uint32_t r = gridDim.x < nsm ? gridDim.x : nsm;
   return (swept / (r > 0 ? r : 1u)) % (uint32_t)ntiles;
 }
+#endif /* __CUDA_ARCH_FEAT_SM90_ALL */
 
 /* This kernel's shared memory: the Smem<NBT> map, then spart, f32 [4][64] (the slot target's per-warp
  * column sums), at the map's end: 232448 / 216064 B with the alignment slack (the D = 576 one is the
