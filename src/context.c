@@ -97,6 +97,10 @@ dsa_context *dsa_testing_context(int l2_bytes) {
   return c;
 }
 
+void dsa_testing_set_l2_bytes(dsa_context *ctx, int l2_bytes) {
+  if (ctx != NULL) ctx->l2_bytes = l2_bytes;
+}
+
 DSA_API void dsa_context_destroy(dsa_context *ctx) {
   if (ctx == NULL) return;
   if (ctx->cublas != NULL) cublasDestroy((cublasHandle_t)ctx->cublas);

@@ -27,6 +27,9 @@ extern "C" {
  * (the options through dsa_context_set_option / dsa_context_get_option, and l2_bytes). NULL when
  * out of host memory; dsa_context_destroy frees it. */
 DSA_HIDDEN dsa_context *dsa_testing_context(int l2_bytes);
+/* Sets the L2 size a device context's host-side rules read (the forward's KV policy, the backward's
+ * sweep: cuda/attn_bwd/bwd_sm90_ws.cu), so that a test runs a large shape's path at small sizes. */
+DSA_HIDDEN void dsa_testing_set_l2_bytes(dsa_context *ctx, int l2_bytes);
 
 /* Argument checks, one per op, shared by the GPU op and the CPU reference (src/validate.c).
  * `fn` is the public function's name, used in the message. They also resolve the 0 = contiguous

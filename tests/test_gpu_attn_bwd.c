@@ -27,6 +27,7 @@
  * under racecheck (ws_gate below). */
 #include <limits.h>
 #include "test_common.h"
+#include "dsa_testing.h" /* dsa_testing_set_l2_bytes */
 
 typedef enum { LEN_NULL, LEN_ZERO, LEN_FULL, LEN_RANDOM } len_mode;
 typedef enum { SINK_NULL, SINK_FINITE, SINK_POS_INF, SINK_NEG_INF, SINK_MIX } sink_mode;
@@ -97,6 +98,9 @@ static void check_gaps(const char *what, const uint16_t *buf, size_t n, int64_t 
 /* Nonzero: run_case runs this DSA_OPTION_BWD_KERNEL value alone, one pass per mode (the ws_* tests:
  * DSA_BWD_KERNEL_SM90_WS). */
 static int only_kernel = 0;
+/* >= 0: run_case's context reads this L2 size (dsa_testing_set_l2_bytes; ws_sweep: 0, which turns the
+ * warp-specialised kernel's sweep on at every size) */
+static int force_l2 = -1;
 
 typedef struct gpu_result {
   uint16_t *dq, *dkv; /* host copies of the whole allocations */
@@ -237,6 +241,7 @@ static void run_case(const bwd_case *c, tc_rng *rng, const char *name) {
   /* ---- device ---- */
   dsa_context *ctx = NULL;
   TC_OK(tc_context_create(&ctx));
+  if (force_l2 >= 0) dsa_testing_set_l2_bytes(ctx, force_l2);
   cudaStream_t stream;
   TC_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   uint16_t *d_q = dev_copy(q, nq * 2), *d_kv = dev_copy(kv, nkv * 2);
@@ -628,11 +633,8 @@ Test(gpu_attn_bwd, ws_strided_and_zero_sizes) {
 
 /* The tile loop's edges: 2 or 3 tiles whose last one holds 1, 63 or 64 slots (LEN_FULL: every token
  * has them; LEN_RANDOM: some tokens 0 or 1 tiles beside), H 64 / 128 / 100 (zero rows in block 1). */
-Test(gpu_attn_bwd, ws_tile_edges) {
-  TC_REQUIRE_GPU();
-  ws_gate();
-  only_kernel = DSA_BWD_KERNEL_SM90_WS;
-  tc_rng rng = tc_seed("gpu_attn_bwd/ws_tile_edges");
+static void tile_edge_cases(const char *seed) {
+  tc_rng rng = tc_seed(seed);
   static const int Ks[] = {65, 127, 128, 129, 192};
   static const int Hs[] = {64, 128, 100, 64, 128};
   for (int i = 0; i < 5; ++i) {
@@ -643,6 +645,29 @@ Test(gpu_attn_bwd, ws_tile_edges) {
     snprintf(name, sizeof name, "ws D=%d H=%d K=%d", D, H, K);
     run_case(&c, &rng, name);
   }
+}
+Test(gpu_attn_bwd, ws_tile_edges) {
+  TC_REQUIRE_GPU();
+  ws_gate();
+  only_kernel = DSA_BWD_KERNEL_SM90_WS;
+  tile_edge_cases("gpu_attn_bwd/ws_tile_edges");
+  only_kernel = 0;
+}
+/* The sweep (rows started at the tile index the resident CTAs are at, where T_kv's accumulator
+ * exceeds half the L2; cuda/attn_bwd/bwd_sm90_ws.cu), on at these sizes through an L2 of 0 bytes: the
+ * tile edges, invalid / duplicate / empty slots, lengths and sinks, 100 and 128 heads. Every row's
+ * tiles then run from a start that depends on timing, which only dq's summation order sees. */
+Test(gpu_attn_bwd, ws_sweep) {
+  TC_REQUIRE_GPU();
+  ws_gate();
+  only_kernel = DSA_BWD_KERNEL_SM90_WS;
+  force_l2 = 0;
+  tile_edge_cases("gpu_attn_bwd/ws_sweep");
+  invalid_cases(576);
+  len_sink_cases(512);
+  shapes_for_heads(100, 576);
+  shapes_for_heads(128, 512);
+  force_l2 = -1;
   only_kernel = 0;
 }
 /* -1-padded lists without topk_length (the kernel walks each row up to its last valid slot, which the
