@@ -830,7 +830,7 @@ static void bwd_row(bench *b, const shape *sh, const attn_inputs *in, const bwd_
  * det1 (and det0,tgt, det0,pad, slot-target) on uniform causal subsets (an ascending uniform K-subset
  * of 0..g per row, as cuDNN's and FlashMLA's tests draw them), rows det0,indexer / det1,indexer on the
  * indices dsa_indexer_topk chooses (when it runs; --constructed-indices: the uniform rows only). The
- * V3.2 shapes: random distinct indices, rows det0 / det1 / det0,tgt. */
+ * V3.2 shapes: random distinct indices, rows det0 / det1 / det0,tgt / slot-target. */
 static void bench_bwd(bench *b, const shape *sh) {
   attn_inputs in;
   printf("[setup] %s: inputs and forward ... ", sh->name);

@@ -655,14 +655,31 @@ Test(gpu_attn_bwd, ws_tile_edges) {
 }
 /* The sweep (rows started at the tile index the resident CTAs are at, where T_kv's accumulator
  * exceeds half the L2; cuda/attn_bwd/bwd_sm90_ws.cu), on at these sizes through an L2 of 0 bytes: the
- * tile edges, invalid / duplicate / empty slots, lengths and sinks, 100 and 128 heads. Every row's
- * tiles then run from a start that depends on timing, which only dq's summation order sees. */
+ * tile edges, invalid / duplicate / empty slots, lengths and sinks, 100 and 128 heads, and whole rows
+ * of 5-6 tiles with a partial last one (T above the split tail's 128 / head blocks tokens, so most
+ * tokens run as one CTA, not two halves). The start tile comes from a count of finished tiles that
+ * every launch of the process adds to, so the launches here start their rows at varied tiles (a
+ * partial tile mid-order included); only dq's summation order sees it. */
+static void sweep_whole_row_cases(tc_rng *rng) {
+  static const struct { int T, H, D, K, len; } cs[] = {
+      {160, 64, 576, 333, LEN_RANDOM}, {150, 128, 512, 320, LEN_FULL}, {140, 100, 576, 300, LEN_RANDOM}};
+  for (int i = 0; i < 3; ++i) {
+    bwd_case c = {.T = tc_sanitize() ? 70 : cs[i].T, .H = cs[i].H, .D = cs[i].D, .Tkv = 3 * cs[i].K + 11,
+                  .K = cs[i].K, .len = cs[i].len, .sink = i % 2 ? SINK_FINITE : SINK_MIX, .p_invalid = 0.05,
+                  .p_dup = 0.05, .p_empty = 0.02};
+    char name[64];
+    snprintf(name, sizeof name, "ws sweep D=%d H=%d K=%d T=%d", c.D, c.H, c.K, (int)c.T);
+    run_case(&c, rng, name);
+  }
+}
 Test(gpu_attn_bwd, ws_sweep) {
   TC_REQUIRE_GPU();
   ws_gate();
   only_kernel = DSA_BWD_KERNEL_SM90_WS;
   force_l2 = 0;
   tile_edge_cases("gpu_attn_bwd/ws_sweep");
+  tc_rng rng = tc_seed("gpu_attn_bwd/ws_sweep whole rows");
+  sweep_whole_row_cases(&rng);
   invalid_cases(576);
   len_sink_cases(512);
   shapes_for_heads(100, 576);

@@ -53,8 +53,11 @@
  * Tile order: a row's tiles run 0, 1, .., ntiles - 1, or, with args.sweep (the non-deterministic mode
  * where the accumulator exceeds half the L2: ws_launch), from tile phi = ws_sweep_phase around to
  * phi - 1: every resident CTA then works on the same part of its row at once (g_ws_sweep_tiles). Step
- * n below is the n-th tile in that order; only WG0 (the gather's indices, the slot target's slots)
- * needs the tile's index.
+ * n below (tile n, gather(n + 1)) is the n-th tile in that order; in the non-deterministic mode only
+ * WG0 (the gather's indices, the slot target's slots) needs the tile's index. The deterministic mode's
+ * WG1 reads det_pos at slot 64 n + r: there the order must stay 0, 1, .. (phi = 0, never swept). WG0
+ * hands phi from thread 0 to its other threads through spart and one extra kBarKV (128) before the
+ * prologue's gather.
  *
  * Roles, per 64-key tile n (s = n & 1):
  *   WG0 (threads 0..127, "front"):
