@@ -35,6 +35,12 @@ struct dsa_context {
   cudaEvent_t ev_join, ev_ready[2], ev_done[2];
   int64_t options[DSA_OPTION_COUNT]; /* options[opt]: the value of dsa_option opt (src/options.c) */
 };
+/* Whether an operand of `bytes` fits in half the device's L2, leaving the other half to what streams
+ * past it: the forward keeps its KV gathers evict_last then (dsa_fwd_kv_evict_last), the backward
+ * sweeps where its accumulator does not fit (cuda/attn_bwd/bwd_sm90_ws.cu). */
+static inline int dsa_fits_half_l2(const dsa_context *ctx, double bytes) {
+  return bytes <= 0.5 * (double)ctx->l2_bytes;
+}
 /* Sets every option of ctx to its default (dsa_context_create; src/options.c). */
 DSA_HIDDEN void dsa_context_options_init(dsa_context *ctx);
 /* The default value of option opt (0 for an id that is not an option): what a call without a

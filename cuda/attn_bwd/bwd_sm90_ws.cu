@@ -829,10 +829,10 @@ dsa_status ws_launch(const dsa_context *ctx, const dsa_attn_bwd_params *p, void 
     args.dq_part = R.acc + bwd_align_up((size_t)acc_rows * kD * 4) / 4;
   }
   args.part = p->dsink ? R.part : nullptr;
-  /* the sweep where the accumulator (T_kv rows of D fp32) exceeds half the L2: below it the
-   * accumulator stays in L2 in any order and the sweep costs ~2% (H100, bwd-glm-4k); above it the
-   * narrow window of keys saves 15-20% (bwd-glm-32k, bwd-tp-h16), 1.5% at bwd-glm-16k */
-  args.sweep = !det && p->num_kv * kD * 4 > (int64_t)ctx->l2_bytes / 2;
+  /* the sweep where the accumulator (T_kv rows of D fp32) does not fit half the L2: below that it
+   * stays in L2 in any order, and the sweep only costs its start-tile reads and counts (docs/perf.md,
+   * the ledger's sweep line) */
+  args.sweep = !det && !dsa_fits_half_l2(ctx, (double)p->num_kv * kD * 4);
   if (!det) {
     const unsigned grid = (unsigned)((p->num_tokens + split_s) * num_hblocks);
     attn_bwd_sm90_ws_kernel<NBT, false><<<grid, kThreads, kWsBytes<NBT>, stream>>>(args);

@@ -28,8 +28,7 @@ extern "C" int dsa_fwd_kv_evict_last(const dsa_context *ctx, const dsa_attn_fwd_
   const int64_t hint = ctx->options[DSA_OPTION_FWD_KV_L2_HINT];
   if (hint == DSA_FWD_KV_L2_EVICT_LAST) return 1;
   if (hint != DSA_FWD_KV_L2_IF_FITS) return 0;
-  const double kv_bytes = (double)p->num_kv * (double)p->kv_stride * 2.0;
-  return kv_bytes <= 0.5 * (double)ctx->l2_bytes;
+  return dsa_fits_half_l2(ctx, (double)p->num_kv * (double)p->kv_stride * 2.0);
 }
 
 namespace {
