@@ -209,7 +209,8 @@ $(BUILD)/bench/%: bench/%.c $(BENCH_COMMON) bench/bench_common.h tests/test_shar
 # ---- dev/: standalone research programs (CUDA runtime only, never part of libdsa) ---------------
 # dev/atomic_probe.cu: fp32 reduction throughput by access pattern (docs/bwd-sm90-next.md, P0);
 # dev/barrier_probe.cu: racecheck on a named-barrier arrive / sync hand-off (docs/reliability.md 3c).
-DEV_BIN := $(BUILD)/dev/atomic_probe $(BUILD)/dev/barrier_probe
+# dev/ring_probe.cu: per-slot fp32 rows through an L2 ring against det0's reductions (docs/bwd-sm90-v3.md VII).
+DEV_BIN := $(BUILD)/dev/atomic_probe $(BUILD)/dev/barrier_probe $(BUILD)/dev/ring_probe
 .PHONY: dev
 dev: $(DEV_BIN)
 $(BUILD)/dev/%: dev/%.cu
