@@ -18,6 +18,8 @@
  *          step s - lag's slot of another CTA ((c + 1 + 7 s) mod grid: an owner reading someone
  *          else's rows) with ld.global.cg (L2 only, evict_first), summed in registers. Slots are
  *          reused only after 2 lag + 2 steps, when every reader has passed them.
+ *   ring128 the same with the loads by one warpgroup (threads 0..127), 8 float4 loads in flight per
+ *          thread (16 KB per SM): what an owner in WG0 can keep in flight beside its live registers.
  *   store  the ring's stores and publish without the wait and the loads: what writing alone costs.
  * The rows stored by CTA c at step s hold the value v(c, s) = (c * 131 + s) mod 1021 in every column;
  * each loaded value is compared with v(c', s - lag) of its writer and mismatches are counted: a
@@ -48,8 +50,8 @@ constexpr int kF4 = kRows * kD / 4;           /* float4 per tile: 9216, 36 per t
 constexpr int kG4 = kRows * kD * 2 / 16;      /* uint4 of the bf16 gather: 4608, 18 per thread */
 constexpr size_t kTileBytes = (size_t)kRows * kD * 4;
 
-enum Variant { RED = 0, RING, STORE, NVAR };
-static const char *kNames[NVAR] = {"red", "ring", "store"};
+enum Variant { RED = 0, RING, RING128, STORE, NVAR };
+static const char *kNames[NVAR] = {"red", "ring", "ring128", "store"};
 
 __device__ __forceinline__ uint32_t hash32(uint32_t x) {
   x ^= x >> 16;
@@ -141,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(Args a) {
       asm volatile("fence.acq_rel.gpu;" ::: "memory");
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(a.count + s) : "memory");
     }
-    if (V == RING && s >= a.lag) {
+    if ((V == RING || V == RING128) && s >= a.lag) {
       const int ps = s - a.lag;
       if (tid == 0) {
         unsigned n;
@@ -153,11 +155,20 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(Args a) {
       const int w = (c + 1 + 7 * s) % grid;
       const float4 *theirs = a.ring + ((size_t)w * a.slots + ps % a.slots) * kF4;
       const float want = ring_value((uint32_t)w, (uint32_t)ps);
+      if (V == RING) {
 #pragma unroll 12
-      for (int i = 0; i < kF4 / kThreads; ++i) {
-        const float4 x = ld_ring(theirs + i * kThreads + tid, pf);
-        bad += (x.x != want) + (x.y != want) + (x.z != want) + (x.w != want);
-        keep += x.x + x.y + x.z + x.w;
+        for (int i = 0; i < kF4 / kThreads; ++i) {
+          const float4 x = ld_ring(theirs + i * kThreads + tid, pf);
+          bad += (x.x != want) + (x.y != want) + (x.z != want) + (x.w != want);
+          keep += x.x + x.y + x.z + x.w;
+        }
+      } else if (tid < 128) { /* one warpgroup, 8 loads in flight per thread: an owner in WG0 */
+#pragma unroll 8
+        for (int i = 0; i < kF4 / 128; ++i) {
+          const float4 x = ld_ring(theirs + i * 128 + tid, pf);
+          bad += (x.x != want) + (x.y != want) + (x.z != want) + (x.w != want);
+          keep += x.x + x.y + x.z + x.w;
+        }
       }
     }
     __syncthreads(); /* rows[] is rewritten next step */
@@ -170,7 +181,8 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(Args a) {
 }
 
 typedef void (*ring_fn)(Args);
-static const ring_fn kKernels[NVAR] = {ring_kernel<RED>, ring_kernel<RING>, ring_kernel<STORE>};
+static const ring_fn kKernels[NVAR] = {ring_kernel<RED>, ring_kernel<RING>, ring_kernel<RING128>,
+                                       ring_kernel<STORE>};
 
 int main(int argc, char **argv) {
   int steps = 1024, reps = 5, keys = 4096, gather = 1;
@@ -252,10 +264,10 @@ int main(int argc, char **argv) {
       }
       if (v == RED) red_ms = best;
       failures += bad != 0;
-      const double ring_mb = v == RED ? 0 : (v == RING ? 2.0 : 1.0) * grid * kTileBytes / 1e6;
+      const double ring_mb = v == RED ? 0 : (v == STORE ? 1.0 : 2.0) * grid * kTileBytes / 1e6;
       char chk[32], lagc[16];
       snprintf(lagc, sizeof lagc, v == RED ? "-" : "%d", a.lag);
-      if (v == RING) snprintf(chk, sizeof chk, bad ? "FAIL %u" : "ok", bad);
+      if (v == RING || v == RING128) snprintf(chk, sizeof chk, bad ? "FAIL %u" : "ok", bad);
       else snprintf(chk, sizeof chk, "-");
       printf("%-6s %4s %5d %9.3f %9.3f %12.1f %9.3f  %s\n", kNames[v], lagc,
              v == RED ? 0 : a.slots, best, best * 1e3 / steps, ring_mb, red_ms > 0 ? best / red_ms : 0.0, chk);
