@@ -484,7 +484,10 @@ def build_dsattention(config, pg_collection, *, backend=None, use_libdsa: bool =
     .submodules.core_attention: DSAttention with its DSAIndexer), with libdsa's classes
     (libdsa_dsa_spec) unless use_libdsa is False, built as MLASelfAttention builds it: causal mask,
     softmax_scale (default) mscale^2 / sqrt(qk_head_dim + qk_pos_emb_head_dim). backend: default
-    torch_backend(); Transformer Engine's TESpecProvider() works the same way for the swap."""
+    torch_backend(); Transformer Engine's TESpecProvider() works the same way for the swap. With
+    config.bf16 the module is cast to bfloat16, as Megatron's Float16Module casts a model: the local
+    provider's norms (the indexer's k_norm, a torch.nn.LayerNorm) allocate fp32 weights, which CUDA's
+    layer_norm does not take with bf16 inputs."""
     from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import _yarn_get_mscale
     from megatron.core.models.gpt.experimental_attention_variant_module_specs import get_dsa_module_spec_for_backend
     from megatron.core.transformer.enums import AttnMaskType
@@ -496,9 +499,10 @@ def build_dsattention(config, pg_collection, *, backend=None, use_libdsa: bool =
     if softmax_scale is None:
         mscale = _yarn_get_mscale(config.rotary_scaling_factor, config.mscale_all_dim)
         softmax_scale = mscale * mscale / q_head_dim ** 0.5
-    return build_module(spec.submodules.core_attention, config=config, layer_number=layer_number,
-                        attn_mask_type=AttnMaskType.causal, attention_type="self", softmax_scale=softmax_scale,
-                        k_channels=q_head_dim, v_channels=config.v_head_dim, pg_collection=pg_collection)
+    mod = build_module(spec.submodules.core_attention, config=config, layer_number=layer_number,
+                       attn_mask_type=AttnMaskType.causal, attention_type="self", softmax_scale=softmax_scale,
+                       k_channels=q_head_dim, v_channels=config.v_head_dim, pg_collection=pg_collection)
+    return mod.bfloat16() if getattr(config, "bf16", False) else mod
 
 
 def libdsa_dsa_spec(spec):
