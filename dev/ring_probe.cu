@@ -20,6 +20,9 @@
  *          reused only after 2 lag + 2 steps, when every reader has passed them.
  *   ring128 the same with the loads by one warpgroup (threads 0..127), 8 float4 loads in flight per
  *          thread (16 KB per SM): what an owner in WG0 can keep in flight beside its live registers.
+ *   ringd  ring, then discard.global.L2 of the loaded rows' lines once the CTA has read them: a
+ *          consumed row leaves L2 without a write-back to DRAM (its slot is rewritten before any
+ *          reader comes back to it).
  *   store  the ring's stores and publish without the wait and the loads: what writing alone costs.
  * The rows stored by CTA c at step s hold the value v(c, s) = (c * 131 + s) mod 1021 in every column;
  * each loaded value is compared with v(c', s - lag) of its writer and mismatches are counted: a
@@ -50,8 +53,8 @@ constexpr int kF4 = kRows * kD / 4;           /* float4 per tile: 9216, 36 per t
 constexpr int kG4 = kRows * kD * 2 / 16;      /* uint4 of the bf16 gather: 4608, 18 per thread */
 constexpr size_t kTileBytes = (size_t)kRows * kD * 4;
 
-enum Variant { RED = 0, RING, RING128, STORE, NVAR };
-static const char *kNames[NVAR] = {"red", "ring", "ring128", "store"};
+enum Variant { RED = 0, RING, RING128, RINGD, STORE, NVAR };
+static const char *kNames[NVAR] = {"red", "ring", "ring128", "ringd", "store"};
 
 __device__ __forceinline__ uint32_t hash32(uint32_t x) {
   x ^= x >> 16;
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(Args a) {
       asm volatile("fence.acq_rel.gpu;" ::: "memory");
       asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(a.count + s) : "memory");
     }
-    if ((V == RING || V == RING128) && s >= a.lag) {
+    if ((V == RING || V == RING128 || V == RINGD) && s >= a.lag) {
       const int ps = s - a.lag;
       if (tid == 0) {
         unsigned n;
@@ -155,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(Args a) {
       const int w = (c + 1 + 7 * s) % grid;
       const float4 *theirs = a.ring + ((size_t)w * a.slots + ps % a.slots) * kF4;
       const float want = ring_value((uint32_t)w, (uint32_t)ps);
-      if (V == RING) {
+      if (V == RING || V == RINGD) {
 #pragma unroll 12
         for (int i = 0; i < kF4 / kThreads; ++i) {
           const float4 x = ld_ring(theirs + i * kThreads + tid, pf);
@@ -170,6 +173,11 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(Args a) {
           keep += x.x + x.y + x.z + x.w;
         }
       }
+      if (V == RINGD) { /* the rows are read once: drop their lines from L2 without a write-back */
+        __syncthreads();
+        for (int l = tid; l < (int)(kTileBytes / 128); l += kThreads)
+          asm volatile("discard.global.L2 [%0], 128;" ::"l"((const char *)theirs + 128 * (size_t)l) : "memory");
+      }
     }
     __syncthreads(); /* rows[] is rewritten next step */
   }
@@ -182,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(Args a) {
 
 typedef void (*ring_fn)(Args);
 static const ring_fn kKernels[NVAR] = {ring_kernel<RED>, ring_kernel<RING>, ring_kernel<RING128>,
-                                       ring_kernel<STORE>};
+                                       ring_kernel<RINGD>, ring_kernel<STORE>};
 
 int main(int argc, char **argv) {
   int steps = 1024, reps = 5, keys = 4096, gather = 1;
@@ -267,7 +275,7 @@ int main(int argc, char **argv) {
       const double ring_mb = v == RED ? 0 : (v == STORE ? 1.0 : 2.0) * grid * kTileBytes / 1e6;
       char chk[32], lagc[16];
       snprintf(lagc, sizeof lagc, v == RED ? "-" : "%d", a.lag);
-      if (v == RING || v == RING128) snprintf(chk, sizeof chk, bad ? "FAIL %u" : "ok", bad);
+      if (v == RING || v == RING128 || v == RINGD) snprintf(chk, sizeof chk, bad ? "FAIL %u" : "ok", bad);
       else snprintf(chk, sizeof chk, "-");
       printf("%-6s %4s %5d %9.3f %9.3f %12.1f %9.3f  %s\n", kNames[v], lagc,
              v == RED ? 0 : a.slots, best, best * 1e3 / steps, ring_mb, red_ms > 0 ? best / red_ms : 0.0, chk);
