@@ -213,7 +213,7 @@ $(BUILD)/bench/%: bench/%.c $(BENCH_COMMON) bench/bench_common.h tests/test_shar
 DEV_BIN := $(BUILD)/dev/atomic_probe $(BUILD)/dev/barrier_probe $(BUILD)/dev/ring_probe
 .PHONY: dev
 dev: $(DEV_BIN)
-$(BUILD)/dev/%: dev/%.cu
+$(BUILD)/dev/%: dev/%.cu dev/probe_common.cuh cuda/common/sm90_common.cuh
 	@mkdir -p $(dir $@)
 	$(call say,NVCC,$<)$(NVCC) -O3 -lineinfo -std=c++17 -gencode arch=compute_90a,code=sm_90a -o $@ $<
 

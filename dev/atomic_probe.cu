@@ -46,14 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                          \
-  do {                                                                                                 \
-    cudaError_t e_ = (x);                                                                              \
-    if (e_ != cudaSuccess) {                                                                           \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));              \
-      exit(1);                                                                                         \
-    }                                                                                                  \
-  } while (0)
+#include "probe_common.cuh"
 
 constexpr int kD = 576;     /* fp32 columns per row */
 constexpr int kRows = 64;   /* rows per tile */
@@ -65,14 +58,6 @@ static const char *kNames[NVAR] = {"v2", "v4q", "v4o", "f32", "f32w", "bulk", "b
 /* contiguous bytes of one row per warp instruction (per bulk op: 128-B lines) */
 static const int kSegBytes[NVAR] = {32, 64, 128, 32, 128, 128, 128, 64};
 
-__device__ __forceinline__ uint32_t hash32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
 __device__ __forceinline__ uint32_t tile_row(uint32_t t, int r, uint32_t rmask) {
   return (hash32(t * 2654435761U + 12345U) + (uint32_t)r * 0x9E3779B1U) & rmask;
 }

@@ -142,8 +142,6 @@ class Model:
                         break
                     yield ("step", None)
                     self.owner_step(c)
-            yield ("step", None)
-            self.published[c] = (t, self.tiles(t))
         # after its last token: the CTA's owned keys to the end
         while any(self.cursor[k] < len(self.entries[k]) for k in self.owned[c]):
             yield ("wait", lambda: self.owner_can(c))

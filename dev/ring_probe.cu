@@ -1,7 +1,8 @@
 /*
  * ring_probe.cu - `make dev`, then build/dev/ring_probe: can a deterministic backward's per-slot fp32
  * rows make their trip through L2 instead of DRAM (docs/bwd-sm90-v3.md part VII)? Standalone: CUDA
- * runtime only, no libdsa. sm_90a machine code only.
+ * runtime only, no libdsa (only the device helpers of cuda/common/sm90_common.cuh: the L2 policies and
+ * the dKV reduction the kernels issue). sm_90a machine code only.
  *
  *   ring_probe [--steps N] [--reps N] [--keys N] [--lags 1,2,3] [--nogather]
  *
@@ -37,14 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                          \
-  do {                                                                                                 \
-    cudaError_t e_ = (x);                                                                              \
-    if (e_ != cudaSuccess) {                                                                           \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));              \
-      exit(1);                                                                                         \
-    }                                                                                                  \
-  } while (0)
+#include "../cuda/common/sm90_common.cuh" /* the kernels' L2 policies and dKV reduction */
+#include "probe_common.cuh"
 
 constexpr int kD = 576;                       /* fp32 columns per row */
 constexpr int kRows = 64;                     /* rows per tile */
@@ -56,26 +51,8 @@ constexpr size_t kTileBytes = (size_t)kRows * kD * 4;
 enum Variant { RED = 0, RING, RING128, RINGD, STORE, NVAR };
 static const char *kNames[NVAR] = {"red", "ring", "ring128", "ringd", "store"};
 
-__device__ __forceinline__ uint32_t hash32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
 __device__ __forceinline__ float ring_value(uint32_t c, uint32_t s) { return (float)((c * 131u + s) % 1021u); }
 
-__device__ __forceinline__ uint64_t policy_first() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint64_t policy_last() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
 __device__ __forceinline__ uint4 ld_gather(const uint4 *p, uint64_t pol) {
   uint4 v;
   asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
@@ -94,10 +71,6 @@ __device__ __forceinline__ float4 ld_ring(const float4 *p, uint64_t pol) {
 __device__ __forceinline__ void st_ring(float4 *p, float x) {
   asm volatile("st.global.v4.f32 [%0], {%1, %1, %1, %1};" ::"l"(p), "f"(x) : "memory");
 }
-__device__ __forceinline__ void red_acc(float *p, float x, uint64_t pol) {
-  asm volatile("red.global.add.L2::cache_hint.v4.f32 [%0], {%1, %1, %1, %1}, %2;" ::"l"(p), "f"(x), "l"(pol)
-               : "memory");
-}
 
 struct Args {
   float *acc;          /* keys x 576 fp32 (red) */
@@ -114,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __shared__ int rows[kRows];
   const int tid = threadIdx.x, c = blockIdx.x, grid = gridDim.x;
-  const uint64_t pf = policy_first(), pl = policy_last();
+  const uint64_t pf = sm90_l2_policy_evict_first(), pl = sm90_l2_policy(true);
   float keep = 0.f;
   unsigned bad = 0, gx = 0;
   for (int s = 0; s < a.steps; ++s) {
@@ -132,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1) ring_kernel(Args a) {
 #pragma unroll 6
       for (int i = 0; i < kF4 / kThreads; ++i) {
         const int idx = i * kThreads + tid, r = idx / 144, col = idx % 144;
-        red_acc(a.acc + (size_t)rows[r] * kD + 4 * col, 1.f, pl);
+        sm90_red4_hint<true>(a.acc + (size_t)rows[r] * kD + 4 * col, 1.f, 1.f, 1.f, 1.f, 0, pl);
       }
       __syncthreads(); /* rows[] is rewritten next step */
       continue;
