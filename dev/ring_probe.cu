@@ -4,9 +4,10 @@
  * runtime only, no libdsa (only the device helpers of cuda/common/sm90_common.cuh: the L2 policies and
  * the dKV reduction the kernels issue). sm_90a machine code only.
  *
- *   ring_probe [--steps N] [--reps N] [--keys N] [--lags 1,2,3] [--nogather]
+ *   ring_probe [--steps N] [--reps N] [--keys N] [--lags 1,2,3] [--ctas N] [--nogather]
  *
- * One CTA of 256 threads per SM, all resident; each runs --steps "tile steps" (default 1024: about
+ * One CTA of 256 threads per SM (or --ctas N of them, fewer than the SMs: a ring that fits in L2), all
+ * resident; each runs --steps "tile steps" (default 1024: about
  * bwd-glm-4k's 31 waves x 32 tiles). In a step a CTA handles one tile: 64 key rows drawn at random
  * from --keys (default 4096) and, unless --nogather, first gathers their bf16 rows (64 x 1152 B, as
  * the kernel's KV gather; L2 evict_first). Then, by variant:
@@ -166,18 +167,19 @@ static const ring_fn kKernels[NVAR] = {ring_kernel<RED>, ring_kernel<RING>, ring
                                        ring_kernel<RINGD>, ring_kernel<STORE>};
 
 int main(int argc, char **argv) {
-  int steps = 1024, reps = 5, keys = 4096, gather = 1;
+  int steps = 1024, reps = 5, keys = 4096, gather = 1, ctas = 0;
   int lags[8] = {1, 2, 3}, nlags = 3;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--keys") && i + 1 < argc) keys = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--ctas") && i + 1 < argc) ctas = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--nogather")) gather = 0;
     else if (!strcmp(argv[i], "--lags") && i + 1 < argc) {
       nlags = 0;
       for (char *t = strtok(argv[++i], ","); t && nlags < 8; t = strtok(NULL, ",")) lags[nlags++] = atoi(t);
     } else {
-      fprintf(stderr, "usage: ring_probe [--steps N] [--reps N] [--keys N] [--lags 1,2,3] [--nogather]\n");
+      fprintf(stderr, "usage: ring_probe [--steps N] [--reps N] [--keys N] [--lags 1,2,3] [--ctas N] [--nogather]\n");
       return 2;
     }
   }
@@ -192,7 +194,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ring_probe: built for sm_90a, device is cc %d.%d\n", prop.major, prop.minor);
     return 1;
   }
-  const int grid = prop.multiProcessorCount;
+  if (ctas < 0 || ctas > prop.multiProcessorCount) return 2;
+  const int grid = ctas ? ctas : prop.multiProcessorCount;
   int maxlag = 1;
   for (int l = 0; l < nlags; ++l) maxlag = lags[l] > maxlag ? lags[l] : maxlag;
   const int maxslots = 2 * maxlag + 2;
