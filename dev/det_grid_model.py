@@ -12,11 +12,15 @@ products) and adds, per key row and chunk and in a fixed order, over the row's s
 
     python3 dev/det_grid_model.py [--tokens T] [--topk K] [--keys S] [--heads 64|128] [--seed N]
                                   [--bound cs|tri|nodp]
-    python3 dev/det_grid_model.py --self-test        # small sizes; exit 1 unless the sums are exact
+    python3 dev/det_grid_model.py --op indexer [...]   # the indexer backward's d_index_k (H_idx 32, D 128)
+    python3 dev/det_grid_model.py --self-test        # small sizes, both ops; exit 1 unless the sums are exact
 
 Inputs as the bench draws them (bf16 q, kv, dO uniform in [-1, 1]; K distinct random keys per
 token out of S, so that each key has about T K / S contributors; scale 576^-0.5); one CTA's term per
 (slot, head block of 64) as the kernel computes it: dS^T q + P^T dO from bf16 P and dS, fp32 sums.
+--op indexer: the indexer's q (bf16, 32 heads of 128) and weights as the bench draws them, g the KL
+loss's gradient of the slot scores against a random target; one term per slot, sum_h G q with G =
+g w [x > 0] in bf16; the bound needs no product, since [x > 0] only shrinks it.
 Tokens run in two orders (ascending and descending) for each of: plain fp32 sums (today's
 non-deterministic mode: the order is the L2's), and the grid's sums. Printed: whether the grid's
 two orders agree bit for bit and equal the exact (float64) sum of the rounded terms; the bound's
@@ -29,9 +33,10 @@ import sys
 
 import numpy as np
 
-D, DV, CH = 576, 512, 64
-NCH = D // CH
+CH = 64
+D, DV, NCH = 576, 512, 576 // CH   # the attention's; --op indexer sets 128, 0, 2
 BOUND = "cs"
+OP = "attn"
 
 
 def bf16(x):
@@ -88,9 +93,39 @@ def token_terms(t, seed, kv, H, K, S, scale):
     return idx, terms, bnds
 
 
+def indexer_terms(t, seed, kv, H, K, S, scale):
+    """The indexer backward's d_index_k terms of token t (one per slot: its H heads in one head
+    block), G = g w [x > 0] in bf16 as the sm_90a kernel feeds it to the tensor cores, and the bound
+    |g| min(max_d sum_h |w_h| |q[h, d]|, ||w|| max_d ||q[., d]||) per chunk (no product needed:
+    [x > 0] only shrinks it)."""
+    rng = np.random.default_rng([seed, t])
+    idx = rng.choice(S, K, replace=False)
+    q = bf16(rng.uniform(-1, 1, (H, D)))
+    w = rng.uniform(-1, 1, H).astype(np.float32) * np.float32((H * 128) ** -0.5)
+    ks = kv[idx]
+    x = q @ ks.T                                       # [H, K]
+    z = (w[:, None] * np.maximum(x, 0)).sum(axis=0).astype(np.float64)
+    pz = np.exp(z - z.max()); pz /= pz.sum()
+    tgt = rng.uniform(0, 1, K); tgt /= tgt.sum()
+    g = ((pz - tgt) / T_SCALE).astype(np.float32)      # the KL loss's gradient, as dsa_indexer_loss writes it
+    G = bf16(g[None, :] * w[:, None] * (x > 0))        # [H, K]
+    term = G.T @ q                                     # [K, D]
+    q64, w64 = q.astype(np.float64), np.abs(w.astype(np.float64))
+    tri = (w64[:, None] * np.abs(q64)).sum(axis=0).reshape(NCH, CH).max(axis=1)
+    cs = np.linalg.norm(w64) * np.sqrt((q64 ** 2).sum(axis=0)).reshape(NCH, CH).max(axis=1)
+    bnd = np.abs(g.astype(np.float64))[:, None] * np.minimum(tri, cs)[None, :] * (1 + 2.0 ** -8)
+    return idx, [term.astype(np.float32)], [bnd]
+
+
+T_SCALE = 1.0
+
+
 def run(T, K, S, H, seed, log=print, e_shift=0):
+    global T_SCALE
+    T_SCALE = float(T)
     scale = D ** -0.5
     kv = bf16(np.random.default_rng([seed, 1 << 30]).uniform(-1, 1, (S, D)))
+    terms_of = token_terms if OP == "attn" else indexer_terms
     order = list(range(T))
     # pass 1: the bounds (the pre-pass), the float64 truth, the tightest chunk bound, plain fp32 ascending
     bound = np.zeros((S, NCH))
@@ -101,7 +136,7 @@ def run(T, K, S, H, seed, log=print, e_shift=0):
     f32_up = np.zeros((S, D), np.float32)
     over = 0                     # terms above their bound: must stay 0
     for t in order:
-        idx, terms, bnds = token_terms(t, seed, kv, H, K, S, scale)
+        idx, terms, bnds = terms_of(t, seed, kv, H, K, S, scale)
         for x, bnd in zip(terms, bnds):
             over += int(np.sum(np.abs(x).reshape(K, NCH, CH).max(axis=2) > bnd))
             bound[idx] += bnd
@@ -129,7 +164,7 @@ def run(T, K, S, H, seed, log=print, e_shift=0):
     for name, seq in (("down", order[::-1]), ("up", order)):
         acc = np.zeros((S, D), np.float32)
         for t in seq:
-            idx, terms, _ = token_terms(t, seed, kv, H, K, S, scale)
+            idx, terms, _ = terms_of(t, seed, kv, H, K, S, scale)
             for x in terms:
                 st = stepd[idx]
                 c = np.float32(1.5) * (st * 2.0 ** 23).astype(np.float32)
@@ -145,8 +180,8 @@ def run(T, K, S, H, seed, log=print, e_shift=0):
     def rel(a):
         return float(np.linalg.norm(a.astype(np.float64) - truth) / np.linalg.norm(truth))
 
-    n = T * K * (H // 64) / S
-    log(f"T {T}, K {K}, keys {S}, H {H}: {n:.1f} terms per key row on average, seed {seed}")
+    n = T * K * (-(-H // 64)) / S
+    log(f"{OP}: T {T}, K {K}, keys {S}, H {H}: {n:.1f} terms per key row on average, seed {seed}")
     log(f"  grid: two orders bitwise equal: {same}; equal to the exact sum of the rounded terms: {exact};"
         f" terms above their bound: {over}")
     q = np.quantile(loose, [0.5, 0.9, 0.99])
@@ -165,15 +200,20 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--topk", type=int, default=128)
     ap.add_argument("--keys", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=64, choices=(64, 128))
+    ap.add_argument("--heads", type=int, default=64, choices=(32, 64, 128), help="64 or 128 (attn), 32 (indexer)")
+    ap.add_argument("--op", default="attn", choices=("attn", "indexer"),
+                    help="the attention backward's dkv (D 576) or the indexer backward's d_index_k (D 128, H_idx 32)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bound", default="cs", choices=("tri", "cs", "nodp"),
                     help="a term's bound: the triangle inequality over heads (tri), Cauchy-Schwarz (cs), "
                     "or Cauchy-Schwarz with |dS| bounded without dP (nodp: the pre-pass computes S only)")
     ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args(argv)
-    global BOUND
-    BOUND = a.bound
+    global BOUND, OP, D, DV, NCH
+    BOUND, OP = a.bound, a.op
+    if OP == "indexer":
+        D, DV, NCH = 128, 0, 128 // CH
+        a.heads = 32
     if a.self_test:
         ok = True
         # many contributors per key; 128 heads; keys with 0, 1 or 2 contributors (one term sets the step)
@@ -181,6 +221,10 @@ def main(argv=None):
             good, g, f, f32_same = run(T, K, S, H, a.seed)
             ok &= good and g < 1.01 * f
             ok &= T < 64 or not f32_same   # the comparison has teeth: plain fp32 sums differ by order
+        OP, D, DV, NCH = "indexer", 128, 0, 128 // CH          # the indexer backward's d_index_k
+        good, g, f, _ = run(64, 32, 48, 32, a.seed)
+        ok &= good and g < 1.01 * f
+        OP, D, DV, NCH = "attn", 576, 512, 576 // CH
         # the check has teeth: a grid 6 bits finer than the bound allows loses exactness
         good, _, _, _ = run(64, 32, 64, 64, a.seed, log=lambda *_: None, e_shift=-6)
         print("grid 6 bits too fine: caught" if not good else "grid 6 bits too fine: NOT caught")
