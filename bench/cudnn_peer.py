@@ -11,7 +11,7 @@ A ratio is only a same-run ratio. This program loads build/libdsa.so with ctypes
   indexer+topk  libdsa dsa_indexer_topk (engine DEFAULT)  vs  cuDNN indexer_forward_wrapper + IndexerTopK
   topk          libdsa dsa_topk  vs  cuDNN IndexerTopK (deterministic False and True; causal lengths)
                 and vs torch.topk (full rows)
-  indexer train (opt-in: --shapes all, as bench/full_run.sh runs it, or --shapes train-glm-4k,...;
+  indexer train (opt-in: --shapes all, or --shapes train-glm-4k,..., as bench/full_run.sh's train step runs them;
                 not in the default run, see below) on the idx-glm-4k / idx-glm-cp8 / idx-32k shapes, indices from
                 dsa_indexer_topk (H_idx = 32, bf16 weights), attention q [T, 64, 576] / kv random:
     slot target libdsa dsa_attn_slot_target  vs  cuDNN sparse_attn_score_recompute_wrapper (SM90;
@@ -34,7 +34,7 @@ device-to-device copy (read + write bytes).
 
 The train-* shapes are opt-in because their cuDNN kernels compile on first use (estimate: 2-3
 minutes for the three shapes, most of it compiling): `--shapes all` runs every shape, the train-*
-ones after the rest (bench/full_run.sh's peer step).
+ones after the rest; bench/full_run.sh runs them in a step and a process of their own.
 
 Rows follow dsa_bench's JSON schema plus: process, peer_same_run, peer_compile_s,
 peer_max_rel_diff / peer_agreement, peer_workspace_bytes, workspace_bytes, peer_status,
