@@ -107,7 +107,7 @@ def indexer_terms(t, seed, kv, H, K, S, scale):
     z = (w[:, None] * np.maximum(x, 0)).sum(axis=0).astype(np.float64)
     pz = np.exp(z - z.max()); pz /= pz.sum()
     tgt = rng.uniform(0, 1, K); tgt /= tgt.sum()
-    g = ((pz - tgt) / T_SCALE).astype(np.float32)      # the KL loss's gradient, as dsa_indexer_loss writes it
+    g = (pz - tgt).astype(np.float32)   # the KL loss's gradient up to its constant factor, which scales terms and bounds alike
     G = bf16(g[None, :] * w[:, None] * (x > 0))        # [H, K]
     term = G.T @ q                                     # [K, D]
     q64, w64 = q.astype(np.float64), np.abs(w.astype(np.float64))
@@ -117,12 +117,7 @@ def indexer_terms(t, seed, kv, H, K, S, scale):
     return idx, [term.astype(np.float32)], [bnd]
 
 
-T_SCALE = 1.0
-
-
 def run(T, K, S, H, seed, log=print, e_shift=0):
-    global T_SCALE
-    T_SCALE = float(T)
     scale = D ** -0.5
     kv = bf16(np.random.default_rng([seed, 1 << 30]).uniform(-1, 1, (S, D)))
     terms_of = token_terms if OP == "attn" else indexer_terms
