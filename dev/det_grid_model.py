@@ -11,7 +11,7 @@ products) and adds, per key row and chunk and in a fixed order, over the row's s
 (--bound tri: the triangle inequality instead; --bound nodp: |dS| bounded without dP).
 
     python3 dev/det_grid_model.py [--tokens T] [--topk K] [--keys S] [--heads 64|128] [--seed N]
-                                  [--bound cs|tri|nodp]
+                                  [--bound cs|tri|nodp] [--causal]
     python3 dev/det_grid_model.py --op indexer [...]   # the indexer backward's d_index_k (H_idx 32, D 128)
     python3 dev/det_grid_model.py --self-test        # small sizes, both ops; exit 1 unless the sums are exact
 
@@ -37,6 +37,8 @@ CH = 64
 D, DV, NCH = 576, 512, 576 // CH   # the attention's; --op indexer sets 128, 0, 2
 BOUND = "cs"
 OP = "attn"
+CAUSAL = False
+T_TOKENS = 0   # the run's token count (pick's causal positions)
 
 
 def bf16(x):
@@ -46,11 +48,21 @@ def bf16(x):
     return u.view(np.float32)
 
 
+def pick(rng, t, T, K, S):
+    """Token t's keys: K distinct random ones out of S, or with --causal (token t at global position
+    g = S - T + t) min(g + 1, K) out of 0..g, as the GLM shapes draw them."""
+    if not CAUSAL:
+        return rng.choice(S, K, replace=False)
+    g = S - T + t
+    return rng.choice(g + 1, min(g + 1, K), replace=False)
+
+
 def token_terms(t, seed, kv, H, K, S, scale):
     """Token t's key indices, its terms x[hb][K, D] (fp32, one per head block of 64) and the
     bounds bnd[hb][K, NCH] of |x| per chunk."""
     rng = np.random.default_rng([seed, t])
-    idx = rng.choice(S, K, replace=False)
+    idx = pick(rng, t, T_TOKENS, K, S)
+    K = len(idx)
     q = bf16(rng.uniform(-1, 1, (H, D)))
     do = bf16(rng.uniform(-1, 1, (H, DV)))
     ks = kv[idx]                                      # [K, D]; V = its first DV columns
@@ -99,7 +111,8 @@ def indexer_terms(t, seed, kv, H, K, S, scale):
     |g| min(max_d sum_h |w_h| |q[h, d]|, ||w|| max_d ||q[., d]||) per chunk (no product needed:
     [x > 0] only shrinks it)."""
     rng = np.random.default_rng([seed, t])
-    idx = rng.choice(S, K, replace=False)
+    idx = pick(rng, t, T_TOKENS, K, S)
+    K = len(idx)
     q = bf16(rng.uniform(-1, 1, (H, D)))
     w = rng.uniform(-1, 1, H).astype(np.float32) * np.float32((H * 128) ** -0.5)
     ks = kv[idx]
@@ -118,6 +131,8 @@ def indexer_terms(t, seed, kv, H, K, S, scale):
 
 
 def run(T, K, S, H, seed, log=print, e_shift=0):
+    global T_TOKENS
+    T_TOKENS = T
     scale = D ** -0.5
     kv = bf16(np.random.default_rng([seed, 1 << 30]).uniform(-1, 1, (S, D)))
     terms_of = token_terms if OP == "attn" else indexer_terms
@@ -133,7 +148,7 @@ def run(T, K, S, H, seed, log=print, e_shift=0):
     for t in order:
         idx, terms, bnds = terms_of(t, seed, kv, H, K, S, scale)
         for x, bnd in zip(terms, bnds):
-            over += int(np.sum(np.abs(x).reshape(K, NCH, CH).max(axis=2) > bnd))
+            over += int(np.sum(np.abs(x).reshape(len(idx), NCH, CH).max(axis=2) > bnd))
             bound[idx] += bnd
             count[idx] += 1
             bmax[idx] = np.maximum(bmax[idx], bnd)
@@ -175,11 +190,12 @@ def run(T, K, S, H, seed, log=print, e_shift=0):
     def rel(a):
         return float(np.linalg.norm(a.astype(np.float64) - truth) / np.linalg.norm(truth))
 
-    n = T * K * (-(-H // 64)) / S
-    log(f"{OP}: T {T}, K {K}, keys {S}, H {H}: {n:.1f} terms per key row on average, seed {seed}")
+    n = count.mean()
+    log(f"{OP}{', causal' if CAUSAL else ''}: T {T}, K {K}, keys {S}, H {H}: {n:.1f} terms per key row on average"
+        f" (largest {count.max():.0f}), seed {seed}")
     log(f"  grid: two orders bitwise equal: {same}; equal to the exact sum of the rounded terms: {exact};"
         f" terms above their bound: {over}")
-    q = np.quantile(loose, [0.5, 0.9, 0.99])
+    q = np.quantile(loose[count > 0], [0.5, 0.9, 0.99])
     log(f"  bound / tightest chunk bound: median {q[0]:.1f}, p90 {q[1]:.1f}, p99 {q[2]:.1f};"
         f" rows and chunks whose step the largest term sets: {np.mean(4 * bmax * (1 + 2.0 ** -12) > bound / (1 - count[:, None] * 2.0 ** -25)):.2%}")
     f32_diff = np.mean(bf16(f32_up) != bf16(f32_down))
@@ -202,10 +218,11 @@ def main(argv=None):
     ap.add_argument("--bound", default="cs", choices=("tri", "cs", "nodp"),
                     help="a term's bound: the triangle inequality over heads (tri), Cauchy-Schwarz (cs), "
                     "or Cauchy-Schwarz with |dS| bounded without dP (nodp: the pre-pass computes S only)")
+    ap.add_argument("--causal", action="store_true", help="causal rows (the GLM shapes) instead of random keys")
     ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args(argv)
-    global BOUND, OP, D, DV, NCH
-    BOUND, OP = a.bound, a.op
+    global BOUND, OP, D, DV, NCH, CAUSAL
+    BOUND, OP, CAUSAL = a.bound, a.op, a.causal
     if OP == "indexer":
         D, DV, NCH = 128, 0, 128 // CH
         a.heads = 32
