@@ -30,15 +30,31 @@ bf16 rounding of the output (the measure the GPU suites use), for both modes.
 """
 import argparse
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
 CH = 64
-D, DV, NCH = 576, 512, 576 // CH   # the attention's; --op indexer sets 128, 0, 2
-BOUND = "cs"
-OP = "attn"
-CAUSAL = False
-T_TOKENS = 0   # the run's token count (pick's causal positions)
+
+
+@dataclass(frozen=True)
+class Cfg:
+    """One run's operation and options; D, DV and NCH follow from op."""
+    op: str = "attn"       # "attn" (dkv, D 576) or "indexer" (d_index_k, D 128)
+    bound: str = "cs"      # "cs", "tri" or "nodp" (the attention's bound; the indexer has one)
+    causal: bool = False
+
+    @property
+    def D(self):
+        return 576 if self.op == "attn" else 128
+
+    @property
+    def DV(self):
+        return 512 if self.op == "attn" else 0
+
+    @property
+    def NCH(self):
+        return self.D // CH
 
 
 def bf16(x):
@@ -48,20 +64,21 @@ def bf16(x):
     return u.view(np.float32)
 
 
-def pick(rng, t, T, K, S):
+def pick(cfg, rng, t, T, K, S):
     """Token t's keys: K distinct random ones out of S, or with --causal (token t at global position
     g = S - T + t) min(g + 1, K) out of 0..g, as the GLM shapes draw them."""
-    if not CAUSAL:
+    if not cfg.causal:
         return rng.choice(S, K, replace=False)
     g = S - T + t
     return rng.choice(g + 1, min(g + 1, K), replace=False)
 
 
-def token_terms(t, seed, kv, H, K, S, scale):
+def token_terms(cfg, t, T, seed, kv, H, K, S, scale):
     """Token t's key indices, its terms x[hb][K, D] (fp32, one per head block of 64) and the
     bounds bnd[hb][K, NCH] of |x| per chunk."""
+    D, DV, NCH = cfg.D, cfg.DV, cfg.NCH
     rng = np.random.default_rng([seed, t])
-    idx = pick(rng, t, T_TOKENS, K, S)
+    idx = pick(cfg, rng, t, T, K, S)
     K = len(idx)
     q = bf16(rng.uniform(-1, 1, (H, D)))
     do = bf16(rng.uniform(-1, 1, (H, DV)))
@@ -82,7 +99,7 @@ def token_terms(t, seed, kv, H, K, S, scale):
         x[:, :DV] += pb[hs].T @ do[hs]
         q64, do64 = q[hs].astype(np.float64), do[hs].astype(np.float64)
         domax = np.zeros(NCH)
-        if BOUND == "tri":    # |sum_h u_h v_h| <= sum_h |u_h| max_h |v_h|
+        if cfg.bound == "tri":    # |sum_h u_h v_h| <= sum_h |u_h| max_h |v_h|
             qmax = np.abs(q64).reshape(-1, NCH, CH).max(axis=(0, 2))          # [NCH]
             domax[:DV // CH] = np.abs(do64).reshape(-1, DV // CH, CH).max(axis=(0, 2))
             a = np.abs(dsb[hs]).astype(np.float64).sum(axis=0)                 # [K]
@@ -90,7 +107,7 @@ def token_terms(t, seed, kv, H, K, S, scale):
         else:                 # Cauchy-Schwarz over the 64 heads: <= ||u|| ||v||
             qmax = np.sqrt((q64 ** 2).sum(axis=0)).reshape(NCH, CH).max(axis=1)
             domax[:DV // CH] = np.sqrt((do64 ** 2).sum(axis=0)).reshape(-1, CH).max(axis=1)
-            if BOUND == "cs":
+            if cfg.bound == "cs":
                 dsabs = np.abs(dsb[hs]).astype(np.float64)
             else:             # "nodp": without dP, |dS| <= scale P (||dO_h|| ||V_j|| + |Delta_h|) (Cauchy-Schwarz over the 512 dims)
                 von = np.sqrt((ks[:, :DV].astype(np.float64) ** 2).sum(axis=1))            # [K]
@@ -105,13 +122,14 @@ def token_terms(t, seed, kv, H, K, S, scale):
     return idx, terms, bnds
 
 
-def indexer_terms(t, seed, kv, H, K, S, scale):
+def indexer_terms(cfg, t, T, seed, kv, H, K, S, scale):
     """The indexer backward's d_index_k terms of token t (one per slot: its H heads in one head
     block), G = g w [x > 0] in bf16 as the sm_90a kernel feeds it to the tensor cores, and the bound
     |g| min(max_d sum_h |w_h| |q[h, d]|, ||w|| max_d ||q[., d]||) per chunk (no product needed:
     [x > 0] only shrinks it)."""
+    D, NCH = cfg.D, cfg.NCH
     rng = np.random.default_rng([seed, t])
-    idx = pick(rng, t, T_TOKENS, K, S)
+    idx = pick(cfg, rng, t, T, K, S)
     K = len(idx)
     q = bf16(rng.uniform(-1, 1, (H, D)))
     w = rng.uniform(-1, 1, H).astype(np.float32) * np.float32((H * 128) ** -0.5)
@@ -130,12 +148,14 @@ def indexer_terms(t, seed, kv, H, K, S, scale):
     return idx, [term.astype(np.float32)], [bnd]
 
 
-def run(T, K, S, H, seed, log=print, e_shift=0):
-    global T_TOKENS
-    T_TOKENS = T
+def run(cfg, T, K, S, H, seed, log=print, e_shift=0):
+    D, NCH = cfg.D, cfg.NCH
     scale = D ** -0.5
     kv = bf16(np.random.default_rng([seed, 1 << 30]).uniform(-1, 1, (S, D)))
-    terms_of = token_terms if OP == "attn" else indexer_terms
+    make = token_terms if cfg.op == "attn" else indexer_terms
+
+    def terms_of(t):
+        return make(cfg, t, T, seed, kv, H, K, S, scale)
     order = list(range(T))
     # pass 1: the bounds (the pre-pass), the float64 truth, the tightest chunk bound, plain fp32 ascending
     bound = np.zeros((S, NCH))
@@ -146,7 +166,7 @@ def run(T, K, S, H, seed, log=print, e_shift=0):
     f32_up = np.zeros((S, D), np.float32)
     over = 0                     # terms above their bound: must stay 0
     for t in order:
-        idx, terms, bnds = terms_of(t, seed, kv, H, K, S, scale)
+        idx, terms, bnds = terms_of(t)
         for x, bnd in zip(terms, bnds):
             over += int(np.sum(np.abs(x).reshape(len(idx), NCH, CH).max(axis=2) > bnd))
             bound[idx] += bnd
@@ -155,13 +175,15 @@ def run(T, K, S, H, seed, log=print, e_shift=0):
             absum[idx] += np.abs(x)
             truth[idx] += x
             f32_up[idx] = f32_up[idx] + x
-    bound *= 1 + 2.0 ** -12      # covers the fp32 rounding of the terms and of the bound's own sum
+    margin = 1 + 2.0 ** -12      # covers the fp32 rounding of the terms and of the bound's own sum
+    bound *= margin
     # e: the smallest with bound + n 2^(e - 1) < 2^(e + 24) (n terms, each rounded by at most half a
     # step), so that no partial sum in any order reaches 2^(e + 24); step 2^e, never below the
-    # smallest normal
-    # The kernel rounds by (x + c) - c with c = 1.5 2^(e + 23), which is exact only for |x| <= 2^(e + 22):
-    # the largest single term's bound, times 4, joins the maximum.
-    need = np.maximum(bound / (1 - count[:, None] * 2.0 ** -25), 4 * bmax * (1 + 2.0 ** -12))
+    # smallest normal. The kernel rounds by (x + c) - c with c = 1.5 2^(e + 23), which is exact only
+    # for |x| <= 2^(e + 22): the largest single term's bound, times 4, joins the maximum.
+    need_sum = bound / (1 - count[:, None] * 2.0 ** -25)
+    need_one = 4 * bmax * margin
+    need = np.maximum(need_sum, need_one)
     e = np.floor(np.log2(np.maximum(need, 1e-300))) + 1 - 24 + e_shift
     step = np.exp2(np.maximum(e, -126))                                   # [S, NCH]
     stepd = np.repeat(step, CH, axis=1)                                   # [S, D]
@@ -174,7 +196,7 @@ def run(T, K, S, H, seed, log=print, e_shift=0):
     for name, seq in (("down", order[::-1]), ("up", order)):
         acc = np.zeros((S, D), np.float32)
         for t in seq:
-            idx, terms, _ = terms_of(t, seed, kv, H, K, S, scale)
+            idx, terms, _ = terms_of(t)
             for x in terms:
                 st = stepd[idx]
                 c = np.float32(1.5) * (st * 2.0 ** 23).astype(np.float32)
@@ -191,13 +213,13 @@ def run(T, K, S, H, seed, log=print, e_shift=0):
         return float(np.linalg.norm(a.astype(np.float64) - truth) / np.linalg.norm(truth))
 
     n = count.mean()
-    log(f"{OP}{', causal' if CAUSAL else ''}: T {T}, K {K}, keys {S}, H {H}: {n:.1f} terms per key row on average"
+    log(f"{cfg.op}{', causal' if cfg.causal else ''}: T {T}, K {K}, keys {S}, H {H}: {n:.1f} terms per key row on average"
         f" (largest {count.max():.0f}), seed {seed}")
     log(f"  grid: two orders bitwise equal: {same}; equal to the exact sum of the rounded terms: {exact};"
         f" terms above their bound: {over}")
     q = np.quantile(loose[count > 0], [0.5, 0.9, 0.99])
     log(f"  bound / tightest chunk bound: median {q[0]:.1f}, p90 {q[1]:.1f}, p99 {q[2]:.1f};"
-        f" rows and chunks whose step the largest term sets: {np.mean(4 * bmax * (1 + 2.0 ** -12) > bound / (1 - count[:, None] * 2.0 ** -25)):.2%}")
+        f" rows and chunks whose step the largest term sets: {np.mean(need_one > need_sum):.2%}")
     f32_diff = np.mean(bf16(f32_up) != bf16(f32_down))
     log(f"  fp32 sums (today's det0), ascending / descending: rel err {rel(f32_up):.2e} / {rel(f32_down):.2e};"
         f" bf16 {rel(bf16(f32_up)):.3e} / {rel(bf16(f32_down)):.3e}; bf16 outputs that differ between the orders {f32_diff:.2%}")
@@ -221,29 +243,26 @@ def main(argv=None):
     ap.add_argument("--causal", action="store_true", help="causal rows (the GLM shapes) instead of random keys")
     ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args(argv)
-    global BOUND, OP, D, DV, NCH, CAUSAL
-    BOUND, OP, CAUSAL = a.bound, a.op, a.causal
-    if OP == "indexer":
-        D, DV, NCH = 128, 0, 128 // CH
+    cfg = Cfg(a.op, a.bound, a.causal)
+    if a.op == "indexer":
         a.heads = 32
     if a.self_test:
         ok = True
+        attn = Cfg("attn", a.bound)
         # many contributors per key; 128 heads; keys with 0, 1 or 2 contributors (one term sets the step)
         for T, K, S, H in ((64, 32, 64, 64), (48, 16, 40, 128), (8, 4, 64, 64)):
-            good, g, f, f32_same = run(T, K, S, H, a.seed)
+            good, g, f, f32_same = run(attn, T, K, S, H, a.seed)
             ok &= good and g < 1.01 * f
             ok &= T < 64 or not f32_same   # the comparison has teeth: plain fp32 sums differ by order
-        OP, D, DV, NCH = "indexer", 128, 0, 128 // CH          # the indexer backward's d_index_k
-        good, g, f, _ = run(64, 32, 48, 32, a.seed)
+        good, g, f, _ = run(Cfg("indexer"), 64, 32, 48, 32, a.seed)   # the indexer backward's d_index_k
         ok &= good and g < 1.01 * f
-        OP, D, DV, NCH = "attn", 576, 512, 576 // CH
         # the check has teeth: a grid 6 bits finer than the bound allows loses exactness
-        good, _, _, _ = run(64, 32, 64, 64, a.seed, log=lambda *_: None, e_shift=-6)
+        good, _, _, _ = run(attn, 64, 32, 64, 64, a.seed, log=lambda *_: None, e_shift=-6)
         print("grid 6 bits too fine: caught" if not good else "grid 6 bits too fine: NOT caught")
         ok &= not good
         print("self-test:", "ok" if ok else "FAILED")
         return 0 if ok else 1
-    good, _, _, _ = run(a.tokens, a.topk, a.keys, a.heads, a.seed)
+    good, _, _, _ = run(cfg, a.tokens, a.topk, a.keys, a.heads, a.seed)
     return 0 if good else 1
 
 
