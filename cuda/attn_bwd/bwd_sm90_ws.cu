@@ -172,8 +172,11 @@ constexpr int kBarTgt = 5;     /* WG0: the four warps' slot-target partial sums 
  * of their rows at once; with ascending rows (the indexer's output, causal subsets) the keys they
  * gather and reduce into then stay a narrow window of KV and of the accumulator, which L2 holds where
  * the whole accumulator would not. The order of a row's tiles changes only dq's fp32 summation order. */
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* Declared in every compilation pass: nvcc registers a __device__ variable from the host pass too,
+ * and a declaration seen only by the sm_90a pass leaves the registration naming an undefined symbol
+ * in a build for sm_90a alone. */
 __device__ uint32_t g_ws_sweep_tiles;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void ws_sweep_add() { atomicAdd(&g_ws_sweep_tiles, 1u); }
 __device__ __forceinline__ uint32_t ws_sweep_read() { return *(volatile uint32_t *)&g_ws_sweep_tiles; }
 __device__ __forceinline__ uint32_t ws_sweep_phase(uint32_t swept, int ntiles) {
