@@ -27,7 +27,20 @@
  *   bulkr  the same with a whole 2304-B row per operation (lanes 0..15 of warps 0..3, one per row).
  *   st4    plain st.global.v4.f32 with the v4q pattern: the store upper bound (no reduction; the
  *          content check is skipped for it).
- * Each variant runs at 1 CTA per SM (the kernel's occupancy: 8 warps) and 4 CTAs per SM, on R = 4096
+ * The warp-specialised backward's split (cuda/attn_bwd/bwd_sm90_ws.cu: WG1 reduces, WG0 gathers):
+ *   ws     v4o from warps 4..7 only, each warp all 9 blocks of its 16 rows (72 instructions per thread
+ *          and tile, WG1's count); warps 0..3 only meet them at the tile's barrier.
+ *   wsg    ws, and warps 0..3 gather the tile's 64 key rows (1152 B of bf16 each, another hash of the
+ *          tile) from a second buffer of R rows by cp.async.cg 16 B into shared memory, WG0's pattern
+ *          (thread g = t / 8, j = t % 8: rows g, g + 16, g + 32, g + 48, chunk j of each 128-B block:
+ *          36 copies per thread, 73,728 B per tile, the 16-B chunks XOR-swizzled by row as SW128 places them), one group per tile, tile t's reads waited after
+ *          tile t + 1's are issued; a 256-thread named barrier per tile couples the two halves, as the
+ *          kernel's per-tile hand-offs do. Its TB/s is the reductions' payload; "read TB/s" the
+ *          gather's bytes. Whether the reductions keep ws's rate with the reads beside them is the
+ *          question H_sep / H_add of docs/bwd-sm90-v3.md part I (its step 0b).
+ *   gth    wsg's gather alone (warps 4..7 idle; no check).
+ * Each variant runs at 1 CTA per SM (the kernel's occupancy: 8 warps) and 4 CTAs per SM (wsg / gth:
+ * 73,728 B of shared memory each, so 3 are resident), on R = 4096
  * rows (9.4 MB, fits the 50 MB L2) and R = 32768 rows (75 MB, does not). The buffer is zeroed before
  * each timed launch (not timed); the time is the best of --reps launches (cudaEvent).
  * Printed per run: ms, payload TB/s (fp32 bytes added), G lane-ops/s, G "segments"/s (a segment =
@@ -53,10 +66,14 @@ constexpr int kRows = 64;   /* rows per tile */
 constexpr int kNBlk = 9;    /* 64-column blocks per row */
 constexpr int kThreads = 256;
 
-enum Variant { V2 = 0, V4Q, V4O, F32, F32W, BULK, BULKR, ST4, NVAR };
-static const char *kNames[NVAR] = {"v2", "v4q", "v4o", "f32", "f32w", "bulk", "bulkr", "st4"};
+enum Variant { V2 = 0, V4Q, V4O, F32, F32W, BULK, BULKR, ST4, WS, WSG, GTH, NVAR };
+static const char *kNames[NVAR] = {"v2", "v4q", "v4o", "f32", "f32w", "bulk", "bulkr", "st4", "ws", "wsg", "gth"};
 /* contiguous bytes of one row per warp instruction (per bulk op: 128-B lines) */
-static const int kSegBytes[NVAR] = {32, 64, 128, 32, 128, 128, 128, 64};
+static const int kSegBytes[NVAR] = {32, 64, 128, 32, 128, 128, 128, 64, 128, 128, 128};
+constexpr int kKvRow = 1152;                 /* bf16 key row of D = 576: wsg / gth's gather */
+constexpr int kGatherSmem = kRows * kKvRow;  /* 73,728 B: one gathered tile */
+static bool has_reductions(int v) { return v != ST4 && v != GTH; }
+static bool has_gather(int v) { return v == WSG || v == GTH; }
 
 __device__ __forceinline__ uint32_t tile_row(uint32_t t, int r, uint32_t rmask) {
   return (hash32(t * 2654435761U + 12345U) + (uint32_t)r * 0x9E3779B1U) & rmask;
@@ -86,10 +103,58 @@ __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void cp_async16(uint32_t sdst, const void *gsrc) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sdst), "l"(gsrc) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void bar_tile() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+
+/* ws / wsg / gth: warps 0..3 gather (wsg, gth), warps 4..7 reduce (ws, wsg), a barrier per tile */
+template <int V>
+__device__ __forceinline__ void probe_ws(float *buf, const uint8_t *kv, int tiles, uint32_t rmask) {
+  extern __shared__ __align__(128) uint8_t gsm[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const uint32_t sg = (uint32_t)__cvta_generic_to_shared(gsm);
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    if (warp < 4) {
+      if (V != WS) {
+        const int g = threadIdx.x >> 3, j = threadIdx.x & 7;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = g + 16 * i;
+          const uint8_t *src = kv + (size_t)tile_row(t ^ 0x5bd1e995U, r, rmask) * kKvRow + 16 * j;
+#pragma unroll
+          for (int b = 0; b < kNBlk; ++b) cp_async16(sg + r * kKvRow + 128 * b + 16 * (j ^ (r & 7)), src + 128 * b);
+        }
+        cp_async_commit();
+        cp_async_wait1();
+      }
+    } else if (V != GTH) {
+      const int wr = 16 * (warp & 3), o = lane >> 3, p8 = lane & 7;
+#pragma unroll 1
+      for (int b = 0; b < kNBlk; ++b) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const int pr = 4 * k + o, r = pr >> 1, half = pr & 1;
+          float *row = buf + (size_t)tile_row(t, wr + r, rmask) * kD;
+          red_v4(row + 64 * b + 32 * half + 4 * p8, 1.f, 1.f, 1.f, 1.f);
+        }
+      }
+    }
+    bar_tile();
+  }
+  if (V != WS) cp_async_wait0();
+}
 
 template <int V>
-__global__ void __launch_bounds__(kThreads) probe_kernel(float *buf, int tiles, uint32_t rmask) {
+__global__ void __launch_bounds__(kThreads) probe_kernel(float *buf, const uint8_t *kv, int tiles, uint32_t rmask) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if (V == WS || V == WSG || V == GTH) {
+    probe_ws<V>(buf, kv, tiles, rmask);
+    return;
+  }
   __shared__ __align__(128) float stage[kD]; /* bulk variants: one row of 1.0f */
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wr = 16 * (warp & 3); /* this warp's 16 rows of the tile */
@@ -173,10 +238,11 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(float *buf, int tiles, 
 #endif
 }
 
-typedef void (*probe_fn)(float *, int, uint32_t);
+typedef void (*probe_fn)(float *, const uint8_t *, int, uint32_t);
 static const probe_fn kKernels[NVAR] = {probe_kernel<V2>,   probe_kernel<V4Q>,  probe_kernel<V4O>,
                                         probe_kernel<F32>,  probe_kernel<F32W>, probe_kernel<BULK>,
-                                        probe_kernel<BULKR>, probe_kernel<ST4>};
+                                        probe_kernel<BULKR>, probe_kernel<ST4>, probe_kernel<WS>,
+                                        probe_kernel<WSG>,  probe_kernel<GTH>};
 
 /* every row's 576 columns equal, and the total = tiles * 64 * 576 */
 static int check(const float *h, size_t rows, int tiles, const char *what) {
@@ -205,7 +271,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else {
-      fprintf(stderr, "usage: atomic_probe [--tiles N] [--reps N] [--only v2,v4q,v4o,f32,f32w,bulk,bulkr,st4]\n");
+      fprintf(stderr, "usage: atomic_probe [--tiles N] [--reps N] [--only v2,v4q,v4o,f32,f32w,bulk,bulkr,st4,ws,wsg,gth]\n");
       return 2;
     }
   }
@@ -247,14 +313,19 @@ int main(int argc, char **argv) {
   const double copy_bps = 2.0 * cbytes / (copy_best * 1e-3);
   printf("d2d copy 1 GiB: %.3f ms, %.3f TB/s (read + write)\n\n", copy_best, copy_bps / 1e12);
 
-  printf("%-6s %-8s %-5s %9s %9s %10s %10s %10s %8s  %s\n", "var", "buffer", "cta/sm", "ms", "TB/s", "G lane-op/s",
-         "G seg/s", "G sect/s", "x copy", "check");
+  for (int v = 0; v < NVAR; ++v)
+    if (has_gather(v)) CK(cudaFuncSetAttribute(kKernels[v], cudaFuncAttributeMaxDynamicSharedMemorySize, kGatherSmem));
+  printf("%-6s %-8s %-5s %9s %9s %10s %10s %10s %8s %9s  %s\n", "var", "buffer", "cta/sm", "ms", "TB/s", "G lane-op/s",
+         "G seg/s", "G sect/s", "x copy", "read TB/s", "check");
   const int row_counts[2] = {4096, 32768};
   int failures = 0;
   for (int si = 0; si < 2; ++si) {
     const size_t rows = (size_t)row_counts[si], bytes = rows * kD * 4;
     float *buf;
+    uint8_t *kv;
     CK(cudaMalloc(&buf, bytes));
+    CK(cudaMalloc(&kv, rows * kKvRow));
+    CK(cudaMemset(kv, 0, rows * kKvRow));
     float *host = (float *)malloc(bytes);
     if (!host) return 1;
     for (int v = 0; v < NVAR; ++v) {
@@ -271,7 +342,7 @@ int main(int argc, char **argv) {
         for (int r = 0; r < reps + 1; ++r) {
           CK(cudaMemset(buf, 0, bytes));
           CK(cudaEventRecord(e0));
-          kKernels[v]<<<grid, kThreads>>>(buf, tiles, (uint32_t)(rows - 1));
+          kKernels[v]<<<grid, kThreads, has_gather(v) ? kGatherSmem : 0>>>(buf, kv, tiles, (uint32_t)(rows - 1));
           CK(cudaEventRecord(e1));
           CK(cudaEventSynchronize(e1));
           CK(cudaGetLastError());
@@ -280,7 +351,7 @@ int main(int argc, char **argv) {
           if (r > 0 && ms < best) best = ms;
         }
         const char *chk = "-";
-        if (v != ST4) {
+        if (has_reductions(v)) {
           CK(cudaMemcpy(host, buf, bytes, cudaMemcpyDeviceToHost));
           char what[64];
           snprintf(what, sizeof what, "%s R=%zu occ %d", kNames[v], rows, occ);
@@ -291,17 +362,19 @@ int main(int argc, char **argv) {
         const double payload = (double)tiles * kRows * kD * 4, s = best * 1e-3;
         const double lane_ops = payload / (v == V2 ? 8 : (v == F32 || v == F32W) ? 4 : v == BULK ? 256
                                                                                : v == BULKR ? 2304 : 16);
-        printf("%-6s %5.1f MB %-5d %9.3f %9.3f %10.2f %10.2f %10.2f %8.3f  %s\n", kNames[v], bytes / 1e6, occ, best,
-               payload / s / 1e12, lane_ops / s / 1e9, payload / kSegBytes[v] / s / 1e9, payload / 32 / s / 1e9,
-               payload / s / copy_bps, chk);
+        const double read = has_gather(v) ? (double)tiles * kGatherSmem : 0, red = has_reductions(v) ? payload : 0;
+        printf("%-6s %5.1f MB %-5d %9.3f %9.3f %10.2f %10.2f %10.2f %8.3f %9.3f  %s\n", kNames[v], bytes / 1e6, occ,
+               best, red / s / 1e12, lane_ops / s / 1e9 * (red > 0), red / kSegBytes[v] / s / 1e9,
+               red / 32 / s / 1e9, red / s / copy_bps, read / s / 1e12, chk);
       }
     }
     free(host);
     CK(cudaFree(buf));
+    CK(cudaFree(kv));
   }
   printf("\nseg = contiguous bytes of one row per warp instruction (v2/f32 32 B, v4q/st4 64 B, v4o/f32w 128 B, bulk:\n"
          "128-B lines); H1 predicts equal G seg/s across variants, H0 equal G sect/s. x copy = payload bytes/s over\n"
-         "the d2d copy's read+write bytes/s.\n");
+         "the d2d copy's read+write bytes/s. read TB/s: wsg / gth's gather bytes (73,728 per tile).\n");
   if (failures) printf("%d CHECK FAILURES\n", failures);
   return failures ? 1 : 0;
 }
