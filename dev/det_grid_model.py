@@ -8,10 +8,11 @@ magnitude, so each fp32 addition is exact and the result is the same bits in eve
 bounds come from a pass before the backward that computes P and dS (S and dP, two of the five
 products) and adds, per key row and chunk and in a fixed order, over the row's slots:
   ||dS[., slot]|| max_d ||q[t, ., d]|| + ||P[., slot]|| max_d ||dO[t, ., d]||   (norms over the heads)
-(--bound tri: the triangle inequality instead; --bound nodp: |dS| bounded without dP).
+(--bound tri: the triangle inequality instead; --bound nodp: |dS| bounded without dP; --bsum fixed:
+the sums in integers, no order to fix; --steps row: one step per key row instead of per chunk).
 
     python3 dev/det_grid_model.py [--tokens T] [--topk K] [--keys S] [--heads 64|128] [--seed N]
-                                  [--bound cs|tri|nodp] [--causal]
+                                  [--bound cs|tri|nodp] [--causal] [--bsum float|fixed] [--steps chunk|row]
     python3 dev/det_grid_model.py --op indexer [...]   # the indexer backward's d_index_k (H_idx 32, D 128)
     python3 dev/det_grid_model.py --self-test        # small sizes, both ops; exit 1 unless the sums are exact
 
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 CH = 64
+FIX = 40   # --bsum fixed: fractional bits of the integer bound sums, relative to the largest slot bound
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Cfg:
     op: str = "attn"       # "attn" (dkv, D 576) or "indexer" (d_index_k, D 128)
     bound: str = "cs"      # "cs", "tri" or "nodp" (the attention's bound; the indexer has one)
     causal: bool = False
+    bsum: str = "float"    # the bounds' sums per key row: "float" (in a fixed order) or "fixed" (integers)
+    steps: str = "chunk"   # one step per key row and chunk, or per key row ("row": the largest)
 
     @property
     def D(self):
@@ -157,6 +161,13 @@ def run(cfg, T, K, S, H, seed, log=print, e_shift=0):
     def terms_of(t):
         return make(cfg, t, T, seed, kv, H, K, S, scale)
     order = list(range(T))
+    if cfg.bsum == "fixed":
+        # the bounds as integers: M = the largest slot bound (an integer max of fp32 bits, order-free),
+        # each bound rounded up to a multiple of 2^-FIX M and the multiples summed in u64 (exact in
+        # any order while a key row has fewer than 2^(64 - FIX) terms)
+        bmax_all = max(float(b.max()) for t in order for b in terms_of(t)[2])
+        unit = bmax_all * 2.0 ** -FIX if bmax_all > 0 else 1.0
+        bsum_int = np.zeros((S, NCH), np.uint64)
     # pass 1: the bounds (the pre-pass), the float64 truth, the tightest chunk bound, plain fp32 ascending
     bound = np.zeros((S, NCH))
     count = np.zeros(S)
@@ -170,11 +181,18 @@ def run(cfg, T, K, S, H, seed, log=print, e_shift=0):
         for x, bnd in zip(terms, bnds):
             over += int(np.sum(np.abs(x).reshape(len(idx), NCH, CH).max(axis=2) > bnd))
             bound[idx] += bnd
+            if cfg.bsum == "fixed":
+                bsum_int[idx] += np.ceil(bnd / unit).astype(np.uint64)
             count[idx] += 1
             bmax[idx] = np.maximum(bmax[idx], bnd)
             absum[idx] += np.abs(x)
             truth[idx] += x
             f32_up[idx] = f32_up[idx] + x
+    if cfg.bsum == "fixed":
+        assert count.max() < 2.0 ** (64 - FIX)
+        fixed = bsum_int.astype(np.float64) * unit
+        assert np.all(fixed >= bound)
+        bound = fixed
     margin = 1 + 2.0 ** -12      # covers the fp32 rounding of the terms and of the bound's own sum
     bound *= margin
     # e: the smallest with bound + n 2^(e - 1) < 2^(e + 24) (n terms, each rounded by at most half a
@@ -185,6 +203,8 @@ def run(cfg, T, K, S, H, seed, log=print, e_shift=0):
     need_one = 4 * bmax * margin
     need = np.maximum(need_sum, need_one)
     e = np.floor(np.log2(np.maximum(need, 1e-300))) + 1 - 24 + e_shift
+    if cfg.steps == "row":
+        e = np.repeat(e.max(axis=1, keepdims=True), NCH, axis=1)
     step = np.exp2(np.maximum(e, -126))                                   # [S, NCH]
     stepd = np.repeat(step, CH, axis=1)                                   # [S, D]
     tight = absum.reshape(S, NCH, CH).max(axis=2)
@@ -241,9 +261,14 @@ def main(argv=None):
                     help="a term's bound: the triangle inequality over heads (tri), Cauchy-Schwarz (cs), "
                     "or Cauchy-Schwarz with |dS| bounded without dP (nodp: the pre-pass computes S only)")
     ap.add_argument("--causal", action="store_true", help="causal rows (the GLM shapes) instead of random keys")
+    ap.add_argument("--bsum", default="float", choices=("float", "fixed"),
+                    help="the bounds' sums per key row: float64 in a fixed order (after a sort by key) or "
+                    "integers (u64 multiples of 2^-40 of the largest slot bound: order-free, no sort)")
+    ap.add_argument("--steps", default="chunk", choices=("chunk", "row"),
+                    help="a step per key row and 64-dim chunk, or one per key row (the largest of its chunks')")
     ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args(argv)
-    cfg = Cfg(a.op, a.bound, a.causal)
+    cfg = Cfg(a.op, a.bound, a.causal, a.bsum, a.steps)
     if a.op == "indexer":
         a.heads = 32
     if a.self_test:
@@ -255,6 +280,9 @@ def main(argv=None):
             ok &= good and g < 1.01 * f
             ok &= T < 64 or not f32_same   # the comparison has teeth: plain fp32 sums differ by order
         good, g, f, _ = run(Cfg("indexer"), 64, 32, 48, 32, a.seed)   # the indexer backward's d_index_k
+        ok &= good and g < 1.01 * f
+        # integer bound sums (no sort) and one step per key row: still exact in any order
+        good, g, f, _ = run(Cfg("attn", a.bound, bsum="fixed", steps="row"), 64, 32, 64, 64, a.seed)
         ok &= good and g < 1.01 * f
         # the check has teeth: a grid 6 bits finer than the bound allows loses exactness
         good, _, _, _ = run(attn, 64, 32, 64, 64, a.seed, log=lambda *_: None, e_shift=-6)
