@@ -128,9 +128,9 @@
  * (racecheck cannot follow the arrive / sync hand-offs: docs/reliability.md section 3c).
  *
  * Registers (ptxas, nvcc 13, -Xptxas -v, __launch_bounds__(256, 1), both warpgroups share one
- * allocation): D = 576 254 registers, D = 512 250; 0 spill
+ * allocation): D = 576 252 registers (deterministic 255), D = 512 249 (250); 0 spill
  * bytes, no C7510 / C7511 / C7515 / C7519 (no serialised wgmma, no injected warpgroup.arrive), 6 named
- * barriers. 254 of 255 leaves no headroom at D = 576: recheck spills after any change to WG1's loop
+ * barriers. 252 and 255 of 255 leave no headroom at D = 576: recheck spills after any change to WG1's loop
  * (the dq store re-reads %ctaid instead of keeping token / head live, which would spill 4 B).
  * Live fp32 at the peak: WG1 dQ 160 + 2 x 32 dKV = 224 (D = 512: 192); WG0 dQ 128 + S 32 + dP 32 = 192.
  *
