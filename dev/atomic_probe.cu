@@ -33,11 +33,12 @@
  *   wsg    ws, and warps 0..3 gather the tile's 64 key rows (1152 B of bf16 each, another hash of the
  *          tile) from a second buffer of R rows by cp.async.cg 16 B into shared memory, WG0's pattern
  *          (thread g = t / 8, j = t % 8: rows g, g + 16, g + 32, g + 48, chunk j of each 128-B block:
- *          36 copies per thread, 73,728 B per tile, the 16-B chunks XOR-swizzled by row as SW128 places them), one group per tile, tile t's reads waited after
- *          tile t + 1's are issued; a 256-thread named barrier per tile couples the two halves, as the
- *          kernel's per-tile hand-offs do. Its TB/s is the reductions' payload; "read TB/s" the
- *          gather's bytes. Whether the reductions keep ws's rate with the reads beside them is the
- *          question H_sep / H_add of docs/bwd-sm90-v3.md part I (its step 0b).
+ *          36 copies per thread, 73,728 B per tile, the 16-B chunks XOR-swizzled by row as SW128
+ *          places them), one group per tile, tile t's reads waited after tile t + 1's are issued; a
+ *          256-thread named barrier per tile couples the two halves, as the kernel's hand-offs do.
+ *          Its TB/s is the reductions' payload, "read TB/s" the gather's bytes. Whether the
+ *          reductions keep ws's rate with the reads beside them is the question H_sep / H_add of
+ *          docs/bwd-sm90-v3.md part I (its step 0b).
  *   gth    wsg's gather alone (warps 4..7 idle; no check).
  * Each variant runs at 1 CTA per SM (the kernel's occupancy: 8 warps) and 4 CTAs per SM (wsg / gth:
  * 73,728 B of shared memory each, so 3 are resident), on R = 4096
@@ -271,7 +272,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else {
-      fprintf(stderr, "usage: atomic_probe [--tiles N] [--reps N] [--only v2,v4q,v4o,f32,f32w,bulk,bulkr,st4,ws,wsg,gth]\n");
+      fprintf(stderr, "usage: atomic_probe [--tiles N] [--reps N] "
+                      "[--only v2,v4q,v4o,f32,f32w,bulk,bulkr,st4,ws,wsg,gth]\n");
       return 2;
     }
   }
