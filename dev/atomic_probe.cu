@@ -33,8 +33,8 @@
  *   wsg    ws, and warps 0..3 gather the tile's 64 key rows (1152 B of bf16 each, another hash of the
  *          tile) from a second buffer of R rows by cp.async.cg 16 B into shared memory, WG0's pattern
  *          (thread g = t / 8, j = t % 8: rows g, g + 16, g + 32, g + 48, chunk j of each 128-B block:
- *          36 copies per thread, 73,728 B per tile, the 16-B chunks XOR-swizzled by row as SW128
- *          places them), one group per tile, tile t's reads waited after tile t + 1's are issued; a
+ *          36 copies per thread, 73,728 B per tile, by the kernels' sm90_cp_async16 into the SW128
+ *          tile layout [9 blocks of 8 KB][64 rows]), one group per tile, tile t's reads waited after tile t + 1's are issued; a
  *          256-thread named barrier per tile couples the two halves, as the kernel's hand-offs do.
  *          Its TB/s is the reductions' payload, "read TB/s" the gather's bytes. Whether the
  *          reductions keep ws's rate with the reads beside them is the question H_sep / H_add of
@@ -60,6 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../cuda/common/sm90_common.cuh" /* the kernels' cp.async, SW128 chunk map, named barrier */
 #include "probe_common.cuh"
 
 constexpr int kD = 576;     /* fp32 columns per row */
@@ -87,6 +88,17 @@ __device__ __forceinline__ void red_v4(float *a, float x, float y, float z, floa
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(a), "f"(x), "f"(y), "f"(z), "f"(w)
                : "memory");
 }
+/* v4o: the 16 rows from wr x 64 columns from c of tile t, as 32 (row, 128-B half) pairs, 4 per
+ * instruction (octet o = lane / 8) */
+__device__ __forceinline__ void red_v4o_block(float *buf, uint32_t t, int wr, int c, int lane, uint32_t rmask) {
+  const int o = lane >> 3, p8 = lane & 7;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int pr = 4 * k + o, r = pr >> 1, half = pr & 1;
+    float *row = buf + (size_t)tile_row(t, wr + r, rmask) * kD;
+    red_v4(row + c + 32 * half + 4 * p8, 1.f, 1.f, 1.f, 1.f);
+  }
+}
 __device__ __forceinline__ void red_f32(float *a, float x) {
   asm volatile("red.global.add.f32 [%0], %1;" ::"l"(a), "f"(x) : "memory");
 }
@@ -104,13 +116,9 @@ __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-__device__ __forceinline__ void cp_async16(uint32_t sdst, const void *gsrc) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sdst), "l"(gsrc) : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-__device__ __forceinline__ void bar_tile() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 
 /* ws / wsg / gth: warps 0..3 gather (wsg, gth), warps 4..7 reduce (ws, wsg), a barrier per tile */
 template <int V>
@@ -127,24 +135,16 @@ __device__ __forceinline__ void probe_ws(float *buf, const uint8_t *kv, int tile
           const int r = g + 16 * i;
           const uint8_t *src = kv + (size_t)tile_row(t ^ 0x5bd1e995U, r, rmask) * kKvRow + 16 * j;
 #pragma unroll
-          for (int b = 0; b < kNBlk; ++b) cp_async16(sg + r * kKvRow + 128 * b + 16 * (j ^ (r & 7)), src + 128 * b);
+          for (int b = 0; b < kNBlk; ++b) sm90_cp_async16(sg + b * 8192 + sm90_sw128_chunk_off(r, j), src + 128 * b, 16u);
         }
         cp_async_commit();
         cp_async_wait1();
       }
     } else if (V != GTH) {
-      const int wr = 16 * (warp & 3), o = lane >> 3, p8 = lane & 7;
 #pragma unroll 1
-      for (int b = 0; b < kNBlk; ++b) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int pr = 4 * k + o, r = pr >> 1, half = pr & 1;
-          float *row = buf + (size_t)tile_row(t, wr + r, rmask) * kD;
-          red_v4(row + 64 * b + 32 * half + 4 * p8, 1.f, 1.f, 1.f, 1.f);
-        }
-      }
+      for (int b = 0; b < kNBlk; ++b) red_v4o_block(buf, t, 16 * (warp & 3), 64 * b, lane, rmask);
     }
-    bar_tile();
+    sm90_named_bar_sync(1, kThreads);
   }
   if (V != WS) cp_async_wait0();
 }
@@ -209,14 +209,7 @@ __global__ void __launch_bounds__(kThreads) probe_kernel(float *buf, const uint8
           else st_v4(fr1 + c + 16 * g + 4 * q, 1.f, 1.f, 1.f, 1.f);
         }
       } else if (V == V4O) {
-        /* 32 (row, 128-B half) pairs of the 16 x 64 block, 4 per instruction (octet o = lane / 8) */
-        const int o = lane >> 3, p8 = lane & 7;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int pr = 4 * k + o, r = pr >> 1, half = pr & 1;
-          float *row = buf + (size_t)tile_row(t, wr + r, rmask) * kD;
-          red_v4(row + c + 32 * half + 4 * p8, 1.f, 1.f, 1.f, 1.f);
-        }
+        red_v4o_block(buf, t, wr, c, lane, rmask);
       } else if (V == F32) {
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
