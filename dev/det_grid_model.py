@@ -161,13 +161,7 @@ def run(cfg, T, K, S, H, seed, log=print, e_shift=0):
     def terms_of(t):
         return make(cfg, t, T, seed, kv, H, K, S, scale)
     order = list(range(T))
-    if cfg.bsum == "fixed":
-        # the bounds as integers: M = the largest slot bound (an integer max of fp32 bits, order-free),
-        # each bound rounded up to a multiple of 2^-FIX M and the multiples summed in u64 (exact in
-        # any order while a key row has fewer than 2^(64 - FIX) terms)
-        bmax_all = max(float(b.max()) for t in order for b in terms_of(t)[2])
-        unit = bmax_all * 2.0 ** -FIX if bmax_all > 0 else 1.0
-        bsum_int = np.zeros((S, NCH), np.uint64)
+    slot_bounds = []             # --bsum fixed: every (keys, bounds) of pass 1, summed once M is known
     # pass 1: the bounds (the pre-pass), the float64 truth, the tightest chunk bound, plain fp32 ascending
     bound = np.zeros((S, NCH))
     count = np.zeros(S)
@@ -182,14 +176,22 @@ def run(cfg, T, K, S, H, seed, log=print, e_shift=0):
             over += int(np.sum(np.abs(x).reshape(len(idx), NCH, CH).max(axis=2) > bnd))
             bound[idx] += bnd
             if cfg.bsum == "fixed":
-                bsum_int[idx] += np.ceil(bnd / unit).astype(np.uint64)
+                slot_bounds.append((idx, bnd))
             count[idx] += 1
             bmax[idx] = np.maximum(bmax[idx], bnd)
             absum[idx] += np.abs(x)
             truth[idx] += x
             f32_up[idx] = f32_up[idx] + x
     if cfg.bsum == "fixed":
+        # the bounds as integers: M = the largest slot bound (an integer max of fp32 bits, order-free),
+        # each bound rounded up to a multiple of 2^-FIX M and the multiples summed in u64 (exact in
+        # any order while a key row has fewer than 2^(64 - FIX) terms)
         assert count.max() < 2.0 ** (64 - FIX)
+        bmax_all = max(float(b.max()) for _, b in slot_bounds)
+        unit = bmax_all * 2.0 ** -FIX if bmax_all > 0 else 1.0
+        bsum_int = np.zeros((S, NCH), np.uint64)
+        for idx, bnd in slot_bounds:
+            bsum_int[idx] += np.ceil(bnd / unit).astype(np.uint64)
         fixed = bsum_int.astype(np.float64) * unit
         assert np.all(fixed >= bound)
         bound = fixed
